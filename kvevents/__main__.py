@@ -1,0 +1,3 @@
+from kvevents.cli import main
+
+main()

@@ -1,0 +1,89 @@
+"""The typer application and the one place that turns errors into exit codes.
+
+Exit codes: 0 ok, 1 a check failed, 2 a user error (bad flag, bad input, unreachable file).
+Every error is one line on stderr; a traceback is never shown.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+import typer
+
+from kvevents.errors import KVEventsError
+
+app = typer.Typer(
+    name="kvevents",
+    help="KV-cache events: the hash contract, a reference cache, publisher, consumers and tools.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """KV-cache events: the hash contract, a reference cache, publisher, consumers and tools."""
+
+
+class UserError(Exception):
+    """A mistake in what the user asked for: one line on stderr, exit 2."""
+
+
+class CheckFailed(Exception):
+    """A check that ran and failed: one line on stderr, exit 1."""
+
+
+def user_error(message: str) -> NoReturn:
+    raise UserError(message)
+
+
+def _say(message: str) -> None:
+    line = " ".join(str(message).split())
+    sys.stderr.write(f"kvevents: {line}\n")
+    sys.stderr.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: run the app, map every failure onto one stderr line and an exit code."""
+    try:
+        rv = app(args=argv, prog_name="kvevents", standalone_mode=False)
+    except UserError as exc:
+        _say(f"error: {exc}")
+        return _exit(2)
+    except CheckFailed as exc:
+        _say(f"check failed: {exc}")
+        return _exit(1)
+    except KeyboardInterrupt:
+        _say("interrupted")
+        return _exit(130)
+    except Exception as exc:  # noqa: BLE001 - the one place every error becomes an exit code
+        return _exit(_report(exc))
+    return _exit(rv if isinstance(rv, int) else 0)
+
+
+def _report(exc: Exception) -> int:
+    """Exit code for an exception from typer/click (vendored or not) or from the library."""
+    name = type(exc).__name__
+    if name == "Exit":
+        return int(getattr(exc, "exit_code", 0) or 0)
+    if name == "Abort":
+        _say("aborted")
+        return 130
+    if hasattr(exc, "format_message"):  # click usage errors: bad flag, missing argument
+        message = exc.format_message()
+        if message:  # no-args-is-help already printed the help text
+            _say(f"error: {message}")
+        return 2
+    if isinstance(exc, (KVEventsError, ValueError, OSError)):
+        _say(f"error: {exc}")
+        return 2
+    _say(f"internal error: {name}: {exc}")
+    return 1
+
+
+def _exit(code: int) -> int:
+    if __name__ != "__main__":
+        sys.exit(code)
+    return code  # pragma: no cover

@@ -1,0 +1,3 @@
+"""kvevents CLI commands (consumers)."""
+
+from kvevents.cli.app import app  # noqa: F401

@@ -1,0 +1,3 @@
+"""kvevents CLI commands (logtools)."""
+
+from kvevents.cli.app import app  # noqa: F401

@@ -1,0 +1,388 @@
+"""Event structs, the wire encoder and a tolerant decoder (SPEC section 6).
+
+The public structs mirror vLLM >= 0.26 / SGLang >= 0.5.20: events are msgpack maps tagged by
+`"type"`, a batch is an array `[ts, events, data_parallel_rank, epoch]`. The keys vLLM 0.33
+requires are struct fields without defaults, so msgspec always writes them; optional fields
+default to None and are omitted. Decoding is tolerant (legacy positional events, uint64 or
+bytes hashes, unknown keys, trailing elements) and fails only with `DecodeError`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Sequence, Union
+
+import msgspec
+
+from kvevents.errors import DecodeError
+
+__all__ = [
+    "BlockStored",
+    "BlockRemoved",
+    "AllBlocksCleared",
+    "Event",
+    "KVEventBatch",
+    "EventEncoding",
+    "encode_event",
+    "encode_batch",
+    "BatchEncoder",
+    "decode_batch",
+    "event_to_dict",
+]
+
+INT64_MAX = 2**63 - 1
+UINT64_MAX = 2**64 - 1
+_WRAP = 2**64
+
+EventEncoding = Literal["map", "array"]
+
+
+class BlockStored(msgspec.Struct, tag=True, omit_defaults=True):
+    """Pages stored: `block_hashes` in page order, chained from `parent_block_hash`."""
+
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    cache_salt: str | None = None
+    session_id: str | None = None
+
+
+class BlockRemoved(msgspec.Struct, tag=True, omit_defaults=True):
+    """Pages evicted from `medium`, each hash one page copy."""
+
+    block_hashes: list[int]
+    medium: str | None
+
+
+class AllBlocksCleared(msgspec.Struct, tag=True, omit_defaults=True):
+    """Every page of the publisher is gone, on every medium."""
+
+
+Event = Union[BlockStored, BlockRemoved, AllBlocksCleared]
+
+
+class KVEventBatch(msgspec.Struct, array_like=True):
+    """One published step: `[ts, events, data_parallel_rank, epoch]` (epoch is our extension)."""
+
+    ts: float
+    events: list[Event]
+    data_parallel_rank: int | None = None
+    epoch: int | None = None
+
+
+# ---------------------------------------------------------------- encoding
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def _event_as_array(ev: Event) -> list[Any]:
+    if isinstance(ev, BlockStored):
+        out: list[Any] = [
+            "BlockStored",
+            ev.block_hashes,
+            ev.parent_block_hash,
+            ev.token_ids,
+            ev.block_size,
+            ev.lora_id,
+            ev.medium,
+            ev.lora_name,
+        ]
+        extras = {k: v for k, v in (("cache_salt", ev.cache_salt), ("session_id", ev.session_id)) if v is not None}
+        if extras:
+            out.append(extras)
+        return out
+    if isinstance(ev, BlockRemoved):
+        return ["BlockRemoved", ev.block_hashes, ev.medium]
+    if isinstance(ev, AllBlocksCleared):
+        return ["AllBlocksCleared"]
+    raise ValueError(f"not a kvevents event: {type(ev).__name__}")
+
+
+def encode_event(ev: Event, *, event_encoding: EventEncoding = "map") -> bytes:
+    """Encode one event (map form by default, legacy positional form with "array")."""
+    if event_encoding == "array":
+        return _encoder.encode(_event_as_array(ev))
+    if event_encoding != "map":
+        raise ValueError(f"event_encoding must be 'map' or 'array', got {event_encoding!r}")
+    return _encoder.encode(ev)
+
+
+class BatchEncoder:
+    """Reusable batch encoder; `encode` writes `[ts, events, rank]` plus epoch when it is set."""
+
+    __slots__ = ("_enc", "_array")
+
+    def __init__(self, event_encoding: EventEncoding = "map") -> None:
+        if event_encoding not in ("map", "array"):
+            raise ValueError(f"event_encoding must be 'map' or 'array', got {event_encoding!r}")
+        self._enc = msgspec.msgpack.Encoder()
+        self._array = event_encoding == "array"
+
+    def encode(
+        self,
+        ts: float,
+        events: Sequence[Event],
+        data_parallel_rank: int | None = None,
+        epoch: int | None = None,
+    ) -> bytes:
+        evs: Any = [_event_as_array(e) for e in events] if self._array else events
+        if epoch is None:
+            return self._enc.encode((ts, evs, data_parallel_rank))
+        return self._enc.encode((ts, evs, data_parallel_rank, epoch))
+
+
+_map_batch_encoder = BatchEncoder("map")
+_array_batch_encoder = BatchEncoder("array")
+
+
+def encode_batch(batch: KVEventBatch, *, event_encoding: EventEncoding = "map") -> bytes:
+    """Encode a batch as a msgpack array; an epoch of None is left out (3 elements, like SGLang)."""
+    if event_encoding == "map":
+        enc = _map_batch_encoder
+    elif event_encoding == "array":
+        enc = _array_batch_encoder
+    else:
+        raise ValueError(f"event_encoding must be 'map' or 'array', got {event_encoding!r}")
+    return enc.encode(batch.ts, batch.events, batch.data_parallel_rank, batch.epoch)
+
+
+def event_to_dict(ev: Event) -> dict[str, Any]:
+    """Every field of an event as a plain dict, with `type` first (None fields included)."""
+    out: dict[str, Any] = {"type": type(ev).__name__}
+    for name in ev.__struct_fields__:
+        out[name] = getattr(ev, name)
+    return out
+
+
+# ---------------------------------------------------------------- decoding: fast typed path
+
+
+class _StoredIn(msgspec.Struct, tag="BlockStored"):
+    block_hashes: list[int]
+    token_ids: list[int]
+    block_size: int
+    parent_block_hash: int | None = None
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    cache_salt: str | None = None
+    session_id: str | None = None
+
+
+class _RemovedIn(msgspec.Struct, tag="BlockRemoved"):
+    block_hashes: list[int]
+    medium: str | None = None
+
+
+class _ClearedIn(msgspec.Struct, tag="AllBlocksCleared"):
+    pass
+
+
+class _BatchIn(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[Union[_StoredIn, _RemovedIn, _ClearedIn]]
+    data_parallel_rank: int | None = None
+    epoch: int | None = None
+
+
+_fast_decoder = msgspec.msgpack.Decoder(_BatchIn)
+
+
+def _signed(hashes: list[int]) -> list[int]:
+    if hashes and max(hashes) > INT64_MAX:
+        return [h - _WRAP if h > INT64_MAX else h for h in hashes]
+    return hashes
+
+
+def _signed1(h: int | None) -> int | None:
+    return h - _WRAP if h is not None and h > INT64_MAX else h
+
+
+def _from_fast(b: _BatchIn) -> KVEventBatch:
+    events: list[Event] = []
+    append = events.append
+    for e in b.events:
+        if type(e) is _StoredIn:
+            append(
+                BlockStored(
+                    _signed(e.block_hashes),
+                    _signed1(e.parent_block_hash),
+                    e.token_ids,
+                    e.block_size,
+                    e.lora_id,
+                    e.medium,
+                    e.lora_name,
+                    e.cache_salt,
+                    e.session_id,
+                )
+            )
+        elif type(e) is _RemovedIn:
+            append(BlockRemoved(_signed(e.block_hashes), e.medium))
+        else:
+            append(AllBlocksCleared())
+    return KVEventBatch(b.ts, events, b.data_parallel_rank, b.epoch)
+
+
+# ---------------------------------------------------------------- decoding: generic tolerant path
+
+
+def _tname(v: Any) -> str:
+    return "nil" if v is None else type(v).__name__
+
+
+def _hash(v: Any, where: str) -> int:
+    if isinstance(v, bool):
+        raise DecodeError(f"{where}: expected an integer or bytes hash, got bool")
+    if isinstance(v, int):
+        if v > UINT64_MAX or v < -(2**63):
+            raise DecodeError(f"{where}: hash {v} does not fit in 64 bits")
+        return v - _WRAP if v > INT64_MAX else v
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        raw = bytes(v)
+        if len(raw) < 8:
+            raise DecodeError(f"{where}: bytes hash has {len(raw)} bytes, need at least 8")
+        return int.from_bytes(raw[:8], "big", signed=True)
+    raise DecodeError(f"{where}: expected an integer or bytes hash, got {_tname(v)}")
+
+
+def _hashes(v: Any, where: str) -> list[int]:
+    if not isinstance(v, list):
+        raise DecodeError(f"{where}: expected an array of hashes, got {_tname(v)}")
+    return [_hash(h, f"{where}[{i}]") for i, h in enumerate(v)]
+
+
+def _opt_hash(v: Any, where: str) -> int | None:
+    return None if v is None else _hash(v, where)
+
+
+def _int(v: Any, where: str, *, optional: bool = False) -> Any:
+    if v is None and optional:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise DecodeError(f"{where}: expected an integer{' or nil' if optional else ''}, got {_tname(v)}")
+    return v
+
+
+def _str(v: Any, where: str) -> str | None:
+    if v is None or isinstance(v, str):
+        return v
+    raise DecodeError(f"{where}: expected a string or nil, got {_tname(v)}")
+
+
+def _tokens(v: Any, where: str) -> list[int]:
+    if not isinstance(v, list):
+        raise DecodeError(f"{where}: expected an array of token ids, got {_tname(v)}")
+    for i, t in enumerate(v):
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise DecodeError(f"{where}[{i}]: expected an integer token id, got {_tname(t)}")
+    return v
+
+
+def _stored(f: dict[str, Any], where: str) -> BlockStored:
+    for key in ("block_hashes", "token_ids", "block_size"):
+        if key not in f:
+            raise DecodeError(f"{where} (BlockStored): missing required key {key!r}")
+    return BlockStored(
+        block_hashes=_hashes(f["block_hashes"], f"{where}.block_hashes"),
+        parent_block_hash=_opt_hash(f.get("parent_block_hash"), f"{where}.parent_block_hash"),
+        token_ids=_tokens(f["token_ids"], f"{where}.token_ids"),
+        block_size=_int(f["block_size"], f"{where}.block_size"),
+        lora_id=_int(f.get("lora_id"), f"{where}.lora_id", optional=True),
+        medium=_str(f.get("medium"), f"{where}.medium"),
+        lora_name=_str(f.get("lora_name"), f"{where}.lora_name"),
+        cache_salt=_str(f.get("cache_salt"), f"{where}.cache_salt"),
+        session_id=_str(f.get("session_id"), f"{where}.session_id"),
+    )
+
+
+def _removed(f: dict[str, Any], where: str) -> BlockRemoved:
+    if "block_hashes" not in f:
+        raise DecodeError(f"{where} (BlockRemoved): missing required key 'block_hashes'")
+    return BlockRemoved(
+        block_hashes=_hashes(f["block_hashes"], f"{where}.block_hashes"),
+        medium=_str(f.get("medium"), f"{where}.medium"),
+    )
+
+
+_STORED_POSITIONS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium")
+
+
+def _positional_fields(kind: str, items: list[Any], where: str) -> dict[str, Any]:
+    """Map a legacy positional event onto field names (SGLang <= 0.5.19, vLLM <= 0.23)."""
+    rest = items[1:]
+    if kind == "BlockStored":
+        if len(rest) < 4:
+            raise DecodeError(f"{where} (positional BlockStored): {len(rest)} fields, need at least 4")
+        fields = dict(zip(_STORED_POSITIONS, rest))
+        for extra in rest[len(_STORED_POSITIONS) : len(_STORED_POSITIONS) + 2]:
+            if isinstance(extra, dict):  # SGLang's trailing map, or our own extras map
+                for key in ("cache_salt", "session_id", "lora_name"):
+                    if key in extra:
+                        fields[key] = extra[key]
+            elif "lora_name" not in fields and (extra is None or isinstance(extra, str)):
+                fields["lora_name"] = extra  # vLLM's positional lora_name
+        return fields
+    if kind == "BlockRemoved":
+        if len(rest) < 1:
+            raise DecodeError(f"{where} (positional BlockRemoved): missing block_hashes")
+        return {"block_hashes": rest[0], "medium": rest[1] if len(rest) > 1 else None}
+    return {}
+
+
+def _event(raw: Any, where: str) -> Event:
+    if isinstance(raw, dict):
+        kind = raw.get("type")
+        fields = raw
+    elif isinstance(raw, list) and raw:
+        kind = raw[0]
+        fields = None
+    else:
+        raise DecodeError(f"{where}: expected an event map or array, got {_tname(raw)}")
+    if kind not in ("BlockStored", "BlockRemoved", "AllBlocksCleared"):
+        raise DecodeError(f"{where}: unknown event type {kind!r}")
+    if fields is None:
+        fields = _positional_fields(kind, raw, where)
+    if kind == "BlockStored":
+        return _stored(fields, where)
+    if kind == "BlockRemoved":
+        return _removed(fields, where)
+    return AllBlocksCleared()
+
+
+def _slow(payload: bytes) -> KVEventBatch:
+    try:
+        raw = msgspec.msgpack.decode(payload)
+    except (msgspec.DecodeError, RecursionError, ValueError, TypeError, OverflowError) as exc:
+        raise DecodeError(f"payload is not valid msgpack: {exc}") from None
+    if not isinstance(raw, list):
+        raise DecodeError(f"batch: expected an array [ts, events, rank, ...], got {_tname(raw)}")
+    if len(raw) < 2:
+        raise DecodeError(f"batch: expected at least 2 elements [ts, events], got {len(raw)}")
+    ts = raw[0]
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)):
+        raise DecodeError(f"batch[0] (ts): expected a number, got {_tname(ts)}")
+    if not isinstance(raw[1], list):
+        raise DecodeError(f"batch[1] (events): expected an array, got {_tname(raw[1])}")
+    events = [_event(e, f"event {i}") for i, e in enumerate(raw[1])]
+    rank = _int(raw[2], "batch[2] (data_parallel_rank)", optional=True) if len(raw) > 2 else None
+    epoch = _int(raw[3], "batch[3] (epoch)", optional=True) if len(raw) > 3 else None
+    return KVEventBatch(float(ts), events, rank, epoch)
+
+
+def decode_batch(payload: bytes) -> KVEventBatch:
+    """Decode one payload into a KVEventBatch, accepting every form SPEC section 6 lists.
+
+    Raises DecodeError (and nothing else) with what was wrong and where.
+    """
+    try:
+        return _from_fast(_fast_decoder.decode(payload))
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        pass
+    except (TypeError, ValueError, RecursionError, OverflowError):
+        pass
+    if not isinstance(payload, (bytes, bytearray, memoryview)):
+        raise DecodeError(f"payload must be bytes, got {_tname(payload)}")
+    return _slow(payload)

@@ -1,0 +1,30 @@
+"""Shared test set-up: a deterministic, bounded hypothesis profile and the golden vectors."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN_PATH = REPO / "schemas" / "golden" / "sglang-0.5.20.json"
+
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    max_examples=100,
+    deadline=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", max_examples=300, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def golden() -> dict:
+    """The golden vectors computed by running SGLang 0.5.20 (never edited)."""
+    return json.loads(GOLDEN_PATH.read_text())
