@@ -13,7 +13,9 @@ from kvevents.events import (
 from kvevents.hashing import (
     Namespace,
     event_hashes,
+    event_hashes_int64,
     event_seed,
+    hash_chains,
     page_hashes,
     storage_hashes,
     storage_seed,
@@ -29,6 +31,8 @@ __all__ = [
     "event_seed",
     "storage_hashes",
     "event_hashes",
+    "event_hashes_int64",
+    "hash_chains",
     "to_int64",
     "BlockStored",
     "BlockRemoved",

@@ -12,7 +12,8 @@ import struct
 import sys
 from array import array
 from dataclasses import dataclass
-from typing import Any, Sequence
+from functools import lru_cache
+from typing import Any, Callable, Sequence
 
 __all__ = [
     "Namespace",
@@ -24,8 +25,13 @@ __all__ = [
     "event_seed",
     "storage_hashes",
     "event_hashes",
+    "hash_chains",
     "to_int64",
     "int64_to_hex16",
+    "split_pages",
+    "digest_chain",
+    "digests_to_int64",
+    "event_hashes_int64",
 ]
 
 TOKEN_ID_MAX = 2**32 - 1
@@ -48,10 +54,16 @@ class Namespace:
     cache_salt: str | None = None
 
     def __post_init__(self) -> None:
-        if self.extra_key is not None and not isinstance(self.extra_key, str):
-            raise ValueError(f"Namespace.extra_key must be a str or None, got {type(self.extra_key).__name__}")
-        if self.cache_salt is not None and not isinstance(self.cache_salt, str):
-            raise ValueError(f"Namespace.cache_salt must be a str or None, got {type(self.cache_salt).__name__}")
+        for name in ("extra_key", "cache_salt"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, str):
+                raise ValueError(f"Namespace.{name} must be a str or None, got {type(value).__name__}")
+            try:
+                value.encode("utf-8")  # hashed as UTF-8: reject lone surrogates here, not mid-insert
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"Namespace.{name} is not valid UTF-8 text: {exc.reason} at index {exc.start}") from None
         if self.cache_salt == "":
             object.__setattr__(self, "cache_salt", None)
 
@@ -84,10 +96,19 @@ def _token_error(token_ids: Any) -> ValueError:
 
 def pack_tokens(token_ids: Any) -> bytes:
     """Pack token ids once as little-endian uint32; out-of-range ids raise ValueError naming them."""
-    if isinstance(token_ids, (bytes, bytearray, memoryview, str)):
-        raise ValueError(f"token ids must be a sequence of ints, not {type(token_ids).__name__}")
+    if isinstance(token_ids, (bytes, bytearray, memoryview, str, set, frozenset, dict)):
+        raise ValueError(f"token ids must be an ordered sequence of ints, not {type(token_ids).__name__}")
+    if getattr(token_ids, "ndim", None) == 0:
+        raise ValueError("token ids must be a sequence, not a scalar array")
+    if not isinstance(token_ids, (list, tuple, array, range)) and not hasattr(token_ids, "dtype"):
+        try:  # one pass over an iterator, so that an error can still name the position
+            token_ids = list(token_ids)
+        except TypeError:
+            raise ValueError(f"token ids must be a sequence of ints, not {type(token_ids).__name__}") from None
     if isinstance(token_ids, array) and token_ids.typecode in "IL" and token_ids.itemsize == 4:
         packed = token_ids
+    elif hasattr(token_ids, "dtype") and hasattr(token_ids, "astype") and token_ids.dtype.kind == "O":
+        return pack_tokens(token_ids.reshape(-1).tolist())  # Python ints in a numpy box
     elif hasattr(token_ids, "dtype") and hasattr(token_ids, "astype"):  # numpy-like, no import
         if token_ids.dtype.kind not in "iu":
             raise ValueError(f"token ids must be integers, got dtype {token_ids.dtype}")
@@ -97,7 +118,11 @@ def pack_tokens(token_ids: Any) -> bytes:
         return flat.astype("<u4").tobytes()
     else:
         try:
-            packed = array("I", token_ids)
+            if type(token_ids) is list:
+                packed = array("I")
+                packed.fromlist(token_ids)  # about 2x faster than array("I", list)
+            else:
+                packed = array("I", token_ids)
         except (OverflowError, TypeError):
             raise _token_error(token_ids) from None
         if packed.itemsize != 4:  # pragma: no cover - platforms with 2-byte unsigned int
@@ -114,9 +139,12 @@ def _prior_bytes(prior: str | None) -> bytes | None:
     if not isinstance(prior, str) or len(prior) != 64:
         raise ValueError(f"prior must be 64 lowercase hex chars (a SHA-256 digest), got {prior!r}")
     try:
-        return bytes.fromhex(prior)
+        raw = bytes.fromhex(prior)
     except ValueError:
         raise ValueError(f"prior is not hex: {prior!r}") from None
+    if len(raw) != 32:  # fromhex skips whitespace
+        raise ValueError(f"prior is not hex: {prior!r}")
+    return raw
 
 
 def _check_page_size(page_size: int) -> None:
@@ -124,25 +152,78 @@ def _check_page_size(page_size: int) -> None:
         raise ValueError(f"page_size must be an integer >= 1, got {page_size!r}")
 
 
-def _chain(data: bytes, page_size: int, prior: bytes | None) -> list[str]:
-    """Hash pre-packed uint32 tokens page by page, each digest the prior of the next."""
-    view = memoryview(data)
+_BLOCK = 64  # pages / digests unpacked per struct call (a bounded set of cached Structs)
+
+
+@lru_cache(maxsize=256)
+def _page_struct(step: int, count: int) -> struct.Struct:
+    return struct.Struct(f"{step}s" * count)
+
+
+@lru_cache(maxsize=None)
+def _int64_struct(count: int) -> struct.Struct:  # count <= _BLOCK: at most 64 entries
+    return struct.Struct(">" + "q24x" * count)
+
+
+def _pages(data: bytes, page_size: int) -> list[bytes]:
+    """Cut packed tokens into page byte strings (the last may be partial), once per sequence."""
     step = page_size * 4
-    out: list[str] = []
-    append = out.append
+    full = len(data) - len(data) % step
+    n = full // step
+    view = memoryview(data)
+    out: list[bytes] = []
+    block = step * _BLOCK
+    for off in range(0, full - block + 1, block):
+        out.extend(_page_struct(step, _BLOCK).unpack_from(view, off))
+    rest = n % _BLOCK
+    if rest:
+        out.extend(_page_struct(step, rest).unpack_from(view, full - rest * step))
+    if full < len(data):
+        out.append(data[full:])
+    return out
+
+
+def _digests(pages: Sequence[bytes], prior: bytes | None) -> list[bytes]:
+    """The one chain loop: raw 32-byte digests, each the prior of the next page.
+
+    `sha256(prior + page)` on small byte strings is the cheapest form in CPython (one call, one
+    short copy); it measured faster than `sha256(prior).update(page)` on memoryview slices.
+    """
+    if not pages:
+        return []
     sha = _sha256
-    for off in range(0, len(view), step):
-        h = sha(prior) if prior is not None else sha()
-        h.update(view[off : off + step])
-        prior = h.digest()
-        append(prior.hex())
+    if prior is None:
+        prior = sha(pages[0]).digest()
+        digests = [prior]
+        pages = pages[1:]
+    else:
+        digests = []
+    append = digests.append
+    for page in pages:
+        prior = sha(prior + page).digest()
+        append(prior)
+    return digests
+
+
+def _chain(pages: list[bytes], prior: bytes | None) -> list[str]:
+    """Hash pages in order (see `_digests`); hex digests out."""
+    return [d.hex() for d in _digests(pages, prior)]
+
+
+def _ints(digests: Sequence[bytes]) -> list[int]:
+    """Published int64 of each 32-byte digest, a block of digests per C-level unpack."""
+    out: list[int] = []
+    n = len(digests)
+    for lo in range(0, n, _BLOCK):
+        part = digests[lo : lo + _BLOCK]
+        out.extend(_int64_struct(len(part)).unpack(b"".join(part)))
     return out
 
 
 def page_hashes(token_ids: Sequence[int], page_size: int, prior: str | None = None) -> list[str]:
     """The plain page chain: one 64-char hex digest per page (last page may be partial)."""
     _check_page_size(page_size)
-    return _chain(pack_tokens(token_ids), page_size, _prior_bytes(prior))
+    return _chain(_pages(pack_tokens(token_ids), page_size), _prior_bytes(prior))
 
 
 def _field(value: str | None) -> bytes:
@@ -176,32 +257,65 @@ def event_seed(namespace: Namespace | None) -> str | None:
     return _sha256(EVENT_SEED_DOMAIN + b"\x00" + ns.cache_salt.encode("utf-8")).hexdigest()
 
 
-def storage_hashes(
-    token_ids: Sequence[int], page_size: int, namespace: Namespace | None, prior: str | None = None
-) -> list[str]:
-    """Storage chain: a head (prior None or "") is seeded by the full namespace; continuations are not."""
+def _pages_and_seed(
+    token_ids: Sequence[int],
+    page_size: int,
+    namespace: Namespace | None,
+    prior: str | None,
+    seed_of: Callable[[Namespace | None], str | None],
+) -> tuple[list[bytes], bytes | None]:
+    """Validate, pack once and cut pages; a chain head (no prior) takes the namespace seed."""
     _check_page_size(page_size)
     data = pack_tokens(token_ids)
     seed = _prior_bytes(prior)
     if seed is None:
-        seed = _prior_bytes(storage_seed(namespace))
+        seed = _prior_bytes(seed_of(namespace))
     else:
         _as_namespace(namespace)
-    return _chain(data, page_size, seed)
+    return _pages(data, page_size), seed
+
+
+def storage_hashes(
+    token_ids: Sequence[int], page_size: int, namespace: Namespace | None, prior: str | None = None
+) -> list[str]:
+    """Storage chain: a head (prior None or "") is seeded by the full namespace; continuations are not."""
+    return _chain(*_pages_and_seed(token_ids, page_size, namespace, prior, storage_seed))
 
 
 def event_hashes(
     token_ids: Sequence[int], page_size: int, namespace: Namespace | None, prior: str | None = None
 ) -> list[str]:
     """Event (published) chain: a head is seeded by cache_salt only; continuations are not."""
+    return _chain(*_pages_and_seed(token_ids, page_size, namespace, prior, event_seed))
+
+
+def hash_chains(
+    token_ids: Sequence[int],
+    page_size: int,
+    namespace: Namespace | None,
+    storage_prior: str | None = None,
+    event_prior: str | None = None,
+) -> tuple[list[str], list[str]]:
+    """Both chains at once: `(storage_hashes, event_hashes)`, packing the tokens a single time.
+
+    Same results as the two separate calls; when both chains start from the same prior (the
+    default namespace, or equal explicit priors) the chain is computed once and copied.
+    """
     _check_page_size(page_size)
     data = pack_tokens(token_ids)
-    seed = _prior_bytes(prior)
-    if seed is None:
-        seed = _prior_bytes(event_seed(namespace))
+    s_seed = _prior_bytes(storage_prior)
+    if s_seed is None:
+        s_seed = _prior_bytes(storage_seed(namespace))
+    e_seed = _prior_bytes(event_prior)
+    if e_seed is None:
+        e_seed = _prior_bytes(event_seed(namespace))
     else:
         _as_namespace(namespace)
-    return _chain(data, page_size, seed)
+    pages = _pages(data, page_size)
+    storage = _chain(pages, s_seed)
+    if e_seed == s_seed:
+        return storage, list(storage)
+    return storage, _chain(pages, e_seed)
 
 
 def to_int64(hex_hash: str) -> int:
@@ -209,9 +323,12 @@ def to_int64(hex_hash: str) -> int:
     if not isinstance(hex_hash, str) or len(hex_hash) < 16:
         raise ValueError(f"expected a hex digest of at least 16 chars, got {hex_hash!r}")
     try:
-        return int.from_bytes(bytes.fromhex(hex_hash[:16]), "big", signed=True)
+        raw = bytes.fromhex(hex_hash[:16])
     except ValueError:
-        raise ValueError(f"not a hex digest: {hex_hash!r}") from None
+        raw = b""
+    if len(raw) != 8:  # fromhex skips whitespace: "00 00 ..." must not read fewer bytes
+        raise ValueError(f"not a hex digest: {hex_hash!r}")
+    return int.from_bytes(raw, "big", signed=True)
 
 
 def int64_to_hex16(value: int) -> str:
@@ -219,3 +336,58 @@ def int64_to_hex16(value: int) -> str:
     if not -(2**63) <= value < 2**63:
         raise ValueError(f"{value} is not a signed 64-bit integer")
     return (value & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "big").hex()
+
+
+# ---------------------------------------------------------------- int64 fast path (no hex round trip)
+
+
+def split_pages(packed: bytes, page_size: int) -> list[bytes]:
+    """Packed tokens (`pack_tokens`) cut into page byte strings; the last may be partial."""
+    _check_page_size(page_size)
+    if not isinstance(packed, (bytes, bytearray, memoryview)):
+        raise ValueError(f"packed tokens must be bytes, got {type(packed).__name__}")
+    packed = bytes(packed)
+    if len(packed) % 4:
+        raise ValueError(f"packed tokens must be a multiple of 4 bytes, got {len(packed)}")
+    return _pages(packed, page_size)
+
+
+def digest_chain(pages: Sequence[bytes], prior: bytes | None = None) -> list[bytes]:
+    """Raw 32-byte digests of a page chain (SPEC 2); `prior` is the previous raw digest or None.
+
+    The same chain as `page_hashes` & co. (one implementation); continue a chain by passing the
+    last digest of the previous call as `prior`.
+    """
+    if prior is not None and (not isinstance(prior, bytes) or len(prior) != 32):
+        raise ValueError(f"prior must be a 32-byte digest or None, got {prior!r}")
+    try:
+        return _digests(pages, prior)
+    except TypeError:
+        raise ValueError("pages must be a sequence of bytes") from None
+
+
+def digests_to_int64(digests: Sequence[bytes]) -> list[int]:
+    """Published int64 of each raw digest: its first 8 bytes read big-endian, signed (as `to_int64`)."""
+    if isinstance(digests, (bytes, bytearray, str)):
+        raise ValueError(f"digests must be a sequence of 32-byte digests, not {type(digests).__name__}")
+    try:
+        ok = set(map(len, digests)) <= {32}  # C-level: a few us for 512 digests
+    except TypeError:
+        ok = False
+    if not ok:
+        if not hasattr(digests, "__iter__"):
+            raise ValueError(f"digests must be a sequence of 32-byte digests, not {type(digests).__name__}")
+        for pos, d in enumerate(digests):
+            if not isinstance(d, bytes) or len(d) != 32:
+                raise ValueError(f"digest at position {pos} is not 32 bytes: {d!r}")
+    try:
+        return _ints(digests)
+    except TypeError:
+        raise ValueError("digests must be bytes") from None
+
+
+def event_hashes_int64(
+    token_ids: Sequence[int], page_size: int, namespace: Namespace | None, prior: str | None = None
+) -> list[int]:
+    """`[to_int64(h) for h in event_hashes(...)]`, without the hex round trip (~1.7x faster)."""
+    return _ints(_digests(*_pages_and_seed(token_ids, page_size, namespace, prior, event_seed)))

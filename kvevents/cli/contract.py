@@ -1,6 +1,157 @@
-"""kvevents CLI commands (contract)."""
+"""kvevents CLI commands for the contract layer: `hash`, `schema`, `golden`, `version`.
 
-from kvevents.cli.app import app  # noqa: F401
+Thin wrappers: parse, call kvevents.hashing / kvevents.events, render. The golden check lives in
+kvevents.cli.golden_check so this module stays a face.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from kvevents.cli.app import CheckFailed, app, user_error
+from kvevents.hashing import Namespace, event_seed, hash_chains, int64_to_hex16, storage_seed, to_int64
+
+
+def _console() -> Console:
+    """A stdout console that never truncates 64-char hashes when output is piped."""
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=240)
+    return console
+
+
+def _parse_tokens(raw: List[str]) -> list[int]:
+    """Token ids from arguments; each argument may also be a comma-separated list."""
+    out: list[int] = []
+    for arg in raw:
+        for part in arg.replace(",", " ").split():
+            try:
+                out.append(int(part, 10))
+            except ValueError:
+                user_error(f"token {part!r} is not an integer")
+    return out
+
+
+@app.command("hash")
+def hash_cmd(
+    tokens: List[str] = typer.Argument(..., help="Token ids (space or comma separated), each in 0..2**32-1."),
+    page_size: int = typer.Option(..., "--page-size", "-p", help="Tokens per page (>= 1)."),
+    extra_key: Optional[str] = typer.Option(None, "--extra-key", help="Namespace extra key (LoRA id, variant)."),
+    cache_salt: Optional[str] = typer.Option(None, "--cache-salt", help="Namespace tenant salt."),
+    prior: Optional[str] = typer.Option(
+        None, "--prior", help="Continue both chains from this 64-hex digest (no seeding)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON: storage, event, event_int64."),
+) -> None:
+    """Print the storage hashes, event hashes and published int64s of a token sequence."""
+    ids = _parse_tokens(tokens)
+    ns = Namespace(extra_key, cache_salt)
+    storage, event = hash_chains(ids, page_size, ns, prior, prior)
+    ints = [to_int64(h) for h in event]
+    if as_json:
+        sys.stdout.write(json.dumps({"storage": storage, "event": event, "event_int64": ints}) + "\n")
+        return
+    console = _console()
+    s_seed = storage_seed(ns) if not prior else None
+    e_seed = event_seed(ns) if not prior else None
+    console.print(
+        f"namespace extra_key={ns.extra_key!r} cache_salt={ns.cache_salt!r}  page_size={page_size}  "
+        f"tokens={len(ids)}  pages={len(event)}"
+    )
+    if prior:
+        console.print(f"prior (both chains, no seeding): {prior.lower()}")
+    else:
+        console.print(f"storage seed: {s_seed or '-'}")
+        console.print(f"event seed:   {e_seed or '-'}")
+    table = Table(show_edge=False, header_style="bold")
+    table.add_column("page", justify="right")
+    table.add_column("tokens", justify="right")
+    table.add_column("storage hash", no_wrap=True)
+    table.add_column("event hash", no_wrap=True)
+    table.add_column("event int64", justify="right", no_wrap=True)
+    table.add_column("hex16", no_wrap=True)
+    for i, (s, e, v) in enumerate(zip(storage, event, ints)):
+        lo = i * page_size
+        hi = min(lo + page_size, len(ids))
+        table.add_row(str(i), f"{lo}..{hi - 1}", s, e, str(v), int64_to_hex16(v))
+    console.print(table)
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of a batch payload (generated from the event structs)."""
+    from kvevents.events import batch_json_schema
+
+    sys.stdout.write(json.dumps(batch_json_schema(), indent=2) + "\n")
+
+
+def default_golden_dir() -> Path:
+    """schemas/golden of the repository this package lives in (an editable install or a checkout)."""
+    return Path(__file__).resolve().parents[2] / "schemas" / "golden"
+
+
+def _golden_files(path: Optional[Path]) -> list[Path]:
+    target = path if path is not None else default_golden_dir()
+    if target.is_dir():
+        files = sorted(target.glob("*.json"))
+        if not files:
+            user_error(f"no golden *.json files in {target}")
+        return files
+    if target.is_file():
+        return [target]
+    hint = "" if path is not None else " (not a repository checkout? pass --golden PATH)"
+    user_error(f"golden vectors not found: {target}{hint}")
+
+
+@app.command()
+def golden(
+    golden_path: Optional[Path] = typer.Option(
+        None, "--golden", help="A golden JSON file or a directory of them (default: the repo's schemas/golden)."
+    ),
+) -> None:
+    """Check this installation against the golden vectors; exit 1 on any mismatch."""
+    from kvevents.cli.golden_check import check_golden
+
+    console = _console()
+    failed = 0
+    total = 0
+    for file in _golden_files(golden_path):
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as exc:
+            user_error(f"cannot read {file}: {exc}")
+        except (json.JSONDecodeError, RecursionError) as exc:
+            user_error(f"{file} is not valid JSON: {exc}")
+        if not isinstance(data, dict):
+            user_error(f"{file}: expected a JSON object of golden vectors")
+        items = check_golden(data)
+        if not items:
+            raise CheckFailed(f"{file}: no golden items to check (an empty file proves nothing)")
+        table = Table(title=f"golden: {file.name}", show_edge=False, header_style="bold")
+        table.add_column("section")
+        table.add_column("item")
+        table.add_column("checks", justify="right")
+        table.add_column("result")
+        for item in items:
+            total += 1
+            if item.ok:
+                table.add_row(item.section, item.name, str(item.checks), "[green]pass[/green]")
+            else:
+                failed += 1
+                table.add_row(item.section, item.name, str(item.checks), f"[red]FAIL[/red] {item.detail}")
+        console.print(table)
+    console.print(f"{total - failed} of {total} golden items pass")
+    if failed:
+        raise CheckFailed(f"{failed} of {total} golden items do not match")
+    if total == 0:
+        raise CheckFailed("no golden items were checked")
 
 
 @app.command()

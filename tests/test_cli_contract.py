@@ -1,0 +1,144 @@
+"""`kvevents hash | schema | golden | version`, run as a user would (a subprocess per call)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import GOLDEN_PATH, REPO
+
+SCHEMA_PATH = REPO / "schemas" / "kvevent-batch.schema.json"
+EXE = shutil.which("kvevents")
+
+
+def kve(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = [EXE, *args] if EXE else [sys.executable, "-m", "kvevents", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=cwd or REPO)
+
+
+def assert_user_error(proc: subprocess.CompletedProcess[str], code: int = 2, needle: str = "") -> None:
+    assert proc.returncode == code, (proc.stdout, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert needle in lines[0]
+
+
+@pytest.fixture(scope="module")
+def golden() -> dict:
+    return json.loads(GOLDEN_PATH.read_text())
+
+
+def test_hash_json_matches_golden_child_case(golden: dict) -> None:
+    case = next(c for c in golden["cases"] if c["id"] == "C13_ps4_chain_child_namespaced")
+    inp, ev = case["inputs"], case["events"]
+    tokens = [str(t) for t in inp["parent_tokens"] + inp["tokens"]]
+    proc = kve("hash", *tokens, "--page-size", "4", "--extra-key", "lora-a", "--cache-salt", "tenant-a", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert set(out) == {"storage", "event", "event_int64"}
+    assert out["storage"] == case["storage"]["parent_storage_hashes_hex"] + case["storage"]["storage_hashes_hex"]
+    assert out["event"] == ev["parent_event_hashes_hex"] + ev["event_hashes_hex"]
+    assert out["event_int64"][2:] == ev["published_block_hashes_int64"]
+
+
+def test_hash_with_prior_and_commas(golden: dict) -> None:
+    e = golden["direct"]["explicit_prior"]
+    proc = kve("hash", ",".join(map(str, e["tokens"])), "-p", "4", "--extra-key", "lora-a", "--prior", e["prior_hex"], "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["storage"] == out["event"] == e["get_storage_hash_str_with_prior"]
+
+
+def test_hash_table(golden: dict) -> None:
+    case = next(c for c in golden["cases"] if c["id"] == "C05_ps4_salt_only")
+    tokens = [str(t) for t in case["inputs"]["tokens"]]
+    proc = kve("hash", *tokens, "--page-size", "4", "--cache-salt", "tenant-a")
+    assert proc.returncode == 0, proc.stderr
+    for h in case["storage"]["storage_hashes_hex"] + case["events"]["event_hashes_hex"]:
+        assert h in proc.stdout
+    for v in case["events"]["published_block_hashes_int64"]:
+        assert str(v) in proc.stdout
+    assert case["events"]["event_chain_seed_hex"] in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["hash", "1", "x", "-p", "2"], "'x'"),
+        (["hash", "1", "4294967296", "-p", "2"], "position 1"),
+        (["hash", "1", "-p", "2", "--prior", "zz"], "prior"),
+        (["hash", "1", "-p", "0"], "page_size"),
+        (["hash", "1"], "page-size"),
+        (["golden", "--golden", "/nonexistent/golden.json"], "not found"),
+        (["nosuchcommand"], "nosuchcommand"),
+    ],
+)
+def test_user_errors_exit_2(args: list[str], needle: str) -> None:
+    assert_user_error(kve(*args), 2, needle)
+
+
+def test_schema_prints_the_committed_file() -> None:
+    proc = kve("schema")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == SCHEMA_PATH.read_text()
+
+
+def test_golden_passes() -> None:
+    proc = kve("golden")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "FAIL" not in proc.stdout
+    assert "C13_ps4_chain_child_namespaced" in proc.stdout and "BlockStored_minimal" in proc.stdout
+    assert "35 of 35 golden items pass" in proc.stdout
+
+
+def test_golden_mismatch_exits_1(tmp_path: Path, golden: dict) -> None:
+    bad = json.loads(json.dumps(golden))
+    bad["cases"][0]["events"]["published_block_hashes_int64"][0] += 1
+    bad["wire"]["AllBlocksCleared"]["msgpack_hex"] = "81a474797065b0416c6c426c6f636b73436c6561726565"
+    path = tmp_path / "tampered.json"
+    path.write_text(json.dumps(bad))
+    proc = kve("golden", "--golden", str(path))
+    assert_user_error(proc, 1, "2 of 35")
+    assert proc.stdout.count("FAIL") == 2
+
+
+def test_golden_directory_and_bad_json(tmp_path: Path) -> None:
+    (tmp_path / "copy.json").write_text(GOLDEN_PATH.read_text())
+    proc = kve("golden", "--golden", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    (tmp_path / "broken.json").write_text("{not json")
+    assert_user_error(kve("golden", "--golden", str(tmp_path / "broken.json")), 2, "not valid JSON")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_user_error(kve("golden", "--golden", str(empty)), 2, "no golden")
+
+
+def test_golden_runs_from_another_directory(tmp_path: Path) -> None:
+    assert kve("golden", cwd=tmp_path).returncode == 0
+
+
+def test_version() -> None:
+    from kvevents import __version__
+
+    proc = kve("version")
+    assert proc.returncode == 0 and proc.stdout.strip() == __version__
+
+
+def test_golden_with_nothing_to_check_fails(tmp_path: Path, golden: dict) -> None:
+    empty = {k: type(v)() if k in ("cases", "namespace_seeds_storage", "direct", "scenarios", "wire") else v
+             for k, v in golden.items()}  # fmt: skip
+    f = tmp_path / "empty.json"
+    f.write_text(json.dumps(empty))
+    assert_user_error(kve("golden", "--golden", str(f)), code=1, needle="no golden items")
+
+
+def test_golden_deeply_nested_json_is_a_user_error(tmp_path: Path) -> None:
+    f = tmp_path / "deep.json"
+    f.write_text("[" * 100_000)
+    assert_user_error(kve("golden", "--golden", str(f)), code=2, needle="not valid JSON")
