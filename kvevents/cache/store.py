@@ -1,0 +1,229 @@
+"""Page stores for the storage tier ("L3"), keyed by the storage hash (SPEC sections 3 and 10).
+
+Keys are 64-char lowercase hex storage hashes, which already include the whole namespace, so a
+store never needs to know about namespaces to keep them apart. `FileStore` writes each page
+atomically (temp file, fsync, rename) with a checksum; a corrupt or truncated page is read as a
+counted miss, removed, and never returned. The cache writes through to the store (see
+kvevents/cache/tier.py for why), so a store outlives device resets and process restarts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import tempfile
+from collections import OrderedDict
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+__all__ = ["PageStore", "MemoryStore", "FileStore", "check_key"]
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def check_key(key: str) -> str:
+    """Validate a storage key (64 lowercase hex chars); also keeps file paths inside the store."""
+    if not isinstance(key, str) or len(key) != 64 or not _HEX.issuperset(key):
+        raise ValueError(f"storage key must be 64 lowercase hex chars, got {key!r}")
+    return key
+
+
+def _check_data(data: bytes) -> bytes:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ValueError(f"page data must be bytes, got {type(data).__name__}")
+    return bytes(data)
+
+
+@runtime_checkable
+class PageStore(Protocol):
+    """What the cache needs from a storage tier: whole pages by storage hash."""
+
+    def get(self, key: str) -> bytes | None:
+        """The page's bytes, or None on a miss (a corrupt page is a miss)."""
+        ...
+
+    def put(self, key: str, data: bytes) -> None:
+        """Store (or overwrite) one page."""
+        ...
+
+    def contains(self, key: str) -> bool:
+        """True if a valid page is stored under `key` (a corrupt page is not stored)."""
+        ...
+
+    def delete(self, key: str) -> bool:
+        """Remove one page; True if it was there."""
+        ...
+
+    def stats(self) -> dict[str, int]:
+        """Counters: at least pages, hits, misses, corrupt, writes."""
+        ...
+
+
+class MemoryStore:
+    """In-process page store; with `capacity_pages` it drops least recently used pages."""
+
+    def __init__(self, capacity_pages: int | None = None) -> None:
+        if capacity_pages is not None and (
+            isinstance(capacity_pages, bool) or not isinstance(capacity_pages, int) or capacity_pages < 1
+        ):
+            raise ValueError(f"capacity_pages must be an integer >= 1 or None, got {capacity_pages!r}")
+        self.capacity_pages = capacity_pages
+        self._pages: OrderedDict[str, bytes] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+        self.writes = 0
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._pages)
+
+    def get(self, key: str) -> bytes | None:
+        data = self._pages.get(check_key(key))
+        if data is None:
+            self.misses += 1
+            return None
+        if self.capacity_pages is not None:
+            self._pages.move_to_end(key)
+        self.hits += 1
+        return data
+
+    def put(self, key: str, data: bytes) -> None:
+        check_key(key)
+        self._pages[key] = _check_data(data)
+        self.writes += 1
+        if self.capacity_pages is not None:
+            self._pages.move_to_end(key)
+            while len(self._pages) > self.capacity_pages:
+                self._pages.popitem(last=False)
+                self.dropped += 1
+
+    def contains(self, key: str) -> bool:
+        return check_key(key) in self._pages
+
+    def delete(self, key: str) -> bool:
+        return self._pages.pop(check_key(key), None) is not None
+
+    def keys(self) -> list[str]:
+        """Stored keys (oldest first when bounded)."""
+        return list(self._pages)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "pages": len(self._pages),
+            "hits": self.hits,
+            "misses": self.misses,
+            "corrupt": 0,
+            "writes": self.writes,
+            "dropped": self.dropped,
+        }
+
+
+# FileStore page file: magic, payload length (u64 LE), BLAKE2b-128 of the payload, payload.
+_MAGIC = b"KVP1"
+_HEADER = struct.Struct("<4sQ16s")
+
+
+def _checksum(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+class FileStore:
+    """One file per page under `directory/<key[:2]>/<key>.page`, written atomically with a checksum."""
+
+    def __init__(self, directory: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        if not isinstance(directory, (str, os.PathLike)):
+            raise ValueError(f"FileStore directory must be a path, got {type(directory).__name__}")
+        self.directory = Path(directory)
+        if self.directory.exists() and not self.directory.is_dir():
+            raise ValueError(f"FileStore directory {str(self.directory)!r} exists and is not a directory")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.fsync = fsync
+        self.hits = 0
+        self.misses = 0
+        self.corrupt = 0
+        self.writes = 0
+
+    def path_for(self, key: str) -> Path:
+        """Where the page for `key` lives (tests corrupt it on purpose)."""
+        check_key(key)
+        return self.directory / key[:2] / f"{key}.page"
+
+    def _load(self, key: str) -> bytes | None:
+        """The verified page, or None; a corrupt or truncated file is counted and dropped."""
+        path = self.path_for(key)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        if len(raw) >= _HEADER.size:
+            magic, length, digest = _HEADER.unpack_from(raw)
+            data = raw[_HEADER.size :]
+            if magic == _MAGIC and length == len(data) and _checksum(data) == digest:
+                return data
+        # Corrupt or truncated: never returned; drop the file so the next write repairs it.
+        self.corrupt += 1
+        try:
+            path.unlink()
+        except FileNotFoundError:  # pragma: no cover - raced with another remover
+            pass
+        return None
+
+    def get(self, key: str) -> bytes | None:
+        data = self._load(key)
+        if data is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return data
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self.path_for(key)
+        data = _check_data(data)
+        path.parent.mkdir(exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(_HEADER.pack(_MAGIC, len(data), _checksum(data)))
+                fh.write(data)
+                fh.flush()
+                if self.fsync:
+                    os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        if self.fsync:
+            dfd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        self.writes += 1
+
+    def contains(self, key: str) -> bool:
+        """True only for a page that verifies (pages are small): a corrupt one is never counted."""
+        return self._load(key) is not None
+
+    def delete(self, key: str) -> bool:
+        try:
+            self.path_for(key).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    def keys(self) -> list[str]:
+        """Stored keys (sorted)."""
+        return sorted(p.stem for p in self.directory.glob("??/*.page"))
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "pages": len(self.keys()),
+            "hits": self.hits,
+            "misses": self.misses,
+            "corrupt": self.corrupt,
+            "writes": self.writes,
+        }
