@@ -1,3 +1,234 @@
-"""kvevents CLI commands (transport)."""
+"""`kvevents serve` (simulated engine workers publishing their events) and `kvevents tail`."""
 
-from kvevents.cli.app import app  # noqa: F401
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from typing import Any, Optional
+
+import typer
+
+from kvevents.cli.app import app, user_error
+
+_STARTED = "kvevents serve:"
+
+
+def _out(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+@app.command()
+def serve(
+    endpoint: str = typer.Option("tcp://127.0.0.1:5557", help="Live PUB endpoint of worker 0 (worker i: port + i)."),
+    replay_endpoint: Optional[str] = typer.Option(
+        None, help="Replay ROUTER endpoint of worker 0 (worker i: port + i); default: the port after the last "
+        "live port (5558 for one worker); '' for none."
+    ),
+    topic: str = typer.Option("", help="Topic frame of every message."),
+    workers: int = typer.Option(1, min=1, max=64, help="Simulated workers, one publisher each (as DP ranks)."),
+    rate: float = typer.Option(200.0, min=0.0, help="Requests per second over all workers (0: as fast as possible)."),
+    duration: Optional[float] = typer.Option(None, min=0.0, help="Stop after this many seconds (default: Ctrl-C)."),
+    seed: int = typer.Option(0, help="Workload seed (worker i uses seed + i)."),
+    page_size: int = typer.Option(16, min=1, help="Tokens per page."),
+    capacity_pages: int = typer.Option(4096, min=1, help="Device pages per worker (eviction beyond)."),
+    heartbeat: float = typer.Option(1.0, min=0.0, help="Heartbeat interval in seconds (0: none)."),
+    bind: bool = typer.Option(True, help="Bind the live endpoint (the project default: loopback, bound)."),
+    metrics_port: Optional[int] = typer.Option(None, help="Serve Prometheus metrics on 127.0.0.1:PORT."),
+) -> None:
+    """Run simulated engine workers, each publishing its KV events; a status line per second."""
+    from kvevents.publisher import Publisher, publish_steps
+    from kvevents.sim import SimWorker, Workload
+
+    from kvevents.transport.wire import check_endpoint, offset_endpoint
+
+    try:
+        check_endpoint(endpoint)
+    except ValueError as exc:
+        user_error(f"--endpoint: {exc}")
+    default_replay = replay_endpoint is None
+    if replay_endpoint is None:
+        replay_endpoint = _after(endpoint, workers)
+    try:
+        if replay_endpoint:
+            check_endpoint(replay_endpoint)
+        lives = [offset_endpoint(endpoint, i) for i in range(workers)]
+        replays = [offset_endpoint(replay_endpoint, i) for i in range(workers)] if replay_endpoint else []
+    except ValueError as exc:  # a port past 65535 (the default replay port, or a rank's offset port)
+        what = "--replay-endpoint (default: the port after the last live port)" if default_replay else (
+            f"with {workers} workers (rank r uses port + r)")
+        user_error(f"{what}: {exc}")
+    clash = sorted(set(lives) & set(replays) - {e for e in lives if e.endswith(":*") or e.endswith(":0")})
+    if len(set(lives)) < workers and not endpoint.endswith((":*", ":0")):
+        user_error(f"--endpoint {endpoint!r} gives every worker the same address: use tcp://HOST:PORT or inproc:// "
+                   "(ranks offset the port / suffix the name) or one worker")
+    if clash:
+        user_error(f"live and replay endpoints collide on {clash[0]} with {workers} workers (rank r uses port + r): "
+                   f"give --replay-endpoint a port >= live port + {workers}")
+    sims, pubs, loads = [], [], []
+    try:
+        for i in range(workers):
+            pubs.append(
+                Publisher(
+                    endpoint=endpoint,
+                    replay_endpoint=replay_endpoint or None,
+                    topic=topic,
+                    dp_rank=i,
+                    bind=bind,
+                    heartbeat_interval_s=heartbeat,
+                    metrics_port=metrics_port,
+                )
+            )
+            sims.append(SimWorker(f"w{i}", page_size=page_size, capacity_pages=capacity_pages))
+            loads.append(iter(Workload(seed + i, page_size=page_size)))
+    except BaseException:
+        for p in pubs:
+            p.close(0)
+        raise
+    for i, p in enumerate(pubs):
+        _out(f"{_STARTED} worker w{i} dp_rank {i} live {p.endpoint} replay {p.replay_endpoint or '-'} epoch {p.epoch}")
+    stop = {"flag": False}
+
+    def _on_term(signum: int, frame: Any) -> None:
+        stop["flag"] = True
+
+    old = signal.signal(signal.SIGTERM, _on_term)
+    t0 = time.monotonic()
+    next_status = t0 + 1.0
+    served = 0
+    interval = 1.0 / rate if rate > 0 else 0.0
+    next_req = t0
+    try:
+        while not stop["flag"]:
+            now = time.monotonic()
+            if duration is not None and now - t0 >= duration:
+                break
+            if now >= next_status:
+                _out(_status_line(now - t0, served, sims, pubs))
+                next_status += 1.0
+            if interval and now < next_req:
+                time.sleep(min(next_req - now, max(0.0, next_status - now), 0.05))
+                continue
+            k = served % workers
+            sims[k].serve(next(loads[k]))
+            publish_steps(sims[k], pubs[k])
+            served += 1
+            next_req += interval
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        unsent = sum(p.close(1.0) for p in pubs)
+        _out(_status_line(time.monotonic() - t0, served, sims, pubs) + f" stopped unsent={unsent}")
+
+
+def _after(endpoint: str, workers: int) -> str:
+    """Default replay endpoint: the port right after the last worker's live port (`*` stays `*`)."""
+    head, _, port = endpoint.rpartition(":")
+    if endpoint.startswith("tcp://") and port.isdigit() and int(port) > 0:
+        return f"{head}:{int(port) + workers}"
+    if endpoint.startswith("tcp://"):
+        return endpoint  # ephemeral: the OS picks a port
+    return endpoint + "-replay"
+
+
+def _status_line(elapsed: float, served: int, sims: list, pubs: list) -> str:
+    stats = [p.stats() for p in pubs]
+    tok = sum(s.tokens for s in sims) or 1
+    hit = sum(s.device_hit_tokens for s in sims) / tok
+    return (
+        f"t={elapsed:5.1f}s requests={served} batches={sum(s['batches_published'] for s in stats)} "
+        f"events={sum(s['events_published'] for s in stats)} dropped={sum(s['dropped_queue_full'] for s in stats)} "
+        f"live_blocks={sum(s['live_blocks'] for s in stats)} replays={sum(s['replay_requests'] for s in stats)} "
+        f"snapshots={sum(s['snapshot_requests'] for s in stats)} device_hit={hit:.1%}"
+    )
+
+
+def _summary(batch: Any) -> str:
+    counts = {"BlockStored": 0, "BlockRemoved": 0, "AllBlocksCleared": 0}
+    stored = removed = 0
+    for ev in batch.events:
+        name = type(ev).__name__
+        counts[name] = counts.get(name, 0) + 1
+        if name == "BlockStored":
+            stored += len(ev.block_hashes)
+        elif name == "BlockRemoved":
+            removed += len(ev.block_hashes)
+    return (
+        f"events={len(batch.events)} stored={counts['BlockStored']}(+{stored} pages) "
+        f"removed={counts['BlockRemoved']}(-{removed} pages) cleared={counts['AllBlocksCleared']}"
+    )
+
+
+@app.command()
+def tail(
+    endpoint: str = typer.Argument(..., help="Live PUB endpoint to connect to."),
+    replay: Optional[str] = typer.Option(None, "--replay", help="Replay ROUTER endpoint (gap repair, snapshots)."),
+    topic: str = typer.Option("", help="Topic prefix to subscribe to."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per line."),
+    count: Optional[int] = typer.Option(None, min=1, help="Exit after this many batches."),
+    duration: Optional[float] = typer.Option(None, min=0.0, help="Exit after this many seconds."),
+    stale_after: float = typer.Option(5.0, help="Report the publisher stale after this much silence (s)."),
+) -> None:
+    """Print every batch of a publisher (or JSONL), with gap / replay / restart / heartbeat notices."""
+    from kvevents.events import event_to_dict
+    from kvevents.subscriber import Delivery, Source, Subscriber
+    from kvevents.transport.wire import check_endpoint
+
+    for what, ep in (("ENDPOINT", endpoint), ("--replay", replay)):
+        try:
+            if ep or what == "ENDPOINT":
+                check_endpoint(ep)  # type: ignore[arg-type]
+        except ValueError as exc:
+            user_error(f"{what}: {exc}")
+    sub = Subscriber([Source(endpoint, replay or None, endpoint)], topic=topic, stale_after_s=stale_after)
+    seen = 0
+    last = sub.counters()
+    was_stale = False
+    t0 = time.monotonic()
+
+    def emit(obj: dict, text: str) -> None:
+        _out(json.dumps(obj, separators=(",", ":")) if as_json else text)
+
+    try:
+        while (count is None or seen < count) and (duration is None or time.monotonic() - t0 < duration):
+            items = sub.poll(0.1)
+            now = sub.counters()
+            for key in ("gaps", "replays_requested", "unrecoverable_gaps", "restarts", "bad_payloads", "losses"):
+                if now[key] > last[key]:
+                    emit({"type": "notice", "what": key, "count": now[key]}, f"! {key.replace('_', ' ')} (total {now[key]})")
+            last = now
+            for it in items:
+                if not isinstance(it, Delivery):
+                    emit(
+                        {"type": "reset", "source": it.source, "dp_rank": it.dp_rank, "reason": it.reason},
+                        f"! reset rank={it.dp_rank} reason={it.reason}: drop state, resync follows",
+                    )
+                    continue
+                b = it.batch
+                if not b.events and it.kind != "snapshot":
+                    emit(
+                        {"type": "heartbeat", "seq": it.seq, "kind": it.kind, "dp_rank": it.dp_rank, "epoch": it.epoch},
+                        f"seq={it.seq} {it.kind} rank={it.dp_rank} heartbeat",
+                    )
+                else:
+                    emit(
+                        {
+                            "type": "batch", "seq": it.seq, "kind": it.kind, "ts": b.ts, "dp_rank": it.dp_rank,
+                            "epoch": it.epoch, "topic": it.topic, "events": [event_to_dict(e) for e in b.events],
+                        },
+                        f"seq={it.seq} {it.kind} rank={it.dp_rank} {_summary(b)}",
+                    )
+                seen += 1
+                if count is not None and seen >= count:
+                    break
+            stale = sub.status()[endpoint].stale
+            if stale and not was_stale:
+                emit({"type": "notice", "what": "stale"}, f"! no message for {stale_after:.1f}s: publisher stale")
+            was_stale = stale
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sub.stop()

@@ -1,0 +1,491 @@
+"""ZeroMQ subscriber: many publishers, per-(source, dp_rank) sequencing and repair (SPEC section 9).
+
+Gaps are filled by replay over a DEALER, duplicates dropped, live batches buffered while a
+replay is in flight; restarts and unrecoverable gaps become a `Reset` followed by snapshot
+deliveries (or a counted clean start). Drive it with `poll()` or run it on its own thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence, Union
+
+import zmq
+
+from kvevents.errors import DecodeError
+from kvevents.events import KVEventBatch, decode_batch
+from kvevents.transport.repair import RepairMixin
+from kvevents.transport.streams import Item, SourceState as _Src, Stream
+from kvevents.transport.wire import SEQ, check_endpoint
+
+__all__ = ["Source", "Delivery", "Reset", "SourceStatus", "Subscriber"]
+
+log = logging.getLogger("kvevents.subscriber")
+
+_COUNTERS = (
+    "live", "replayed", "snapshot_batches", "heartbeats", "duplicates", "gaps", "replays_requested",
+    "replay_timeouts", "unrecoverable_gaps", "restarts", "resets", "snapshots_requested", "snapshots_applied",
+    "snapshot_failures", "losses", "bad_payloads", "bad_frames", "stale_buffered", "buffer_overflows",
+    "stale_sources", "callback_errors", "loop_errors",
+)
+
+
+@dataclass(slots=True)
+class Source:
+    """One publisher: live endpoint, optional replay ROUTER endpoint, a name (default: the endpoint).
+
+    `bind=True` binds the SUB socket instead of connecting (for publishers that connect).
+    """
+
+    endpoint: str
+    replay_endpoint: str | None = None
+    name: str | None = None
+    bind: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.endpoint:
+            raise ValueError("Source: endpoint must not be empty")
+        if self.name is None:
+            self.name = self.endpoint
+        for what, ep in (("", self.endpoint), ("replay ", self.replay_endpoint)):
+            if ep:  # a tcp port > 65535 would silently wrap in libzmq: refuse it here
+                try:
+                    check_endpoint(ep)
+                except ValueError as exc:  # "source 'w': cannot use replay endpoint 'tcp://...': why"
+                    raise ValueError(f"source {self.name!r}: cannot use {what}{exc}") from None
+
+
+@dataclass(slots=True, eq=False)
+class Delivery:
+    """One batch for the consumer, in per-(source, dp_rank) seq order; iterates as (source, seq, batch)."""
+
+    source: str
+    seq: int
+    batch: KVEventBatch
+    payload: bytes = b""
+    topic: str = ""
+    kind: str = "live"  # "live" | "replay" | "snapshot" (snapshot batches all carry seq S)
+    dp_rank: int | None = None
+    epoch: int | None = None
+    endpoint: str = ""
+    received_at: float = 0.0
+
+    def __iter__(self) -> Iterator[object]:
+        yield self.source
+        yield self.seq
+        yield self.batch
+
+
+@dataclass(slots=True)
+class Reset:
+    """Drop every block of (source, dp_rank); snapshot deliveries (if any) follow."""
+
+    source: str
+    dp_rank: int | None
+    reason: str  # "restart" | "gap" | "first"
+    epoch: int | None = None
+
+
+@dataclass(slots=True)
+class SourceStatus:
+    name: str
+    endpoint: str
+    next_seq: int | None
+    epoch: int | None
+    last_heard: float | None
+    stale: bool
+    ranks: dict[int | None, int | None] = field(default_factory=dict)  # dp_rank -> next_seq
+    busy: bool = False  # a replay or snapshot is in flight
+
+
+Output = Union[Delivery, Reset]
+
+
+class Subscriber(RepairMixin):
+    """Receives from many publishers; outputs Delivery and Reset objects in per-stream order."""
+
+    def __init__(
+        self,
+        sources: Sequence[Source | str],
+        *,
+        topic: str = "",
+        on_delivery: Callable[[Delivery], object] | None = None,
+        on_reset: Callable[[Reset], object] | None = None,
+        stale_after_s: float = 5.0,
+        request_timeout_s: float = 2.0,
+        max_attempts: int = 3,
+        max_buffer: int = 100000,
+        log_every: int = 100,
+        hwm: int = 100000,
+        metrics_port: int | None = None,
+        context: zmq.Context | None = None,
+    ) -> None:
+        if not sources:
+            raise ValueError("Subscriber: at least one source is needed")
+        srcs = [s if isinstance(s, Source) else Source(s) for s in sources]
+        names = [s.name for s in srcs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Subscriber: source names must be unique, got {names}")
+        if metrics_port is not None and not 0 <= metrics_port <= 65535:
+            raise ValueError(f"Subscriber: metrics_port must be in 0..65535, got {metrics_port}")
+        self.topic = topic
+        self.on_delivery = on_delivery
+        self.on_reset = on_reset
+        self.stale_after_s = stale_after_s
+        self.request_timeout_s = request_timeout_s
+        self.max_attempts = max(1, max_attempts)
+        self.max_buffer = max_buffer
+        self.log_every = max(1, log_every)
+        self.hwm = hwm
+        self._ctx = context or zmq.Context.instance()
+        self._srcs = [_Src(s) for s in srcs]
+        self._by_sock: dict[zmq.Socket, tuple[_Src, bool]] = {}
+        self._poller: zmq.Poller | None = None
+        self._counters = dict.fromkeys(_COUNTERS, 0)
+        self._out: list[Output] = []
+        self._started_at = time.time()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._closed = False
+        self._metrics_port = metrics_port
+        if metrics_port is not None:
+            from kvevents import metrics
+
+            try:
+                metrics.serve_subscriber(self, metrics_port, ",".join(names))  # type: ignore[arg-type]
+            except OSError as exc:  # nothing is open yet: no socket or thread to release
+                raise ValueError(f"metrics port {metrics_port}: {exc}") from None
+
+    # ------------------------------------------------------------------ public API
+    def start(self) -> "Subscriber":
+        """Run on a background thread, calling on_delivery / on_reset (on_delivery is required).
+
+        The sockets are opened here, so a bad endpoint is a ValueError now, not a thread error later.
+        """
+        if self.on_delivery is None:
+            raise ValueError("Subscriber.start: on_delivery is required in thread mode (or drive poll())")
+        if self._closed:
+            raise ValueError("Subscriber.start: the subscriber is stopped")
+        self._open()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="kvevents-subscriber", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop the thread (if any) and close every socket."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("subscriber thread did not stop within %.1fs", timeout)
+                return
+        self._close()
+
+    def __enter__(self) -> "Subscriber":
+        return self.start() if self.on_delivery is not None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def poll(self, timeout_s: float = 0.0) -> list[Output]:
+        """Wait up to timeout_s for messages; return what became deliverable (in order)."""
+        if self._closed:
+            raise ValueError("Subscriber.poll: the subscriber is stopped")
+        self._open()
+        assert self._poller is not None
+        now = time.time()
+        wait = timeout_s
+        for s in self._srcs:
+            if s.active is not None:
+                wait = min(wait, max(0.0, s.active.deadline - now))
+            elif s.queue:
+                wait = min(wait, max(0.0, s.not_before - now))
+        ready = self._poller.poll(int(wait * 1000)) if wait > 0 else self._poller.poll(0)
+        for sock, _ in ready:
+            src, is_sub = self._by_sock.get(sock, (None, True))
+            if src is None:
+                continue
+            for _ in range(2000):
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                except zmq.ZMQError:
+                    break
+                if is_sub:
+                    self._on_live(src, frames)
+                elif sock is src.dealer:
+                    self._on_reply(src, frames)
+                else:
+                    break
+        now = time.time()
+        for s in self._srcs:
+            if s.active is not None and now >= s.active.deadline:
+                self._on_timeout(s)
+            if s.active is None:
+                self._pump(s)
+            self._check_stale(s, now)
+        out, self._out = self._out, []
+        return out
+
+    def status(self) -> dict[str, SourceStatus]:
+        now = time.time()
+        out = {}
+        for s in self._srcs:
+            streams = list(s.streams.items())  # one C-level copy: safe while the poll thread runs
+            ranks = {r: st.next_seq for r, st in streams}
+            first = streams[0][1] if streams else None
+            out[s.name] = SourceStatus(
+                name=s.name,
+                endpoint=s.source.endpoint,
+                next_seq=first.next_seq if first else None,
+                epoch=first.epoch if first else None,
+                last_heard=s.last_heard,
+                stale=self._is_stale(s, now),
+                ranks=ranks,
+                busy=any(st.busy for _, st in streams),
+            )
+        return out
+
+    def counters(self) -> dict[str, int]:
+        return dict(self._counters)
+
+    # ------------------------------------------------------------------ sockets
+    def _open(self) -> None:
+        """Open every SUB (and check the replay endpoints); a bad endpoint is a ValueError, nothing stays open."""
+        if self._poller is not None:
+            return
+        self._poller = zmq.Poller()
+        for s in self._srcs:
+            sub = self._ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.RCVHWM, self.hwm)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RECONNECT_IVL, 100)
+            sub.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)  # ZeroMQ retries forever, backing off
+            sub.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
+            s.sub = sub
+            self._by_sock[sub] = (s, True)
+            self._poller.register(sub, zmq.POLLIN)
+            what, ep = "endpoint", s.source.endpoint
+            try:
+                if s.source.bind:
+                    sub.bind(ep)
+                else:
+                    sub.connect(ep)
+                if s.source.replay_endpoint:  # checked now; the DEALER itself is made at the first request
+                    what, ep = "replay endpoint", s.source.replay_endpoint
+                    probe = self._ctx.socket(zmq.DEALER)
+                    probe.setsockopt(zmq.LINGER, 0)
+                    try:
+                        probe.connect(ep)
+                    finally:
+                        probe.close(0)
+            except zmq.ZMQError as exc:
+                self._unopen()
+                raise ValueError(f"source {s.name!r}: cannot use {what} {ep!r}: {exc}") from None
+
+    def _unopen(self) -> None:
+        """Undo a failed _open: close what was opened, keep the subscriber as it was."""
+        for s in self._srcs:
+            self._drop_dealer(s)
+            if s.sub is not None:
+                s.sub.close(0)
+                s.sub = None
+        self._by_sock.clear()
+        self._poller = None
+
+    def _new_dealer(self, s: _Src) -> zmq.Socket:
+        """A fresh DEALER (a timed-out request's late replies die with the old one)."""
+        self._drop_dealer(s)
+        d = self._ctx.socket(zmq.DEALER)
+        d.setsockopt(zmq.LINGER, 0)
+        d.setsockopt(zmq.RCVHWM, 0)
+        d.setsockopt(zmq.RECONNECT_IVL, 100)
+        d.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
+        try:
+            d.connect(s.source.replay_endpoint)  # type: ignore[arg-type]
+        except zmq.ZMQError:
+            d.close(0)
+            raise
+        s.dealer = d
+        self._by_sock[d] = (s, False)
+        assert self._poller is not None
+        self._poller.register(d, zmq.POLLIN)
+        return d
+
+    def _drop_dealer(self, s: _Src) -> None:
+        if s.dealer is not None:
+            if self._poller is not None:
+                self._poller.unregister(s.dealer)
+            self._by_sock.pop(s.dealer, None)
+            s.dealer.close(0)
+            s.dealer = None
+
+    def _close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._metrics_port is not None:
+            from kvevents import metrics
+
+            metrics.forget_subscriber(self)
+        for s in self._srcs:
+            self._drop_dealer(s)
+            if s.sub is not None:
+                s.sub.close(0)
+                s.sub = None
+        self._by_sock.clear()
+
+    def _run(self) -> None:
+        errors = 0
+        while not self._stop.is_set():
+            try:
+                items = self.poll(0.05)
+                errors = 0
+            except Exception:  # noqa: BLE001 - the thread must not die silently, nor spin on an error
+                errors += 1
+                self._counters["loop_errors"] += 1
+                if errors % self.log_every == 1 or self.log_every == 1:
+                    log.exception("subscriber loop error (%d in a row, logged once per %d)", errors, self.log_every)
+                self._stop.wait(min(5.0, 0.05 * 2 ** min(errors - 1, 7)))  # back off: 50 ms .. 5 s
+                continue
+            for item in items:
+                try:
+                    if isinstance(item, Delivery):
+                        self.on_delivery(item)  # type: ignore[misc]
+                    elif self.on_reset is not None:
+                        self.on_reset(item)
+                except Exception:  # noqa: BLE001 - a consumer bug must not stop the feed
+                    self._counters["callback_errors"] += 1
+                    log.exception("subscriber callback failed")
+        self._close()
+
+    # ------------------------------------------------------------------ live path
+    def _bad(self, what: str, detail: str, key: str = "bad_payloads") -> None:
+        n = self._counters[key] = self._counters[key] + 1
+        if n % self.log_every == 1 or self.log_every == 1:
+            log.warning("%s (%d so far, logged once per %d): %s", what, n, self.log_every, detail)
+
+    def _on_live(self, s: _Src, frames: list[bytes]) -> None:
+        now = time.time()
+        s.last_heard = now
+        if len(frames) != 3 or len(frames[1]) != 8:
+            return self._bad(f"source {s.name}: malformed live message", f"{len(frames)} frames", "bad_frames")
+        topic_b, seq_b, payload = frames
+        try:
+            batch = decode_batch(payload)
+        except DecodeError as exc:
+            return self._bad(f"source {s.name}: undecodable payload", str(exc))
+        seq = SEQ.unpack(seq_b)[0]
+        rank = batch.data_parallel_rank
+        st = s.streams.get(rank)
+        if st is None:
+            st = s.streams[rank] = Stream(rank)
+        if not batch.events:
+            self._counters["heartbeats"] += 1
+        restart = (st.epoch is not None and batch.epoch is not None and batch.epoch != st.epoch) or (
+            st.last_live_seq is not None and seq < st.last_live_seq
+        )
+        item = Item(seq, topic_b, payload, batch, now)
+        if restart:
+            self._counters["restarts"] += 1
+            self._restart(s, st, batch.epoch, "restart", seq)
+        st.last_live_seq = seq
+        if st.busy:
+            if len(st.buffer) >= self.max_buffer:
+                self._counters["buffer_overflows"] += 1
+                st.buffer.clear()  # replay will have to cover it again
+            st.buffer.append(item)
+            return
+        self._sequence(s, st, item)
+
+    def _sequence(self, s: _Src, st: Stream, it: Item) -> None:
+        """Apply one live item to a non-busy stream: deliver, drop as duplicate, or start a repair."""
+        if it.batch.epoch is not None and st.epoch is not None and it.batch.epoch != st.epoch:
+            self._counters["stale_buffered"] += 1
+            return
+        if st.next_seq is None:
+            st.epoch = it.batch.epoch
+            if st.clean_start or it.seq == 0 or not s.source.replay_endpoint:
+                if it.seq > 0 and not st.clean_start:
+                    self._counters["losses"] += 1  # joined late with no replay: what came before is lost
+                st.clean_start = False
+                st.next_seq = it.seq
+            else:
+                self._request(s, st, "replay", 0, first=True)
+                st.buffer.append(it)
+                return
+        if it.seq < st.next_seq:
+            self._counters["duplicates"] += 1
+            return
+        if it.seq > st.next_seq:
+            self._counters["gaps"] += 1
+            if s.source.replay_endpoint:
+                self._request(s, st, "replay", st.next_seq)
+                st.buffer.append(it)
+                return
+            self._counters["unrecoverable_gaps"] += 1
+            self._counters["losses"] += 1
+            self._emit_reset(s, st, "gap")
+            st.next_seq = it.seq
+        self._deliver(s, st, it, "live")
+        st.next_seq = it.seq + 1
+
+    def _deliver(self, s: _Src, st: Stream, it: Item, kind: str, seq: int | None = None) -> None:
+        self._counters[{"live": "live", "replay": "replayed", "snapshot": "snapshot_batches"}[kind]] += 1
+        self._out.append(
+            Delivery(
+                s.name, it.seq if seq is None else seq, it.batch, it.payload, it.topic.decode("utf-8", "replace"),
+                kind, st.rank, it.batch.epoch, s.source.endpoint, it.received_at,
+            )
+        )
+
+    def _emit_reset(self, s: _Src, st: Stream, reason: str) -> None:
+        self._counters["resets"] += 1
+        self._out.append(Reset(s.name, st.rank, reason, st.epoch))
+
+    def _restart(self, s: _Src, st: Stream, epoch: int | None, reason: str, seq: int) -> None:
+        """The publisher restarted: tell the consumer, forget the stream, resync by snapshot."""
+        st.buffer.clear()
+        st.busy = False
+        st.last_live_seq = None
+        s.queue = deque(r for r in s.queue if r.stream is not st)
+        st.epoch = epoch
+        st.next_seq = None
+        if s.active is not None and s.active.stream is st:
+            s.active.aborting = True
+            s.active.superseded = True
+        self._emit_reset(s, st, reason)
+        if s.source.replay_endpoint and seq > 0:
+            self._request(s, st, "snapshot", 0)
+        else:
+            if seq > 0:
+                self._counters["losses"] += 1
+            st.clean_start = True
+
+    def _drain(self, s: _Src, st: Stream) -> None:
+        """Re-feed live items buffered during a repair; a new gap starts the next repair."""
+        st.busy = False
+        items, st.buffer = st.buffer, []
+        for it in items:
+            if st.busy:
+                st.buffer.append(it)
+            else:
+                self._sequence(s, st, it)
+
+    # ------------------------------------------------------------------ staleness
+    def _is_stale(self, s: _Src, now: float) -> bool:
+        ref = s.last_heard if s.last_heard is not None else self._started_at
+        return now - ref > self.stale_after_s
+
+    def _check_stale(self, s: _Src, now: float) -> None:
+        stale = self._is_stale(s, now)
+        if stale and not s.stale:
+            self._counters["stale_sources"] += 1
+            log.warning("source %s: nothing heard for %.1fs (stale)", s.name, self.stale_after_s)
+        s.stale = stale

@@ -1,0 +1,1 @@
+"""ZeroMQ transport helpers shared by the publisher and the subscriber (SPEC sections 7-8)."""

@@ -1,0 +1,71 @@
+"""Per-(source, dp_rank) sequencing state of the subscriber, and its repair requests."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+from kvevents.events import KVEventBatch
+
+__all__ = ["Item", "Stream", "Request", "SourceState"]
+
+
+@dataclass(slots=True)
+class Item:
+    """One received batch: seq, raw topic and payload, the decoded batch, arrival time."""
+
+    seq: int
+    topic: bytes
+    payload: bytes
+    batch: KVEventBatch
+    received_at: float
+
+
+@dataclass(slots=True, eq=False)
+class Stream:
+    """Where one publisher rank stands: epoch, next expected seq, live items held during a repair."""
+
+    rank: int | None
+    epoch: int | None = None
+    next_seq: int | None = None  # None: nothing applied yet (first contact, or after a reset)
+    last_live_seq: int | None = None  # live seqs only grow on one connection; lower means restart
+    busy: bool = False  # a replay or snapshot is queued or in flight
+    clean_start: bool = False  # accept the next seq as the start (no snapshot available)
+    buffer: list[Item] = field(default_factory=list)
+    snapshot: list[Item] = field(default_factory=list)
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """A replay (from `start`) or snapshot request; one in flight per source DEALER."""
+
+    stream: Stream
+    kind: str  # "replay" | "snapshot"
+    start: int
+    first: bool = False  # the stream's first contact: a late first reply is reason "first"
+    deadline: float = 0.0
+    attempts: int = 0
+    got_any: bool = False
+    aborting: bool = False  # ignore replies until the end marker
+    failed: bool = False  # replay could not fill the gap / snapshot unusable
+    superseded: bool = False  # the stream was reset meanwhile: discard the outcome
+    new_epoch: int | None = None  # a reply came from a restarted publisher
+
+
+class SourceState:
+    """Runtime state of one source: sockets, streams per dp_rank, the one in-flight request."""
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self.name: str = source.name  # type: ignore[assignment]
+        self.sub: zmq.Socket | None = None
+        self.dealer: zmq.Socket | None = None
+        self.streams: dict[int | None, Stream] = {}
+        self.queue: deque[Request] = deque()
+        self.active: Request | None = None
+        self.last_heard: float | None = None
+        self.stale = False
+        self.not_before = 0.0  # backoff: no new request before this time

@@ -1,0 +1,210 @@
+"""The publisher's compact view of live block copies, and the snapshot batches rebuilt from it.
+
+Updated from every published batch (SPEC section 8). A live block is just a reference to the
+BlockStored event that announced it (its page index is found again when a snapshot is built), so
+a stored event costs one C-level dict update and allocates nothing the garbage collector must
+track. Events must not be mutated after they are published.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from itertools import repeat
+from typing import Iterable, Iterator, Sequence
+
+from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
+
+__all__ = ["LiveView", "FrozenView", "snapshot_batches"]
+
+_UNSET = object()
+_SMALL = 16  # events with more pages get a hash -> index map when a snapshot needs it
+
+
+class FrozenView:
+    """An immutable copy of a LiveView taken at one seq (what a snapshot serves)."""
+
+    __slots__ = ("media", "extra")
+
+    def __init__(
+        self,
+        media: list[tuple[str | None, dict[int, BlockStored]]],
+        extra: list[tuple[str | None, int, BlockStored]],
+    ) -> None:
+        self.media = media
+        self.extra = extra
+
+    def __len__(self) -> int:
+        return sum(len(m) for _, m in self.media) + len(self.extra)
+
+
+class LiveView:
+    """Live block copies per (medium, hash); a second copy of a hash is kept aside and counted."""
+
+    __slots__ = ("_media", "_extra", "page_size")
+
+    def __init__(self) -> None:
+        self._media: dict[str | None, dict[int, BlockStored]] = {}
+        self._extra: dict[tuple[str | None, int], list[BlockStored]] = {}
+        self.page_size: int | None = None
+
+    def __len__(self) -> int:
+        return sum(len(m) for m in self._media.values()) + sum(len(v) for v in self._extra.values())
+
+    def apply(self, events: Iterable[Event]) -> None:
+        """Fold one batch's events into the view (stores add copies, removes drop one copy each).
+
+        The publisher's hot path: one loop of plain dict operations (no method calls for the
+        common single-page events); copies and intra-event duplicates take the slow branches.
+        """
+        media = self._media
+        extra = self._extra
+        cur: object = _UNSET
+        m: dict[int, BlockStored] = {}
+        last_stored = None
+        for ev in events:
+            t = ev.__class__
+            if t is BlockStored:
+                md = ev.medium  # type: ignore[union-attr]
+                if md is not cur:
+                    cur = md
+                    m = media.get(md)  # type: ignore[assignment]
+                    if m is None:
+                        m = media[md] = {}  # type: ignore[index]
+                hs = ev.block_hashes  # type: ignore[union-attr]
+                last_stored = ev
+                if len(hs) == 1:
+                    h = hs[0]
+                    if h in m:
+                        extra.setdefault((md, h), []).append(ev)  # type: ignore[arg-type]
+                    else:
+                        m[h] = ev  # type: ignore[assignment]
+                else:
+                    self._store_many(m, md, hs, ev)  # type: ignore[arg-type]
+            elif t is BlockRemoved:
+                md = ev.medium  # type: ignore[union-attr]
+                if md is not cur:
+                    cur = md
+                    m = media.get(md)  # type: ignore[assignment]
+                    if m is None:
+                        m = media[md] = {}  # type: ignore[index]
+                hs = ev.block_hashes  # type: ignore[union-attr]
+                if extra:
+                    self._remove_copies(m, md, hs)  # type: ignore[arg-type]
+                elif len(hs) == 1:
+                    h = hs[0]
+                    if h in m:
+                        del m[h]
+                else:
+                    for h in hs:
+                        if h in m:
+                            del m[h]
+            elif t is AllBlocksCleared:
+                for mm in media.values():
+                    mm.clear()
+                extra.clear()
+        if last_stored is not None:
+            self.page_size = last_stored.block_size  # type: ignore[union-attr]
+
+    def _store_many(self, m: dict[int, BlockStored], md: str | None, hs: list[int], ev: BlockStored) -> None:
+        """A multi-page store: one C-level update when no page is live yet, else page by page."""
+        if m.keys().isdisjoint(hs):
+            n0 = len(m)
+            m.update(zip(hs, repeat(ev)))
+            if len(m) - n0 == len(hs):
+                return
+            for h, k in Counter(hs).items():  # a hash repeated inside the event: extra copies
+                if k > 1:
+                    self._extra.setdefault((md, h), []).extend([ev] * (k - 1))
+            return
+        for h in hs:
+            if h in m:
+                self._extra.setdefault((md, h), []).append(ev)
+            else:
+                m[h] = ev
+
+    def _remove_copies(self, m: dict[int, BlockStored], md: str | None, hs: list[int]) -> None:
+        """Removes while some hash has extra copies: an extra copy goes first."""
+        extra = self._extra
+        for h in hs:
+            copies = extra.get((md, h))
+            if copies:
+                copies.pop()
+                if not copies:
+                    del extra[(md, h)]
+            elif h in m:
+                del m[h]
+
+    def freeze(self) -> FrozenView:
+        """A consistent copy (call it under the publisher's lock; events are never mutated)."""
+        media = [(medium, dict(m)) for medium, m in self._media.items() if m]
+        extra = [(medium, h, ev) for (medium, h), evs in self._extra.items() for ev in evs]
+        return FrozenView(media, extra)
+
+
+class _Index:
+    """Page index of a hash inside its announcing event (cached for long events)."""
+
+    def __init__(self) -> None:
+        self._maps: dict[int, dict[int, int]] = {}
+
+    def __call__(self, ev: BlockStored, h: int) -> int:
+        hs = ev.block_hashes
+        if len(hs) <= _SMALL:
+            return hs.index(h)
+        mp = self._maps.get(id(ev))
+        if mp is None:
+            mp = self._maps[id(ev)] = {x: i for i, x in reversed(list(enumerate(hs)))}
+        return mp[h]
+
+
+def _parent(ev: BlockStored, i: int) -> int | None:
+    return ev.parent_block_hash if i == 0 else ev.block_hashes[i - 1]
+
+
+def _ordered(view: FrozenView, index: _Index) -> Iterator[tuple[str | None, int, BlockStored, int]]:
+    """Every live copy as (medium, hash, event, page index), each parent before its children."""
+    for medium, m in view.media:
+        done: set[int] = set()
+        for h, ev in m.items():
+            if h in done:
+                continue
+            i = index(ev, h)
+            chain = [(h, ev, i)]
+            seen = {h}
+            p = _parent(ev, i)
+            while p is not None and p in m and p not in done and p not in seen:
+                seen.add(p)
+                pev = m[p]
+                pi = index(pev, p)
+                chain.append((p, pev, pi))
+                p = _parent(pev, pi)
+            for h2, ev2, i2 in reversed(chain):
+                done.add(h2)
+                yield medium, h2, ev2, i2
+    for medium, h, ev in view.extra:  # their parents (the first copies) are already out
+        yield medium, h, ev, index(ev, h)
+
+
+def snapshot_batches(view: FrozenView, blocks_per_batch: int = 512) -> Iterator[list[Event]]:
+    """Event lists rebuilding `view`: the first starts with AllBlocksCleared; chains are re-joined."""
+    batch: list[Event] = [AllBlocksCleared()]
+    nblocks = 0
+    cur: BlockStored | None = None
+    cur_key: tuple | None = None
+    for medium, h, ev, i in _ordered(view, _Index()):
+        bs = ev.block_size
+        toks: Sequence[int] = ev.token_ids[i * bs : (i + 1) * bs]
+        parent = _parent(ev, i)
+        key = (medium, bs, ev.lora_id, ev.lora_name, ev.cache_salt, ev.session_id)
+        if cur is not None and key == cur_key and parent == cur.block_hashes[-1] and nblocks < blocks_per_batch:
+            cur.block_hashes.append(h)
+            cur.token_ids.extend(toks)
+        else:
+            if nblocks >= blocks_per_batch:
+                yield batch
+                batch, nblocks = [], 0
+            cur = BlockStored([h], parent, list(toks), bs, ev.lora_id, medium, ev.lora_name, ev.cache_salt, ev.session_id)
+            cur_key = key
+            batch.append(cur)
+        nblocks += 1
+    yield batch
