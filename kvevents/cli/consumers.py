@@ -1,3 +1,101 @@
-"""kvevents CLI commands (consumers)."""
+"""kvevents CLI commands for the consumers: `route` (the HTTP router service) and `demo`.
 
-from kvevents.cli.app import app  # noqa: F401
+Thin: parse flags, call consumers.service / kvevents.demo, render.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from kvevents.cli.app import CheckFailed, app, user_error
+
+
+def _host_port(spec: str) -> tuple[str, int]:
+    host, sep, port = spec.rpartition(":")
+    if not sep or not host:
+        user_error(f"--http {spec!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
+    try:
+        num = int(port)
+    except ValueError:
+        user_error(f"--http {spec!r}: port {port!r} is not a number")
+    if not 0 <= num <= 65535:
+        user_error(f"--http {spec!r}: port must be in 0..65535")
+    return host.strip("[]"), num
+
+
+@app.command("route")
+def route_cmd(
+    publisher: List[str] = typer.Option(
+        ..., "--publisher", help="NAME=ENDPOINT[,REPLAY_ENDPOINT]; repeat for every publisher."
+    ),
+    http: str = typer.Option("127.0.0.1:8080", "--http", help="HOST:PORT to serve POST /score, GET /workers, GET /metrics."),
+    page_size: int = typer.Option(16, "--page-size", help="Tokens per page, as the engines use (>= 1)."),
+    lora_strict: bool = typer.Option(True, "--lora-strict/--no-lora-strict", help="Credit only copies of the request's lora_name."),
+    stale_after: float = typer.Option(5.0, "--stale-after", help="Seconds without a message before a source is stale."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the random tie-break (default: random)."),
+) -> None:
+    """Subscribe to publishers, keep a block index, and rank workers for requests over HTTP."""
+    from consumers.service import RouterService, parse_publisher
+
+    if page_size < 1:
+        user_error(f"--page-size must be >= 1, got {page_size}")
+    sources = [parse_publisher(spec) for spec in publisher]
+    host, port = _host_port(http)
+    service = RouterService(sources, page_size=page_size, lora_strict=lora_strict, seed=seed, stale_after_s=stale_after)
+    stop = threading.Event()
+    try:
+        service.start()
+        bound = service.serve_http(host, port)
+        sys.stderr.write(
+            f"kvevents route: {len(sources)} publisher(s); http://{bound[0]}:{bound[1]} "
+            "(POST /score, GET /workers, GET /metrics); Ctrl-C to stop\n"
+        )
+        sys.stderr.flush()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
+        while not stop.wait(0.5):
+            pass
+    finally:
+        service.stop()
+
+
+@app.command("demo")
+def demo_cmd(
+    workers: int = typer.Option(4, "--workers", help="Simulated workers (1..64), each with its own publisher."),
+    duration: float = typer.Option(15.0, "--duration", help="Seconds of traffic (about)."),
+    seed: int = typer.Option(0, "--seed", help="Workload, routing and fault seed."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object (figures + checks) instead of tables."),
+) -> None:
+    """The main job: simulated workers publish on loopback, a prefix router routes, faults heal, checks run."""
+    from kvevents.demo import DemoConfig, DemoProgress, render_result, run_demo
+
+    cfg = DemoConfig(workers=workers, duration=duration, seed=seed)
+    # the demo injects faults on purpose: the transport's warnings about them would only be noise
+    logging.getLogger("kvevents").setLevel(logging.ERROR)
+    try:
+        cfg.validate()
+    except ValueError as exc:
+        user_error(str(exc))
+    if as_json:
+        result = run_demo(cfg)
+        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.flush()
+    else:
+        err = Console(stderr=True)
+        with DemoProgress(cfg.duration, err) as progress:
+            result = run_demo(cfg, on_progress=progress)
+        out = Console()
+        if not out.is_terminal:
+            out = Console(width=120)
+        render_result(result, out)
+    failed = [name for name, ok in result["checks"].items() if not ok]
+    if failed:
+        raise CheckFailed(f"demo: {len(failed)} check(s) failed: {', '.join(failed)}")

@@ -1,0 +1,315 @@
+"""Benchmark the reference consumers: BlockIndex apply rate and memory, PrefixRouter score latency.
+
+    python3 benchmarks/bench_consumers.py [--workers 64] [--copies 1000000] [--pages 512] [--json]
+
+Index contents (the "shared" profile): documents of `pages` pages with real event hashes, each
+cached by 1..16 random workers up to a random prefix length (shared prompts), plus 25% private
+chains, until `copies` block copies are indexed. The "unshared" profile (every copy a distinct
+hash on one worker) is the memory worst case, and worst of all right after the index dicts
+grow (measured too, at the last such point below `copies`). Memory is what tracemalloc sees retained after
+decoding each payload and applying it (the batch freed), so the index's int keys are counted.
+Score phases: hashing (event_hashes_int64; the old hex path event_hashes + to_int64 beside it),
+index lookup cold (first walk of that request) and warm (the same walk again), ranking, and the
+whole public `score()` call; wall-clock and thread-CPU p99 are both given because p99 wall on a
+shared machine mostly measures neighbours. Ceiling: the bare `list(map(view.get, hashes))` of the
+512 ints (cold on alternate requests, where it runs before the walk; the walk's cold figure comes
+from the other half). The index lookup part is `router._walk` (lookups + prefix lengths).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from kvevents.events import BlockRemoved, BlockStored, KVEventBatch, decode_batch, encode_batch  # noqa: E402
+from kvevents.hashing import Namespace, event_hashes, event_hashes_int64, to_int64  # noqa: E402
+
+from consumers.indexer import BlockIndex  # noqa: E402
+from consumers.router import PrefixRouter  # noqa: E402
+
+PAGE = 16
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def build_docs(n_docs: int, pages: int, rnd: random.Random) -> list[tuple[list[int], list[int]]]:
+    """(tokens, int64 event hashes) of `n_docs` documents of `pages` pages."""
+    docs = []
+    for _ in range(n_docs):
+        toks = [rnd.randrange(50_000) for _ in range(pages * PAGE)]
+        hs = event_hashes_int64(toks, PAGE, Namespace())
+        docs.append((toks, hs))
+    return docs
+
+
+def shared_batches(docs, workers: int, copies: int, rnd: random.Random, event_pages: int = 16):
+    """Batches (source, KVEventBatch) storing doc prefixes on random workers until `copies`."""
+    out = []
+    total = 0
+    private = 0
+    while total < copies:
+        if rnd.random() < 0.25:  # a private chain (a session's own turns): random hashes
+            n = min(rnd.randint(8, 128), copies - total)
+            hs = [rnd.getrandbits(64) - 2**63 for _ in range(n)]
+            src = f"w{rnd.randrange(workers)}"
+            parent = None
+            for i in range(0, n, event_pages):
+                part = hs[i : i + event_pages]
+                out.append((src, KVEventBatch(0.0, [BlockStored(part, parent, [], PAGE, None, "GPU", None)], 0)))
+                parent = part[-1]
+            total += n
+            private += n
+            continue
+        _, hs = docs[rnd.randrange(len(docs))]
+        k = rnd.randint(1, 16)
+        for src in rnd.sample(range(workers), k):
+            n = min(rnd.randint(1, len(hs)), copies - total)
+            if n <= 0:
+                break
+            parent = None
+            for i in range(0, n, event_pages):
+                part = hs[i : min(n, i + event_pages)]
+                out.append((f"w{src}", KVEventBatch(0.0, [BlockStored(part, parent, [], PAGE, None, "GPU", None)], 0)))
+                parent = part[-1]
+            total += n
+    return out, total
+
+
+def measure_build(batches) -> tuple[BlockIndex, float, int, float]:
+    """Encode every batch, then decode + apply each into a fresh index under tracemalloc.
+
+    Decoding inside the traced region gives the index fresh int objects (as a subscriber does),
+    and each batch is freed after apply: the bytes left are what the index retains.
+    Returns (index, bytes retained, copies held, decode+apply seconds).
+    """
+    payloads = [(src, encode_batch(b)) for src, b in batches]
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    idx = BlockIndex()
+    t0 = time.perf_counter()
+    for src, payload in payloads:
+        idx.apply(src, decode_batch(payload))
+    elapsed = time.perf_counter() - t0
+    gc.collect()
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    return idx, used, len(idx), elapsed
+
+
+def bench_apply(batches, repeat: int = 3) -> dict[str, float]:
+    """Best-of-`repeat` wall time to apply all batches (stores) then remove every copy again."""
+    removes = []
+    for src, b in batches:
+        for ev in b.events:
+            removes.append((src, KVEventBatch(0.0, [BlockRemoved(ev.block_hashes, "GPU")], 0)))
+    n_copies = sum(len(ev.block_hashes) for _, b in batches for ev in b.events)
+    best_store = best_remove = float("inf")
+    for _ in range(repeat):
+        idx = BlockIndex()
+        apply = idx.apply
+        gc.disable()
+        t0 = time.perf_counter()
+        for src, b in batches:
+            apply(src, b)
+        t1 = time.perf_counter()
+        for src, b in removes:
+            apply(src, b)
+        t2 = time.perf_counter()
+        gc.enable()
+        assert len(idx) == 0, len(idx)
+        best_store = min(best_store, t1 - t0)
+        best_remove = min(best_remove, t2 - t1)
+    return {
+        "batches": len(batches),
+        "copies": n_copies,
+        "store_batches_per_s": len(batches) / best_store,
+        "store_copies_per_s": n_copies / best_store,
+        "remove_batches_per_s": len(removes) / best_remove,
+        "remove_copies_per_s": n_copies / best_remove,
+    }
+
+
+def bench_score(idx: BlockIndex, docs, pages: int, n: int, rnd: random.Random) -> dict[str, float]:
+    """Latency of hashing, index lookup and the whole score for `pages`-page requests."""
+    router = PrefixRouter(idx, PAGE, seed=0)
+    reqs = []
+    for i in range(n):
+        toks, _ = docs[rnd.randrange(len(docs))]
+        toks = list(toks[: pages * PAGE])
+        if i % 4 == 3:  # a quarter diverge somewhere (a new user turn on a shared prompt)
+            cut = rnd.randrange(1, pages) * PAGE
+            toks[cut:] = [rnd.randrange(50_000) for _ in range(len(toks) - cut)]
+        reqs.append(toks)
+    phases = ("hash", "hash_hex_path", "lookup", "lookup_warm", "raw_get", "raw_get_warm", "rank", "score")
+    wall: dict[str, list[float]] = {k: [] for k in phases}
+    cpu: dict[str, list[float]] = {k: [] for k in phases}
+    matched = []
+    for toks in reqs[:20]:  # warm up
+        router.score(toks)
+    view_get = idx._views[0].get  # the one lora view of this profile
+
+    def timed(phase, fn, *args):
+        w0, c0 = time.perf_counter(), time.thread_time()
+        out = fn(*args)
+        wall[phase].append(time.perf_counter() - w0)
+        cpu[phase].append(time.thread_time() - c0)
+        return out
+
+    def walk(hs):
+        return router._walk((hs,), None, want_detail=False)
+
+    def raw(hs):
+        return list(map(view_get, hs))
+
+    for i, toks in enumerate(reqs):
+        hs = timed("hash", router.request_hashes, toks)  # event_hashes_int64, every page
+        if i % 2 == 0:  # even requests: the walk sees the request's index entries cold
+            walked = timed("lookup", walk, hs)
+            timed("lookup_warm", walk, hs)  # same pages, in CPU cache
+            timed("raw_get_warm", raw, hs)
+        else:  # odd requests: the bare lookups see them cold (the ceiling)
+            timed("raw_get", raw, hs)
+            walked = walk(hs)
+        ranked = timed("rank", router._rank, *walked, None)  # WorkerScore for all workers, sorted
+        timed("score", router.score, toks)  # the public call: lazy hashing + lookup + rank
+        matched.append(ranked[0].matched_pages)
+        if i % 4 == 0:  # the former hex path, for comparison
+            timed("hash_hex_path", lambda: [to_int64(h) for h in event_hashes(toks, PAGE, Namespace())])
+    us = 1e6
+    out: dict[str, float] = {"requests": n, "pages_per_request": pages}
+    for k in phases:
+        out[f"{k}_p50_us"] = pct(wall[k], 0.5) * us
+        out[f"{k}_p99_us"] = pct(wall[k], 0.99) * us
+        out[f"{k}_cpu_p99_us"] = pct(cpu[k], 0.99) * us
+    out["score_max_us"] = max(wall["score"]) * us
+    out["best_match_pages_mean"] = statistics.fmean(matched)
+    return out
+
+
+def unshared_bytes(copies: int, workers: int, rnd: random.Random) -> dict[str, float]:
+    """Bytes per copy when every copy is a distinct hash (16-hash events, parent None)."""
+    uniq = [
+        (f"w{i % workers}", KVEventBatch(0.0, [BlockStored([rnd.getrandbits(64) - 2**63 for _ in range(16)], None, [], PAGE, None, "GPU", None)], 0))
+        for i in range(copies // 16)
+    ]
+    _, used, held, _ = measure_build(uniq)
+    return {"copies": held, "bytes_per_copy": used / max(1, held)}
+
+
+def worst_fill(copies: int) -> int:
+    """Largest copy count <= `copies` right after both index dicts (view, parents) have grown.
+
+    CPython dicts grow past 2/3 of a power-of-two size; the parents dict holds 15/16 of the
+    keys here (event heads have no parent), so it grows last. Bytes per copy peak there.
+    """
+    best = 0
+    for k in range(4, 40):
+        n = -(-((2**k * 2) // 3 + 1) * 16 // 15 // 16) * 16
+        if n > copies:
+            break
+        best = n
+    return best
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=64)
+    ap.add_argument("--copies", type=int, default=1_000_000)
+    ap.add_argument("--pages", type=int, default=512)
+    ap.add_argument("--docs", type=int, default=400)
+    ap.add_argument("--requests", type=int, default=500)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    rnd = random.Random(args.seed)
+
+    t0 = time.perf_counter()
+    docs = build_docs(args.docs, args.pages, rnd)
+    batches, copies = shared_batches(docs, args.workers, args.copies, rnd)
+    setup_s = time.perf_counter() - t0
+
+    idx, used, held, _ = measure_build(batches)
+    shared_mem = {
+        "copies": held,
+        "entries": idx.distinct_hashes,
+        "copies_per_entry": held / max(1, idx.distinct_hashes),
+        "bytes_per_copy": used / max(1, held),
+    }
+    apply_sub = batches[: min(len(batches), 60_000)]
+    apply = bench_apply(apply_sub)
+    payloads = [(src, encode_batch(b)) for src, b in apply_sub]
+    t0 = time.perf_counter()
+    fresh = BlockIndex()
+    for src, payload in payloads:
+        fresh.apply(src, decode_batch(payload))
+    dt = time.perf_counter() - t0
+    apply["decode_and_apply_copies_per_s"] = len(fresh) / dt
+    del fresh, payloads
+    del batches, apply_sub
+    gc.collect()
+    gc.freeze()  # a long-lived index: keep full collections from walking it during timing
+    score = bench_score(idx, docs, args.pages, args.requests, rnd)
+    gc.unfreeze()
+    t0 = time.perf_counter()
+    dropped = idx.drop_source("w0")  # a restart or resync: scans the index once
+    apply["drop_source_ms"] = (time.perf_counter() - t0) * 1e3
+    apply["drop_source_copies"] = dropped
+
+    unshared_mem = unshared_bytes(args.copies, args.workers, rnd)
+    worst_n = worst_fill(args.copies)
+    if worst_n:
+        unshared_mem.update({f"worst_fill_{k}": v for k, v in unshared_bytes(worst_n, args.workers, rnd).items()})
+
+    result = {
+        "python": sys.version.split()[0],
+        "workers": args.workers,
+        "setup_s": round(setup_s, 2),
+        "apply": {k: round(v, 1) for k, v in apply.items()},
+        "memory_shared": {k: round(v, 2) for k, v in shared_mem.items()},
+        "memory_unshared": {k: round(v, 2) for k, v in unshared_mem.items()},
+        "score": {k: round(v, 1) for k, v in score.items()},
+    }
+    sc = score
+    targets = [
+        ("apply >= 200k copies/s", apply["store_copies_per_s"] >= 200_000,
+         f"{apply['store_copies_per_s'] / 1e3:,.0f}k copies/s (decode+apply {apply['decode_and_apply_copies_per_s'] / 1e3:,.0f}k)"),
+        ("lookup p99 < 100 us (wall, cold)", sc["lookup_p99_us"] < 100,
+         f"cold {sc['lookup_p99_us']:.1f} us (cpu {sc['lookup_cpu_p99_us']:.1f}), warm {sc['lookup_warm_p99_us']:.1f} us;"
+         f" ceiling: bare 512 dict gets cold {sc['raw_get_p99_us']:.1f} us, warm {sc['raw_get_warm_p99_us']:.1f} us"),
+        ("score p99 < 1 ms (wall)", sc["score_p99_us"] < 1000,
+         f"{sc['score_p99_us']:.1f} us (cpu {sc['score_cpu_p99_us']:.1f}, p50 {sc['score_p50_us']:.1f});"
+         f" hashing p99 {sc['hash_p99_us']:.1f} us (hex path {sc['hash_hex_path_p99_us']:.1f}), rank p99 {sc['rank_p99_us']:.1f} us"),
+        ("< 120 bytes/copy (shared profile)", shared_mem["bytes_per_copy"] < 120, f"{shared_mem['bytes_per_copy']:.1f} B"),
+        ("< 120 bytes/copy (unshared, at --copies)", unshared_mem["bytes_per_copy"] < 120, f"{unshared_mem['bytes_per_copy']:.1f} B"),
+        ("< 120 bytes/copy (unshared, worst fill)", unshared_mem.get("worst_fill_bytes_per_copy", 0) < 120,
+         f"{unshared_mem.get('worst_fill_bytes_per_copy', 0):.1f} B at {unshared_mem.get('worst_fill_copies', 0):,.0f} copies"
+         " (just past a dict resize)"),
+    ]
+    result["targets"] = {name: ok for name, ok, _ in targets}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for section, vals in result.items():
+            if section != "targets":
+                print(f"{section}: {vals}")
+        print("targets:")
+        for name, ok, figure in targets:
+            print(f"  [{'ok' if ok else 'MISS'}] {name:40s} {figure}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

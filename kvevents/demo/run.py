@@ -1,0 +1,286 @@
+"""The demo run: simulated workers publishing on loopback, one router subscribed to all, faults, checks.
+
+Timeline: requests from `Workload` are routed by the prefix router (live cluster, whose workers
+publish every step with their own Publisher) and, in shadow, by random and round-robin policies
+on their own clusters. Around 40% of the run one publisher drops a burst of live frames (replay
+heals them); around 60% one worker restarts (its publisher is closed and recreated on the same
+ports with a new epoch; every cluster resets that worker). At the end the router must have
+caught up and its index must equal the union of the live workers' caches.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from consumers.service import RouterService
+from kvevents.demo.cluster import BoundedLoad, Cluster, random_policy, round_robin_policy
+from kvevents.events import BlockStored, Event
+from kvevents.hashing import Namespace, event_hashes, to_int64
+from kvevents.publisher import Publisher
+from kvevents.sim import Request, Workload
+from kvevents.subscriber import Source
+
+__all__ = ["DemoConfig", "run_demo", "check_stored_hashes"]
+
+LOOPBACK = "tcp://127.0.0.1:*"
+ProgressFn = Callable[[float, dict[str, Any]], None]
+
+
+@dataclass
+class DemoConfig:
+    """Demo knobs (the CLI exposes workers, duration, seed)."""
+
+    workers: int = 4
+    duration: float = 15.0
+    seed: int = 0
+    page_size: int = 16
+    capacity_pages: int = 4096
+    drop_burst: int = 20
+    heartbeat_s: float = 0.2
+    settle_timeout_s: float = 15.0
+
+    def validate(self) -> None:
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 1 <= self.workers <= 64:
+            raise ValueError(f"--workers must be an integer in 1..64, got {self.workers!r}")
+        if not self.duration > 0 or self.duration > 24 * 3600:
+            raise ValueError(f"--duration must be > 0 seconds, got {self.duration!r}")
+        if self.page_size < 1 or self.capacity_pages < 1 or self.drop_burst < 0:
+            raise ValueError("page_size and capacity_pages must be >= 1, drop_burst >= 0")
+
+
+def check_stored_hashes(request: Request, events: list[Event], page_size: int) -> tuple[int, int]:
+    """(events checked, events wrong): every BlockStored must be a run of the request's event
+    hashes recomputed WITHOUT extra_key (salt only), with the right parent and cache_salt."""
+    stored = [e for e in events if type(e) is BlockStored]
+    if not stored:
+        return 0, 0
+    usable = len(request.tokens) - len(request.tokens) % page_size
+    salt = request.namespace.cache_salt
+    want = [to_int64(h) for h in event_hashes(request.tokens[:usable], page_size, Namespace(cache_salt=salt))]
+    pos = {h: i for i, h in enumerate(want)}
+    bad = 0
+    for e in stored:
+        k = pos.get(e.block_hashes[0]) if e.block_hashes else None
+        ok = (
+            k is not None
+            and want[k : k + len(e.block_hashes)] == list(e.block_hashes)
+            and e.parent_block_hash == (want[k - 1] if k else None)
+            and e.cache_salt == salt
+        )
+        bad += 0 if ok else 1
+    return len(stored), bad
+
+
+def _publisher(cfg: DemoConfig, endpoint: str = LOOPBACK, replay: str = LOOPBACK) -> Publisher:
+    return Publisher(endpoint=endpoint, replay_endpoint=replay, bind=True, heartbeat_interval_s=cfg.heartbeat_s)
+
+
+def _recreate(cfg: DemoConfig, old: Publisher) -> Publisher:
+    """Close a publisher and bind a new one (new epoch, seq from 0) on the same two ports."""
+    endpoint, replay = old.endpoint, old.replay_endpoint
+    old.close(timeout=0.2)  # close() releases the ports before it returns
+    return _publisher(cfg, endpoint, replay or LOOPBACK)
+
+
+def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Run the whole demo; returns the figures and a `checks` map (name -> bool), plus `ok`."""
+    cfg.validate()
+    n = cfg.workers
+    rng = random.Random(cfg.seed)
+    live = Cluster("prefix", n, page_size=cfg.page_size, capacity_pages=cfg.capacity_pages)
+    shadows = {
+        "random": (Cluster("random", n, page_size=cfg.page_size, capacity_pages=cfg.capacity_pages), random_policy(n, cfg.seed + 1)),
+        "round_robin": (Cluster("round_robin", n, page_size=cfg.page_size, capacity_pages=cfg.capacity_pages), round_robin_policy(n)),
+    }
+    names = [w.name for w in live.workers]
+    pubs: list[Publisher] = []
+    service: RouterService | None = None
+    retired: list[dict[str, int]] = []
+    try:
+        for _ in range(n):
+            pubs.append(_publisher(cfg))
+        sources = [Source(p.endpoint, p.replay_endpoint, name) for p, name in zip(pubs, names)]
+        service = RouterService(sources, page_size=cfg.page_size, seed=cfg.seed, stale_after_s=max(2.0, 10 * cfg.heartbeat_s))
+        service.start()
+        for w, p in zip(live.workers, pubs):  # the construction-time AllBlocksCleared
+            p.publish(w.take_events())
+        balance = BoundedLoad(names, window=16 * n)
+        drop_at, restart_at = 0.4 * cfg.duration, 0.6 * cfg.duration
+        drop_victim = rng.randrange(n)
+        restart_victim = (drop_victim + 1) % n if n > 1 else 0
+        faults: dict[str, Any] = {"dropped_live": 0, "drop_worker": None, "restart_worker": None}
+        drop_mark = 0
+        hash_checked = hash_bad = hash_checked_extra = 0
+        routed_to_best = 0
+        requests = iter(Workload(seed=cfg.seed, page_size=cfg.page_size))
+        start = time.monotonic()
+        last_progress = 0.0
+        while True:
+            elapsed = time.monotonic() - start
+            if elapsed >= cfg.duration:
+                break
+            if faults["drop_worker"] is None and elapsed >= drop_at:
+                drop_mark = pubs[drop_victim].stats()["batches_published"]
+                pubs[drop_victim].drop_live(cfg.drop_burst)
+                faults.update(dropped_live=cfg.drop_burst, drop_worker=names[drop_victim])
+            if faults["restart_worker"] is None and elapsed >= restart_at:
+                if restart_victim == drop_victim:  # one worker: let replay heal the burst first
+                    _flush_drops(pubs[drop_victim], cfg.drop_burst, drop_mark)
+                    _wait_applied(service, names[drop_victim], pubs[drop_victim], cfg.settle_timeout_s)
+                pubs[restart_victim] = _restart(cfg, live, shadows, pubs[restart_victim], restart_victim, retired)
+                faults["restart_worker"] = names[restart_victim]
+            req = next(requests)
+            ranked = service.score(req.tokens, req.namespace.cache_salt, req.lora_name, loads=balance.loads())
+            pick = _choose(ranked, balance)
+            balance.record(names[pick])
+            routed_to_best += 1 if ranked and ranked[0].worker == names[pick] else 0
+            live.serve(pick, req)
+            events = live.workers[pick].take_events()
+            checked, bad = check_stored_hashes(req, events, cfg.page_size)
+            hash_checked += checked
+            hash_bad += bad
+            if checked and req.namespace.extra_key is not None:
+                hash_checked_extra += checked
+            if events:
+                pubs[pick].publish(events)
+            for cluster, policy in shadows.values():
+                cluster.serve(policy(req), req)
+            if on_progress is not None and elapsed - last_progress >= 0.2:
+                last_progress = elapsed
+                on_progress(elapsed, _progress_figures(live, shadows, service))
+        run_s = time.monotonic() - start
+        if faults["drop_worker"] is not None and not (restart_victim == drop_victim and faults["restart_worker"]):
+            _flush_drops(pubs[drop_victim], cfg.drop_burst, drop_mark)
+        settled, settle_s, mismatched = _settle(cfg, service, live, pubs, names)
+        sub = service.subscriber.counters()
+        svc = service.stats()
+    finally:
+        if service is not None:
+            service.stop()
+        for p in pubs:
+            p.close(timeout=0.2)
+    pub_stats = [p.stats() for p in pubs] + retired
+    content_errors = sum(w.content_errors for c in [live] + [c for c, _ in shadows.values()] for w in c.workers)
+    policies = {"prefix": live.stats.summary(n)}
+    policies.update({name: c.stats.summary(n) for name, (c, _) in shadows.items()})
+    transport = {
+        "events_published": sum(s["events_published"] for s in pub_stats),
+        "batches_published": sum(s["batches_published"] for s in pub_stats),
+        "events_applied": svc["events_applied"],
+        "batches_applied": svc["batches"],
+        "gaps_detected": sub.get("gaps", 0),
+        "batches_replayed": sub.get("replayed", 0),
+        "gaps_healed_by_replay": max(0, sub.get("gaps", 0) - sub.get("unrecoverable_gaps", 0)),
+        "unrecoverable_gaps": sub.get("unrecoverable_gaps", 0),
+        "resyncs_by_snapshot": sub.get("snapshots_applied", 0),
+        "restarts_detected": sub.get("restarts", 0),
+        "resets": svc["resets"],
+        "losses": sub.get("losses", 0),
+        "settle_s": round(settle_s, 3),
+    }
+    checks = {
+        "no_published_hash_moved_by_extra_key": hash_bad == 0 and hash_checked_extra > 0,
+        "storage_never_served_across_namespaces": content_errors == 0,
+        "router_index_equals_worker_caches": settled,
+        "injected_faults_observed": transport["batches_replayed"] >= 1 and transport["restarts_detected"] >= 1,
+    }
+    return {
+        "workers": n,
+        "duration_s": round(run_s, 3),
+        "seed": cfg.seed,
+        "requests": live.stats.requests,
+        "requests_per_s": round(live.stats.requests / max(run_s, 1e-9), 1),
+        "routed_to_top_score": routed_to_best,
+        "faults": faults,
+        "transport": transport,
+        "policies": policies,
+        "index": {"copies": svc["copies"], "counters": svc["index"]},
+        "contract": {
+            "stored_events_checked": hash_checked,
+            "stored_events_under_extra_key": hash_checked_extra,
+            "stored_events_wrong": hash_bad,
+            "content_errors": content_errors,
+            "index_mismatched_workers": mismatched,
+        },
+        "checks": checks,
+        "ok": all(checks.values()),
+    }
+
+
+def _choose(ranked: list, balance: BoundedLoad) -> int:
+    """Best-scored worker within the load bound (ties were broken by load hint, then random).
+
+    Workers the router has not heard from yet count as score 0, least loaded first."""
+    order = [s.worker for s in ranked]
+    seen = set(order)
+    loads = balance.loads()
+    order += sorted((n for n in balance.names if n not in seen), key=lambda n: loads[n])
+    index = {n: i for i, n in enumerate(balance.names)}
+    for name in order:
+        if name in index and balance.allowed(name):
+            return index[name]
+    return min(range(len(balance.names)), key=lambda i: loads[balance.names[i]])
+
+
+def _flush_drops(pub: Publisher, burst: int, mark: int) -> None:
+    """Publish empty batches (heartbeats) until the drop burst is used up, plus one the
+    subscriber receives live and so sees the gap: replay then heals the burst."""
+    pending = burst - (pub.stats()["batches_published"] - mark)
+    for _ in range(max(0, pending) + 1):
+        pub.publish([])
+
+
+def _wait_applied(service: RouterService, name: str, pub: Publisher, timeout_s: float) -> bool:
+    """Wait (bounded) until the router applied every seq `pub` has published, replayed ones too."""
+    target = pub.stats()["next_seq"] - 1
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        applied = service.applied_seq(name)
+        if applied is not None and applied >= target:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _restart(cfg: DemoConfig, live: Cluster, shadows: dict, pub: Publisher, i: int, retired: list) -> Publisher:
+    """A worker crash: every cluster resets worker i; the live one restarts its publisher too."""
+    retired.append(pub.stats())
+    new = _recreate(cfg, pub)
+    live.restart(i)
+    for cluster, _ in shadows.values():
+        cluster.restart(i)
+    new.publish(live.workers[i].take_events())  # AllBlocksCleared from the fresh engine
+    return new
+
+
+def _settle(
+    cfg: DemoConfig, service: RouterService, live: Cluster, pubs: list[Publisher], names: list[str]
+) -> tuple[bool, float, list[str]]:
+    """Wait until the router applied every published seq and its index equals the caches."""
+    start = time.monotonic()
+    truth = {name: w.cache.published_copies() for name, w in zip(names, live.workers)}
+    mismatched = list(names)
+    while True:
+        targets = [p.stats()["next_seq"] - 1 for p in pubs]
+        applied = [service.applied_seq(name) for name in names]
+        caught_up = all(a is not None and a >= t for a, t in zip(applied, targets))
+        if caught_up:
+            with service.lock:
+                mismatched = [name for name in names if service.index.copies(name) != truth[name]]
+            if not mismatched:
+                return True, time.monotonic() - start, []
+        if time.monotonic() - start > cfg.settle_timeout_s:
+            return False, time.monotonic() - start, mismatched
+        time.sleep(0.05)
+
+
+def _progress_figures(live: Cluster, shadows: dict, service: RouterService) -> dict[str, Any]:
+    out: dict[str, Any] = {"requests": live.stats.requests}
+    for name, stats in [("prefix", live.stats)] + [(k, c.stats) for k, (c, _) in shadows.items()]:
+        out[name] = stats.device_hit_tokens / max(1, stats.tokens)
+    out["events_applied"] = service.events_applied
+    return out
+
