@@ -1,3 +1,11 @@
-"""kvevents CLI commands (logtools)."""
+"""kvevents CLI commands (tools): `record`, `log inspect|repair|export`, `replay`, `doctor`.
 
-from kvevents.cli.app import app  # noqa: F401
+The commands live in logtools_* modules; importing them registers them on the shared app.
+"""
+
+from kvevents.cli.app import app
+from kvevents.cli.logtools_log import log_app
+
+app.add_typer(log_app, name="log")
+
+from kvevents.cli import logtools_live, logtools_doctor  # noqa: E402,F401  (registration)

@@ -1,0 +1,51 @@
+"""`kvevents doctor ENDPOINT`: the checklist to run when events do not arrive (checks in kvevents.doctor)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from kvevents.cli.app import CheckFailed, app
+from kvevents.cli.logtools_common import out_console
+
+_MARK = {"ok": "[green]✓ ok[/]", "fail": "[red]✗ FAIL[/]", "warn": "[yellow]! warn[/]", "skip": "[dim]- skip[/]"}
+
+
+@app.command("doctor")
+def doctor_cmd(
+    endpoint: str = typer.Argument(..., help="The publisher's live endpoint, e.g. tcp://127.0.0.1:5557."),
+    replay: Optional[str] = typer.Option(None, "--replay", help="Its replay endpoint (replay, snapshot, describe)."),
+    page_size: Optional[int] = typer.Option(None, "--page-size", "-p", help="Page size, to recompute published hashes."),
+    topic: Optional[str] = typer.Option(None, "--topic", help="The topic your consumer subscribes to."),
+    timeout: float = typer.Option(3.0, "--timeout", help="Seconds to listen (and to wait for each answer)."),
+    salt: List[str] = typer.Option([], "--salt", help="A tenant cache_salt chain heads may be seeded with."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """Check that the address answers, the topic matches, batches arrive and decode, seqs are
+    continuous, heartbeats come, replay and describe answer, and published hashes recompute.
+    Exit 1 if any check fails."""
+    from kvevents.doctor import run_doctor
+
+    rep = run_doctor(endpoint, replay=replay, page_size=page_size, topic=topic, timeout=timeout, salts=salt)
+    if as_json:
+        sys.stdout.write(json.dumps(rep.as_dict(), default=str) + "\n")
+    else:
+        c = out_console()
+        t = Table(title=f"kvevents doctor {endpoint}" + (f" (replay {replay})" if replay else ""),
+                  show_edge=False, header_style="bold", show_lines=False)
+        t.add_column("check", no_wrap=True)
+        t.add_column("status", no_wrap=True)
+        t.add_column("details")
+        for ch in rep.checks:
+            t.add_row(ch.name, _MARK.get(ch.status, ch.status), ch.detail)
+        c.print(t)
+        for ch in rep.checks:
+            if ch.hint and ch.status in ("fail", "warn"):
+                c.print(f"[bold]hint[/] ({ch.name}): {ch.hint}", highlight=False)
+    failed = [ch.name for ch in rep.checks if ch.status == "fail"]
+    if failed:
+        raise CheckFailed(f"doctor: {len(failed)} check(s) failed: {', '.join(failed)}")

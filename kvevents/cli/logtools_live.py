@@ -1,0 +1,316 @@
+"""`kvevents record` and `kvevents replay`: capture live streams to a log, publish a log again.
+
+Thin faces over kvevents.recordlog (format, pacing), kvevents.subscriber (gap repair),
+kvevents.publisher (publish_payload keeps the original bytes) and consumers.indexer.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any, List, Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from kvevents.cli.app import app, user_error
+from kvevents.cli.logtools_common import err_console, out_console, warn, warn_damage
+from kvevents.errors import DecodeError
+from kvevents.events import decode_batch
+from kvevents.recordlog import Recorder, RecordWriter, apply_log, paced, parse_speed, select_records
+
+
+def parse_publisher(spec: str) -> tuple[str, str, str | None]:
+    """NAME=ENDPOINT[,REPLAY] (or a bare ENDPOINT, named after itself) -> (name, endpoint, replay)."""
+    name, sep, rest = spec.partition("=")
+    if not sep or "://" in name:
+        name, rest = "", spec
+    parts = [p.strip() for p in rest.split(",")]
+    if not parts[0] or len(parts) > 2 or "://" not in parts[0] or (len(parts) == 2 and "://" not in parts[1]):
+        user_error(f"--publisher {spec!r}: expected NAME=ENDPOINT[,REPLAY_ENDPOINT], e.g. "
+                   f"w0=tcp://127.0.0.1:5557,tcp://127.0.0.1:5558")
+    return (name.strip() or parts[0]), parts[0], (parts[1] if len(parts) == 2 else None)
+
+
+@app.command("record")
+def record_cmd(
+    publisher: List[str] = typer.Option(..., "--publisher", help="NAME=ENDPOINT[,REPLAY] (repeatable)."),
+    output: str = typer.Option(..., "--output", "-o", help="Record log file to write."),
+    count: Optional[int] = typer.Option(None, "--count", "-n", help="Stop after N batches (heartbeats count)."),
+    duration: Optional[float] = typer.Option(None, "--duration", "-d", help="Stop after S seconds."),
+    topic: str = typer.Option("", "--topic", help="ZeroMQ topic prefix to subscribe to (default: all)."),
+    append: bool = typer.Option(False, "--append", help="Append to an existing log (a torn tail is cut first)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
+    fsync: bool = typer.Option(False, "--fsync", help="fsync every record (survives power loss; slower)."),
+) -> None:
+    """Capture live batches, with the subscriber's gap repair, into a record log.
+
+    Replayed batches are written in seq order; a resync is written as a reset marker followed by
+    the snapshot batches. Stops at --count, --duration or Ctrl-C.
+    """
+    from kvevents.subscriber import Reset, Source, Subscriber
+
+    if count is not None and count < 1:
+        user_error(f"--count must be >= 1, got {count}")
+    if duration is not None and duration <= 0:
+        user_error(f"--duration must be > 0, got {duration}")
+    specs = [parse_publisher(p) for p in publisher]
+    names = [s[0] for s in specs]
+    if len(set(names)) != len(names):
+        user_error(f"--publisher names must be unique, got {names}")
+    sources = [Source(ep, rep, name) for name, ep, rep in specs]
+    _check_overwrite(output, append or force)
+    writer = RecordWriter(output, append=append, durability="fsync" if fsync else "flush", on_damage=warn_damage)
+    rec = Recorder(writer, count=count)
+    sub = Subscriber(sources, topic=topic, on_delivery=rec.on_delivery, on_reset=rec.on_reset)
+    t0 = time.monotonic()
+    deadline = None if duration is None else t0 + duration
+    econ = err_console()
+    interrupted = False
+    _log_to_stderr()
+    try:
+        for item in sub.poll(0):  # opens the sockets here: a bad endpoint is one error line, exit 2
+            (rec.on_reset if isinstance(item, Reset) else rec.on_delivery)(item)
+        sub.start()
+        out_console().print(f"recording {len(sources)} source(s) -> {output}"
+                            + (f" until {count} batches" if count else "")
+                            + (f" or {duration:g}s" if duration else "") + " (Ctrl-C stops)", highlight=False)
+        sys.stdout.flush()
+        with Progress(TextColumn("recording"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=econ, disable=not econ.is_terminal, transient=True) as prog:
+            task = prog.add_task("record", total=count)
+            while not rec.done.is_set():
+                wait = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+                if wait <= 0:
+                    break
+                rec.done.wait(wait)
+                prog.update(task, completed=rec.batches)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        rec.stop()  # no write after this, even from a callback still running
+        sub.stop()
+        writer.close()
+    if rec.error is not None:
+        raise rec.error  # one line, exit 2 (the log keeps what was written before)
+    counters = sub.counters()
+    elapsed = time.monotonic() - t0
+    out_console().print(
+        f"recorded {rec.batches} batches and {rec.resets} resets from {len(sources)} source(s) in {elapsed:.2f}s "
+        f"-> {output} ({writer.bytes_written} bytes); repaired gaps {counters.get('gaps', 0)}, "
+        f"replayed {counters.get('replayed', 0)}, snapshot batches {counters.get('snapshot_batches', 0)}, "
+        f"losses {counters.get('losses', 0)}" + (" (interrupted)" if interrupted else ""),
+        highlight=False,
+    )
+    if count is not None and rec.batches < count and not interrupted:
+        warn(f"stopped after {duration}s with {rec.batches} of {count} batches")
+
+
+def _check_overwrite(path: str, allowed: bool) -> None:
+    if not allowed and os.path.exists(path) and os.path.getsize(path) > 0:
+        user_error(f"{path} exists: use --append to continue it or --force to overwrite it")
+
+
+def _log_to_stderr() -> None:
+    """Transport warnings (stale sources, losses) as one-line `kvevents: warning:` messages."""
+    logger = logging.getLogger("kvevents")
+    if not logger.handlers and not logging.getLogger().handlers:
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("kvevents: %(levelname)s: %(message)s"))
+        logger.addHandler(h)
+        logger.setLevel(logging.WARNING)
+        logger.propagate = False
+
+
+def _scan_sources(path: str, **sel: Any) -> tuple[int, dict[str, int]]:
+    n = 0
+    by: dict[str, int] = {}
+    for r in select_records(path, on_damage=lambda d: None, **sel):
+        n += 1
+        by[r.source] = by.get(r.source, 0) + 1
+    return n, by
+
+
+@app.command("replay")
+def replay_cmd(
+    file: Optional[str] = typer.Argument(None, help="Record log to replay (not with --fetch)."),
+    to: Optional[str] = typer.Option(None, "--to", help="Publish on this endpoint, e.g. tcp://*:6557 (binds) or tcp://host:6557 (connects to a consumer that binds)."),
+    bind: Optional[bool] = typer.Option(None, "--bind/--connect", help="Force binding or connecting (default: the vLLM rule)."),
+    replay_endpoint: Optional[str] = typer.Option(None, "--replay-endpoint", help="Also serve replay/snapshot here."),
+    speed: str = typer.Option("1", "--speed", help="1 (recorded timing), 10 (ten times faster), ..., or max."),
+    from_seq: Optional[int] = typer.Option(None, "--from-seq", help="First recorded seq to replay."),
+    to_seq: Optional[int] = typer.Option(None, "--to-seq", help="Last recorded seq to replay."),
+    loop: bool = typer.Option(False, "--loop", help="Replay again and again (Ctrl-C stops)."),
+    source: Optional[str] = typer.Option(None, "--source", help="Only this recorded source."),
+    topic: Optional[str] = typer.Option(None, "--topic", help="Publisher topic (default: the recorded one)."),
+    delay: float = typer.Option(0.5, "--delay", help="Seconds to wait before the first batch (subscribers join)."),
+    linger: float = typer.Option(2.0, "--linger", help="Seconds to keep serving (heartbeats, replay) after the last batch."),
+    heartbeat: float = typer.Option(1.0, "--heartbeat", help="Publisher heartbeat interval in seconds (0: off)."),
+    into_index: bool = typer.Option(False, "--into-index", help="Rebuild a BlockIndex offline and print its summary."),
+    as_json: bool = typer.Option(False, "--json", help="With --into-index: print the summary as JSON."),
+    fetch: Optional[str] = typer.Option(None, "--fetch", help="Pull this replay endpoint's buffer into a log (-o)."),
+    since: int = typer.Option(0, "--since", help="With --fetch: first seq to ask for."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="With --fetch: the log to write."),
+    name: Optional[str] = typer.Option(None, "--name", help="With --fetch: source name to record (default: the endpoint)."),
+    force: bool = typer.Option(False, "--force", help="With --fetch: overwrite an existing output file."),
+    timeout: float = typer.Option(3.0, "--timeout", help="With --fetch: seconds to wait for each reply."),
+) -> None:
+    """Republish a record log through a real Publisher (new seqs, original payload bytes), rebuild a
+    BlockIndex from it (--into-index), or pull a live publisher's replay buffer into a log (--fetch)."""
+    modes = [m for m, on in (("--to", to is not None), ("--into-index", into_index), ("--fetch", fetch is not None)) if on]
+    if len(modes) != 1:
+        user_error("choose exactly one of --to ENDPOINT, --into-index or --fetch ENDPOINT"
+                   + (f" (got {' '.join(modes)})" if modes else ""))
+    if fetch is not None:
+        if file is not None:
+            user_error("--fetch takes no FILE argument: write the fetched log with -o FILE")
+        if output is None:
+            user_error("--fetch needs -o FILE")
+        _check_overwrite(output, force)
+        return _fetch(fetch, since, output, name or fetch, timeout)
+    if file is None:
+        user_error("missing FILE: the record log to replay")
+    if into_index:
+        return _into_index(file, as_json)
+    rate = parse_speed(speed)
+    sel: dict[str, Any] = {"from_seq": from_seq, "to_seq": to_seq}
+    total, by_source = _scan_sources(file, **sel)
+    if source is not None:
+        if source not in by_source:
+            user_error(f"source {source!r} is not in {file} (sources: {', '.join(sorted(by_source)) or 'none'})")
+        total = by_source[source]
+    elif len(by_source) > 1:
+        user_error(f"{file} holds {len(by_source)} sources ({', '.join(sorted(by_source))}): one endpoint "
+                   f"replays one publisher, pick it with --source NAME")
+    if total == 0:
+        user_error(f"no record of {file} to replay (check --from-seq/--to-seq)")
+    _publish_log(file, to, replay_endpoint, rate, sel, source, topic, loop, total, delay, linger, heartbeat,  # type: ignore[arg-type]
+                 bind)
+
+
+def _publish_log(file: str, to: str, replay_ep: str | None, rate: float | None, sel: dict[str, Any],
+                 source: str | None, topic: str | None, loop: bool, total: int, delay: float, linger: float,
+                 heartbeat: float, bind: bool | None) -> None:
+    from kvevents.publisher import Publisher, PublisherConfig
+    from kvevents.transport.wire import should_bind
+
+    recs = select_records(file, on_damage=lambda d: None, **sel)
+    try:
+        first = next((r for r in recs if source is None or r.source == source), None)
+    finally:
+        recs.close()  # type: ignore[attr-defined]
+    if topic is None:
+        topic = first.topic if first is not None else ""
+    # the recorded stream's epoch: our heartbeats and snapshots then agree with the replayed payloads
+    epoch = first.epoch if first is not None and first.epoch is not None and 0 <= first.epoch < 2**63 else None
+    cfg = PublisherConfig(endpoint=to, replay_endpoint=replay_ep, topic=topic, heartbeat_interval_s=heartbeat, bind=bind,
+                          epoch=epoch)
+    pub = Publisher(cfg)
+    econ = err_console()
+    sent = skipped = loops = 0
+    t0 = time.monotonic()
+    try:
+        verb = "binds" if should_bind(to, bind) else "connects to"
+        out_console().print(
+            f"replaying {file} -> {pub.endpoint}" + (f" (replay {pub.replay_endpoint})" if pub.replay_endpoint else "")
+            + f", {total} batches, speed {'max' if rate is None else f'{rate:g}x'} (publisher {verb} it)",
+            highlight=False,
+        )
+        sys.stdout.flush()
+        if delay > 0:
+            time.sleep(delay)
+        with Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TextColumn("eta"),
+                      TimeRemainingColumn(), console=econ, disable=not econ.is_terminal, transient=False) as prog:
+            task = prog.add_task("replay", total=total)
+            first = True
+            while first or loop:
+                first = False
+                loops += 1
+                prog.update(task, completed=0)
+                recs = select_records(file, on_damage=warn_damage if loops == 1 else (lambda d: None), **sel)
+                if source is not None:
+                    recs = (r for r in recs if r.source == source)
+                for i, r in enumerate(paced(recs, rate)):
+                    try:  # publish_payload: heartbeats/snapshots then carry this payload's epoch and rank
+                        pub.publish_payload(r.payload)
+                        sent += 1
+                    except DecodeError as exc:
+                        skipped += 1
+                        if skipped <= 5:
+                            warn(f"record {r.index} not republished: {exc}")
+                    if i % 64 == 0:
+                        prog.update(task, completed=i + 1)
+                prog.update(task, completed=total)
+        if linger > 0:
+            time.sleep(linger)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        pub.close()
+    el = time.monotonic() - t0
+    out_console().print(f"replayed {sent} batches ({loops} pass{'es' if loops > 1 else ''}, {skipped} undecodable "
+                        f"skipped) in {el:.2f}s", highlight=False)
+
+
+def _into_index(file: str, as_json: bool) -> None:
+    from consumers.indexer import BlockIndex
+
+    index = BlockIndex()
+    res = apply_log(file, index.apply, lambda src, rank: index.drop_source(src, rank), on_damage=warn_damage)
+    n, resets, bad, el = res.records, res.resets, res.decode_errors, res.seconds
+    summary = {
+        "file": file, "records": n, "resets": resets, "decode_errors": bad, "seconds": round(el, 4),
+        "copies": len(index), "entries": index.distinct_hashes, "workers": index.block_counts(),
+        "media": index.medium_counts(), "counters": index.stats(),
+    }
+    if as_json:
+        sys.stdout.write(json.dumps(summary) + "\n")
+        return
+    c = out_console()
+    c.print(f"rebuilt a BlockIndex from {file}: {n} records ({resets} resets, {bad} undecodable) in {el:.3f}s",
+            highlight=False)
+    c.print(f"{len(index)} block copies, {index.distinct_hashes} distinct hashes, media: "
+            + (", ".join(f"{m} {k}" for m, k in sorted(index.medium_counts().items())) or "-"), highlight=False)
+    for label, per in index.block_counts().items():
+        c.print(f"  {label}: " + (", ".join(f"{m} {k}" for m, k in sorted(per.items())) or "no blocks"), highlight=False)
+    odd = {k: v for k, v in index.stats().items() if k not in ("copies", "entries", "workers", "batches") and v}
+    if odd:
+        c.print("counters: " + ", ".join(f"{k} {v}" for k, v in sorted(odd.items())), highlight=False)
+
+
+def _fetch(endpoint: str, since: int, output: str, name: str, timeout: float) -> None:
+    from kvevents.doctor import fetch_replay
+
+    if since < 0:
+        user_error(f"--since must be >= 0, got {since}")
+    n = 0
+    first: int | None = None
+    last: int | None = None
+    w = RecordWriter(output, durability="buffered")
+    try:
+        for topic, seq, payload in fetch_replay(endpoint, since, timeout=timeout):
+            try:
+                b = decode_batch(payload)
+                epoch, rank = b.epoch, b.data_parallel_rank
+            except DecodeError:
+                epoch = rank = None
+            w.write(payload, source=name, endpoint=endpoint, topic=topic.decode("utf-8", "replace"), seq=seq,
+                    epoch=epoch, dp_rank=rank, kind="replay")
+            first = seq if first is None else first
+            last = seq
+            n += 1
+    except BaseException:
+        w.close()
+        if n == 0:
+            os.remove(output)  # nothing fetched: leave no empty log behind
+        raise
+    w.close()
+    if first is not None and first > since:
+        warn(f"asked from seq {since} but the oldest kept batch is seq {first}: {first - since} batches are gone")
+    out_console().print(f"fetched {n} batches" + (f" (seqs {first}..{last})" if n else "") + f" from {endpoint} -> {output}",
+                        highlight=False)
+
+

@@ -1,0 +1,172 @@
+"""`kvevents log inspect|repair|export`: read-only tools over a record log (plus tail repair)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from kvevents.cli.app import CheckFailed, user_error
+from kvevents.cli.logtools_common import out_console, warn_damage
+from kvevents.recordlog import ContractVerifier, LogStats, RecordReader, StatsCollector, VerifyReport, iter_jsonl, repair_log
+
+log_app = typer.Typer(help="Inspect, verify, repair and export record logs.", no_args_is_help=True)
+
+MAX_SHOWN = 50
+
+
+@log_app.command("inspect")
+def inspect_cmd(
+    file: str = typer.Argument(..., help="Record log file."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
+    verify: bool = typer.Option(False, "--verify", help="Check the contract over the whole log (needs --page-size)."),
+    page_size: Optional[int] = typer.Option(None, "--page-size", "-p", help="Tokens per page, for --verify."),
+    salt: List[str] = typer.Option([], "--salt", help="A cache_salt a chain head may be seeded with (repeatable)."),
+) -> None:
+    """Counts by event type, medium and source; seq gaps and epochs; time span and rates.
+
+    With --verify: parents before children, removes only of live copies, hashes recomputed
+    from token_ids; every violation is listed with its record index; exit 1 if any.
+    """
+    if verify and page_size is None:
+        user_error("--verify needs --page-size N")
+    if page_size is not None and page_size < 1:
+        user_error(f"--page-size must be >= 1, got {page_size}")
+    verifier = ContractVerifier(page_size, salt) if verify and page_size else None
+    reader = RecordReader(file, on_damage=warn_damage)
+    col = StatsCollector(reader.path, reader.size)
+    try:
+        for rec in reader:
+            col.feed(rec)
+            if verifier is not None:
+                verifier.feed(rec)
+    finally:
+        reader.close()
+    stats = col.stats
+    stats.damage = list(reader.damage)
+    report = verifier.report if verifier is not None else None
+    if report is not None:
+        report.damage = list(reader.damage)
+    if as_json:
+        out = stats.as_dict()
+        if report is not None:
+            out["verify"] = report.as_dict()
+        sys.stdout.write(json.dumps(out) + "\n")
+    else:
+        _render_stats(stats)
+        if report is not None:
+            _render_verify(report)
+    if report is not None and not report.ok:
+        raise CheckFailed(f"{len(report.violations)} contract violation(s) in {file}")
+
+
+def _render_stats(st: LogStats) -> None:
+    c = out_console()
+    r = st.rates()
+    c.print(f"[bold]{st.path}[/]: {st.records} records, {st.size} bytes, payload {st.payload_bytes} bytes")
+    kinds = ", ".join(f"{k} {n}" for k, n in sorted(st.kinds.items())) or "-"
+    c.print(f"kinds: {kinds}")
+    c.print(
+        f"time span: {st.duration_s:.3f} s  rates: {r['records_per_s']:.1f} records/s, "
+        f"{r['events_per_s']:.1f} events/s, {r['blocks_per_s']:.1f} blocks/s, {r['bytes_per_s'] / 1e6:.3f} MB/s"
+    )
+    evs = ", ".join(f"{k} {n}" for k, n in sorted(st.event_types.items())) or "-"
+    c.print(f"events: {evs}; blocks stored {st.blocks.get('stored', 0)}, removed {st.blocks.get('removed', 0)}")
+    if st.decode_errors:
+        c.print(f"[red]decode errors: {st.decode_errors}[/]")
+        for e in st.decode_error_list[:MAX_SHOWN]:
+            c.print(f"  record {e['record']} ({e['source']} seq {e['seq']}): {e['error']}")
+    if st.media:
+        t = Table(title="by medium", show_edge=False, header_style="bold")
+        for col in ("medium", "stored events", "stored blocks", "removed events", "removed blocks"):
+            t.add_column(col, justify="right" if col != "medium" else "left")
+        for m, cnt in sorted(st.media.items()):
+            t.add_row(m, *(str(cnt.get(k, 0)) for k in ("stored_events", "stored_blocks", "removed_events", "removed_blocks")))
+        c.print(t)
+    if st.sources:
+        t = Table(title="by source", show_edge=False, header_style="bold")
+        for col in ("source", "endpoint", "records", "events", "heartbeats", "stored", "removed", "clears",
+                    "seqs", "gaps (missing)", "resets", "epochs"):
+            t.add_column(col)
+        for name, s in st.sources.items():
+            seqs = "-" if s.first_seq is None else f"{s.first_seq}..{s.last_seq}"
+            t.add_row(name, ",".join(sorted(s.endpoints)), str(s.records), str(s.events), str(s.heartbeats),
+                      str(s.stored_blocks), str(s.removed_blocks), str(s.clears), seqs,
+                      f"{s.gaps} ({s.missing_seqs})", str(s.resets), ",".join(str(e) for e in s.epochs) or "-")
+        c.print(t)
+    for g in st.gaps[:MAX_SHOWN]:
+        c.print(f"[yellow]gap[/] record {g['record']} {g['source']} rank {g['dp_rank']}: seq {g['after']} -> "
+                f"{g['seq']} ({g['missing']} missing)")
+    for g in st.seq_anomalies[:MAX_SHOWN]:
+        c.print(f"[yellow]{g['what']} seq[/] record {g['record']} {g['source']}: {g['after']} -> {g['seq']}")
+    for g in st.epoch_changes[:MAX_SHOWN]:
+        c.print(f"[yellow]epoch change[/] record {g['record']} {g['source']}: now {g['epoch']} (seq {g['after']} -> {g['seq']})")
+    for g in st.resets[:MAX_SHOWN]:
+        c.print(f"reset record {g['record']} {g['source']} rank {g['dp_rank']}: {g['reason']}")
+    for d in st.damage:
+        c.print(f"[red]damage[/] {d.kind}: {d.length} bytes at offset {d.offset}")
+
+
+def _render_verify(rep: VerifyReport) -> None:
+    c = out_console()
+    heads = ", ".join(f"{k} {n}" for k, n in sorted(rep.heads.items())) or "-"
+    c.print(
+        f"[bold]verify[/] page size {rep.page_size}: {rep.events} events, {rep.blocks_verified} blocks verified, "
+        f"{rep.blocks_unverifiable} unverifiable, heads: {heads}; unchecked (state unknown): "
+        f"{rep.parents_unchecked} parents, {rep.removes_unchecked} removes"
+    )
+    for v in rep.violations:
+        c.print(f"violation {v}", markup=False, highlight=False)
+    if rep.ok:
+        c.print("[green]verify: OK, no contract violation[/]")
+    else:
+        c.print(f"[red]verify: {len(rep.violations)} violation(s)[/]")
+
+
+@log_app.command("repair")
+def repair_cmd(
+    file: str = typer.Argument(..., help="Record log file to repair in place."),
+    drop_corrupt: bool = typer.Option(False, "--drop-corrupt", help="Also rewrite the file without corrupt regions."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only report what would be cut."),
+) -> None:
+    """Truncate a torn last record (crash mid-write); corrupt regions are reported (or dropped)."""
+    res = repair_log(file, drop_corrupt=drop_corrupt, dry_run=dry_run)
+    c = out_console()
+    verb = "would cut" if dry_run else "cut"
+    if res.torn_bytes:
+        c.print(f"{file}: {verb} a torn tail of {res.torn_bytes} bytes; {res.records} valid records kept "
+                f"({res.size_before} -> {res.size_after} bytes)")
+    for d in res.corrupt:
+        what = "dropped" if res.rewritten else "kept (readers skip it; --drop-corrupt rewrites)"
+        c.print(f"{file}: corrupt region of {d.length} bytes at offset {d.offset}: {what}")
+    if not res.torn_bytes and not res.corrupt:
+        c.print(f"{file}: clean, {res.records} records, nothing to repair")
+
+
+@log_app.command("export")
+def export_cmd(
+    file: str = typer.Argument(..., help="Record log file."),
+    jsonl: bool = typer.Option(False, "--jsonl", help="One JSON object per record (the only format so far)."),
+    payload: bool = typer.Option(False, "--payload", help="Include the exact payload bytes as base64."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
+) -> None:
+    """Export records with decoded events as JSON lines, for other tools."""
+    if not jsonl:
+        user_error("choose an export format: --jsonl")
+    lines = iter_jsonl(file, payload=payload, on_damage=warn_damage)
+    if output is None:
+        w = sys.stdout.buffer
+        try:
+            for line in lines:
+                w.write(line)
+            w.flush()
+        except BrokenPipeError:  # `... | head`: the reader has enough, not an error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    else:
+        with open(output, "wb") as f:
+            for line in lines:
+                f.write(line)

@@ -1,0 +1,55 @@
+"""Record log: an append-only, crash-safe file of received event batches, and tools over it.
+
+Layout and the resync rule are in `kvevents.recordlog.format`. Reading streams; damage (a CRC
+failure, a torn last record) is skipped with a RecordLogWarning.
+"""
+
+from kvevents.recordlog.export import iter_jsonl, record_to_dict
+from kvevents.recordlog.format import (
+    HEADER_SIZE,
+    KINDS,
+    MAGIC,
+    VERSION,
+    Record,
+    RecordLogError,
+    RecordLogWarning,
+)
+from kvevents.recordlog.reader import Damage, RecordReader, read_records
+from kvevents.recordlog.record import Recorder
+from kvevents.recordlog.repair import RepairResult, repair_log
+from kvevents.recordlog.replay import ApplyResult, apply_log, count_records, paced, parse_speed, select_records
+from kvevents.recordlog.stats import LogStats, StatsCollector, inspect_log
+from kvevents.recordlog.verify import ContractVerifier, VerifyReport, Violation, verify_log
+from kvevents.recordlog.writer import RecordWriter
+
+__all__ = [
+    "MAGIC",
+    "VERSION",
+    "HEADER_SIZE",
+    "KINDS",
+    "Record",
+    "RecordLogError",
+    "RecordLogWarning",
+    "RecordWriter",
+    "RecordReader",
+    "Damage",
+    "read_records",
+    "Recorder",
+    "repair_log",
+    "RepairResult",
+    "inspect_log",
+    "LogStats",
+    "StatsCollector",
+    "verify_log",
+    "ContractVerifier",
+    "VerifyReport",
+    "Violation",
+    "iter_jsonl",
+    "record_to_dict",
+    "select_records",
+    "count_records",
+    "paced",
+    "parse_speed",
+    "apply_log",
+    "ApplyResult",
+]

@@ -1,0 +1,210 @@
+"""Streaming reader: validates the header, yields records, skips damage with a warning.
+
+Memory stays bounded by the chunk size plus the largest record; the file is never loaded whole.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+import zlib
+from typing import Callable, Iterator, NamedTuple
+
+from kvevents.recordlog.format import (
+    FIXED_SIZE,
+    FRAME,
+    FRAME_SIZE,
+    HEADER_SIZE,
+    MAX_BODY,
+    SYNC,
+    Record,
+    RecordLogError,
+    RecordLogWarning,
+    check_header,
+    decode_body,
+)
+
+__all__ = ["Damage", "RecordReader", "read_records", "open_log_file"]
+
+CHUNK = 1 << 20
+
+
+class Damage(NamedTuple):
+    """Bytes a reader skipped: `kind` is "corrupt" (a valid record follows) or "torn" (up to EOF)."""
+
+    offset: int
+    length: int
+    kind: str
+    after_index: int  # number of valid records before the damage
+    path: str
+
+    def message(self) -> str:
+        if self.kind == "torn":
+            return (
+                f"{self.path}: torn last record: {self.length} bytes at offset {self.offset} "
+                f"(after record {self.after_index - 1}) skipped; `kvevents log repair` truncates them"
+            )
+        return (
+            f"{self.path}: corrupt data: {self.length} bytes at offset {self.offset} failed the CRC check "
+            f"(after record {self.after_index - 1}), skipped; resynced at the next valid record"
+        )
+
+
+def _warn(d: Damage) -> None:
+    warnings.warn(d.message(), RecordLogWarning, stacklevel=3)
+
+
+def open_log_file(path: str | os.PathLike[str]) -> "tuple[object, int]":
+    """Open `path` for reading and validate its header; return (binary file, size)."""
+    where = os.fspath(path)
+    try:
+        f = open(where, "rb")
+    except FileNotFoundError:
+        raise RecordLogError(f"{where}: no such file") from None
+    except IsADirectoryError:
+        raise RecordLogError(f"{where}: is a directory, not a record log") from None
+    except PermissionError:
+        raise RecordLogError(f"{where}: permission denied") from None
+    try:
+        size = os.fstat(f.fileno()).st_size
+        check_header(f.read(HEADER_SIZE), where)
+    except BaseException:
+        f.close()
+        raise
+    return f, size
+
+
+class RecordReader:
+    """Iterate the valid records of a log; damage goes to `on_damage` (default: a RecordLogWarning).
+
+    After a full iteration: `records` (count), `damage` (list), `valid_end` (offset just past the
+    last valid record, where `repair` truncates), `size` (file size when opened).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        on_damage: Callable[[Damage], None] | None = None,
+        chunk_size: int = CHUNK,
+    ) -> None:
+        self.path = os.fspath(path)
+        self._f, self.size = open_log_file(path)
+        self._on_damage = on_damage if on_damage is not None else _warn
+        self._chunk = max(int(chunk_size), 4096)
+        self.records = 0
+        self.damage: list[Damage] = []
+        self.valid_end = HEADER_SIZE
+
+    def close(self) -> None:
+        self._f.close()  # type: ignore[attr-defined]
+
+    def __enter__(self) -> "RecordReader":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _report(self, offset: int, length: int, kind: str) -> None:
+        d = Damage(offset, length, kind, self.records, self.path)
+        self.damage.append(d)
+        self._on_damage(d)
+
+    def __iter__(self) -> Iterator[Record]:
+        """Single pass: the file is closed when the iteration ends (or the generator is closed)."""
+        try:
+            yield from self._scan()
+        finally:
+            self.close()
+
+    def _scan(self) -> Iterator[Record]:
+        f_read = self._f.read  # type: ignore[attr-defined]
+        chunk = self._chunk
+        size = self.size
+        fpos = HEADER_SIZE
+
+        def read(k: int) -> bytes:
+            """Read at most up to the size seen at open: bytes appended meanwhile are not torn records."""
+            nonlocal fpos
+            k = min(k, size - fpos)
+            if k <= 0:
+                return b""
+            data = f_read(k)
+            fpos += len(data)
+            return data
+
+        unpack = FRAME.unpack_from
+        crc32 = zlib.crc32
+        buf = b""
+        mv = memoryview(buf)
+        pos = 0
+        base = HEADER_SIZE  # file offset of buf[0]
+        bad_start = -1
+        index = 0
+        while True:
+            if len(buf) - pos < FRAME_SIZE:
+                more = read(chunk)
+                buf = buf[pos:] + more
+                base += pos
+                pos = 0
+                mv = memoryview(buf)
+                if len(buf) < FRAME_SIZE:
+                    break
+            sync, crc, n = unpack(buf, pos)
+            if sync == SYNC and FIXED_SIZE <= n <= MAX_BODY and base + pos + FRAME_SIZE + n <= size:
+                end = pos + FRAME_SIZE + n
+                if end > len(buf):
+                    tail = buf[pos:]
+                    buf = tail + read(max(chunk, FRAME_SIZE + n - len(tail)))
+                    base += pos
+                    pos = 0
+                    end = FRAME_SIZE + n
+                    mv = memoryview(buf)
+                if end <= len(buf) and crc32(mv[pos + 8 : end]) == crc:
+                    try:
+                        rec = decode_body(buf, pos + FRAME_SIZE, end, index, base + pos)
+                    except (RecordLogError, UnicodeDecodeError):
+                        rec = None
+                    if rec is not None:
+                        if bad_start >= 0:
+                            self._report(bad_start, base + pos - bad_start, "corrupt")
+                            bad_start = -1
+                        index += 1
+                        self.records = index
+                        pos = end
+                        self.valid_end = base + pos
+                        yield rec
+                        continue
+            # damage at pos: look for the next sync marker
+            if bad_start < 0:
+                bad_start = base + pos
+            nxt = buf.find(SYNC, pos + 1)
+            if nxt >= 0:
+                pos = nxt
+                continue
+            keep = max(pos + 1, len(buf) - (len(SYNC) - 1))
+            more = read(chunk)
+            if not more:
+                pos = len(buf)
+                break
+            buf = buf[keep:] + more
+            base += keep
+            pos = 0
+            mv = memoryview(buf)
+            if buf[:4] != SYNC:
+                bad_pos = buf.find(SYNC)
+                pos = bad_pos if bad_pos >= 0 else max(0, len(buf) - (len(SYNC) - 1))
+        end_offset = base + len(buf)
+        if bad_start < 0 and end_offset > self.valid_end:
+            bad_start = self.valid_end
+        if bad_start >= 0:
+            self._report(bad_start, max(end_offset, size) - bad_start, "torn")
+        mv.release()
+
+
+def read_records(
+    path: str | os.PathLike[str], *, on_damage: Callable[[Damage], None] | None = None
+) -> Iterator[Record]:
+    """Yield the valid records of the log at `path`, streaming (warnings for skipped damage)."""
+    with RecordReader(path, on_damage=on_damage) as reader:
+        yield from reader
