@@ -18,7 +18,7 @@ from typing import Annotated, Any, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kvevents.subscriber import Delivery, Reset, Source, Subscriber
+from kvevents.subscriber import Delivery, Reset, Source, Subscriber, parse_source
 
 from consumers.indexer import BlockIndex, worker_label
 from consumers.metrics import CONTENT_TYPE, ServiceMetrics
@@ -46,16 +46,7 @@ class ScoreRequest(BaseModel):
 
 def parse_publisher(spec: str) -> Source:
     """`NAME=ENDPOINT[,REPLAY]` -> Source (ValueError with the spec on a malformed one)."""
-    name, sep, rest = spec.partition("=")
-    if not sep or not name.strip() or not rest.strip():
-        raise ValueError(f"--publisher {spec!r}: expected NAME=ENDPOINT[,REPLAY_ENDPOINT]")
-    parts = [p.strip() for p in rest.split(",")]
-    if len(parts) > 2 or not all(parts):
-        raise ValueError(f"--publisher {spec!r}: expected NAME=ENDPOINT[,REPLAY_ENDPOINT]")
-    for p in parts:
-        if "://" not in p:
-            raise ValueError(f"--publisher {spec!r}: {p!r} is not a ZeroMQ endpoint (tcp://host:port, ipc://...)")
-    return Source(parts[0], parts[1] if len(parts) > 1 else None, name.strip())
+    return parse_source(spec, require_name=True)
 
 
 class _SourceState:

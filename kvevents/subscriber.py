@@ -22,7 +22,7 @@ from kvevents.transport.repair import RepairMixin
 from kvevents.transport.streams import Item, SourceState as _Src, Stream
 from kvevents.transport.wire import SEQ, check_endpoint
 
-__all__ = ["Source", "Delivery", "Reset", "SourceStatus", "Subscriber"]
+__all__ = ["Source", "parse_source", "Delivery", "Reset", "SourceStatus", "Subscriber"]
 
 log = logging.getLogger("kvevents.subscriber")
 
@@ -57,6 +57,28 @@ class Source:
                     check_endpoint(ep)
                 except ValueError as exc:  # "source 'w': cannot use replay endpoint 'tcp://...': why"
                     raise ValueError(f"source {self.name!r}: cannot use {what}{exc}") from None
+
+
+def parse_source(spec: str, *, require_name: bool = True) -> Source:
+    """`NAME=ENDPOINT[,REPLAY_ENDPOINT]` (the CLI's --publisher) -> Source; ValueError naming the spec.
+
+    With `require_name=False` a bare `ENDPOINT[,REPLAY]` is accepted and named after its endpoint.
+    """
+    usage = f"--publisher {spec!r}: expected NAME=ENDPOINT[,REPLAY_ENDPOINT], e.g. w0=tcp://127.0.0.1:5557,tcp://127.0.0.1:5558"
+    name, sep, rest = spec.partition("=")
+    if not sep or "://" in name:
+        if require_name:
+            raise ValueError(usage)
+        name, rest = "", spec
+    elif not name.strip():
+        raise ValueError(usage)
+    parts = [p.strip() for p in rest.split(",")]
+    if len(parts) > 2 or not all(parts):
+        raise ValueError(usage)
+    for p in parts:
+        if "://" not in p:
+            raise ValueError(f"{usage} ({p!r} is not a ZeroMQ endpoint such as tcp://host:port or ipc://path)")
+    return Source(parts[0], parts[1] if len(parts) > 1 else None, name.strip() or None)
 
 
 @dataclass(slots=True, eq=False)

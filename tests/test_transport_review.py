@@ -335,3 +335,17 @@ def _join(sub: Subscriber, pub: Publisher) -> list:
             break
     marker = pub.publish([])
     return items + collect(sub, lambda it: any(isinstance(d, Delivery) and d.seq == marker for d in it))
+
+
+def test_parse_source_named_and_bare() -> None:
+    from kvevents.subscriber import parse_source
+
+    s = parse_source("w1=tcp://127.0.0.1:5557,tcp://127.0.0.1:5558")
+    assert (s.name, s.endpoint, s.replay_endpoint) == ("w1", "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558")
+    bare = parse_source("tcp://127.0.0.1:5557", require_name=False)
+    assert (bare.name, bare.endpoint, bare.replay_endpoint) == ("tcp://127.0.0.1:5557",) * 2 + (None,)
+    for bad in ("tcp://127.0.0.1:5557", "=tcp://x:1", "w=", "w=localhost:5557", "w=tcp://a:1,tcp://b:2,tcp://c:3"):
+        with pytest.raises(ValueError, match="NAME=ENDPOINT"):
+            parse_source(bad)
+    with pytest.raises(ValueError, match="cannot use"):
+        parse_source("w=tcp://127.0.0.1:70000")

@@ -23,18 +23,6 @@ from kvevents.events import decode_batch
 from kvevents.recordlog import Recorder, RecordWriter, apply_log, paced, parse_speed, select_records
 
 
-def parse_publisher(spec: str) -> tuple[str, str, str | None]:
-    """NAME=ENDPOINT[,REPLAY] (or a bare ENDPOINT, named after itself) -> (name, endpoint, replay)."""
-    name, sep, rest = spec.partition("=")
-    if not sep or "://" in name:
-        name, rest = "", spec
-    parts = [p.strip() for p in rest.split(",")]
-    if not parts[0] or len(parts) > 2 or "://" not in parts[0] or (len(parts) == 2 and "://" not in parts[1]):
-        user_error(f"--publisher {spec!r}: expected NAME=ENDPOINT[,REPLAY_ENDPOINT], e.g. "
-                   f"w0=tcp://127.0.0.1:5557,tcp://127.0.0.1:5558")
-    return (name.strip() or parts[0]), parts[0], (parts[1] if len(parts) == 2 else None)
-
-
 @app.command("record")
 def record_cmd(
     publisher: List[str] = typer.Option(..., "--publisher", help="NAME=ENDPOINT[,REPLAY] (repeatable)."),
@@ -51,17 +39,16 @@ def record_cmd(
     Replayed batches are written in seq order; a resync is written as a reset marker followed by
     the snapshot batches. Stops at --count, --duration or Ctrl-C.
     """
-    from kvevents.subscriber import Reset, Source, Subscriber
+    from kvevents.subscriber import Reset, Subscriber, parse_source
 
     if count is not None and count < 1:
         user_error(f"--count must be >= 1, got {count}")
     if duration is not None and duration <= 0:
         user_error(f"--duration must be > 0, got {duration}")
-    specs = [parse_publisher(p) for p in publisher]
-    names = [s[0] for s in specs]
+    sources = [parse_source(p, require_name=False) for p in publisher]
+    names = [s.name for s in sources]
     if len(set(names)) != len(names):
         user_error(f"--publisher names must be unique, got {names}")
-    sources = [Source(ep, rep, name) for name, ep, rep in specs]
     _check_overwrite(output, append or force)
     writer = RecordWriter(output, append=append, durability="fsync" if fsync else "flush", on_damage=warn_damage)
     rec = Recorder(writer, count=count)
