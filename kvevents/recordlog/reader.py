@@ -24,7 +24,7 @@ from kvevents.recordlog.format import (
     decode_body,
 )
 
-__all__ = ["Damage", "RecordReader", "read_records", "open_log_file"]
+__all__ = ["Damage", "RecordReader", "read_records", "feed_log", "open_log_file"]
 
 CHUNK = 1 << 20
 
@@ -208,3 +208,13 @@ def read_records(
     """Yield the valid records of the log at `path`, streaming (warnings for skipped damage)."""
     with RecordReader(path, on_damage=on_damage) as reader:
         yield from reader
+
+
+def feed_log(
+    path: str | os.PathLike[str], feed: Callable[[Record], None], *, on_damage: Callable[[Damage], None] | None = None
+) -> RecordReader:
+    """Stream every valid record of the log into `feed`; return the closed reader (path, size, damage)."""
+    with RecordReader(path, on_damage=on_damage) as reader:
+        for rec in reader:
+            feed(rec)
+    return reader

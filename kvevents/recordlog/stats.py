@@ -10,7 +10,7 @@ from typing import Any, Callable
 from kvevents.errors import DecodeError
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 from kvevents.recordlog.format import Record
-from kvevents.recordlog.reader import Damage, RecordReader
+from kvevents.recordlog.reader import Damage, feed_log
 
 __all__ = ["SeqTracker", "SourceStats", "LogStats", "StatsCollector", "inspect_log"]
 
@@ -168,14 +168,9 @@ class StatsCollector:
 
 def inspect_log(path: str | os.PathLike[str], *, on_damage: Callable[[Damage], None] | None = None) -> LogStats:
     """Stream the log once and gather LogStats (damage is skipped, reported and listed)."""
-    reader = RecordReader(path, on_damage=on_damage)
-    col = StatsCollector(reader.path, reader.size)
-    try:
-        for rec in reader:
-            col.feed(rec)
-    finally:
-        reader.close()
-    col.stats.damage = list(reader.damage)
+    col = StatsCollector()
+    reader = feed_log(path, col.feed, on_damage=on_damage)
+    col.stats.path, col.stats.size, col.stats.damage = reader.path, reader.size, list(reader.damage)
     return col.stats
 
 
@@ -233,19 +228,16 @@ def _account(st: LogStats, seqs: SeqTracker, rec: Record) -> None:
         name = type(ev).__name__
         st.event_types[name] += 1
         src.events += 1
-        if isinstance(ev, BlockStored):
+        if isinstance(ev, (BlockStored, BlockRemoved)):
+            what = "stored" if isinstance(ev, BlockStored) else "removed"
             n = len(ev.block_hashes)
-            st.blocks["stored"] += n
-            src.stored_blocks += n
+            st.blocks[what] += n
+            if what == "stored":
+                src.stored_blocks += n
+            else:
+                src.removed_blocks += n
             m = st.media.setdefault(_medium_key(ev.medium), Counter())
-            m["stored_events"] += 1
-            m["stored_blocks"] += n
-        elif isinstance(ev, BlockRemoved):
-            n = len(ev.block_hashes)
-            st.blocks["removed"] += n
-            src.removed_blocks += n
-            m = st.media.setdefault(_medium_key(ev.medium), Counter())
-            m["removed_events"] += 1
-            m["removed_blocks"] += n
+            m[f"{what}_events"] += 1
+            m[f"{what}_blocks"] += n
         elif isinstance(ev, AllBlocksCleared):
             src.clears += 1

@@ -26,7 +26,7 @@ from kvevents.errors import DecodeError
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 from kvevents.hashing import Namespace, event_seed, pack_tokens
 from kvevents.recordlog.format import Record
-from kvevents.recordlog.reader import Damage, RecordReader
+from kvevents.recordlog.reader import Damage, feed_log
 from kvevents.recordlog.stats import SeqTracker
 
 __all__ = ["Violation", "VerifyReport", "ContractVerifier", "verify_log"]
@@ -276,12 +276,6 @@ def verify_log(
 ) -> VerifyReport:
     """Run the contract checks over a whole log (streaming)."""
     v = ContractVerifier(page_size, salts)
-    reader = RecordReader(path, on_damage=on_damage)
-    try:
-        for rec in reader:
-            v.feed(rec)
-    finally:
-        reader.close()
-    v.report.damage = list(reader.damage)
+    v.report.damage = list(feed_log(path, v.feed, on_damage=on_damage).damage)
     return v.report
 
