@@ -8,12 +8,13 @@ chains, until `copies` block copies are indexed. The "unshared" profile (every c
 hash on one worker) is the memory worst case, and worst of all right after the index dicts
 grow (measured too, at the last such point below `copies`). Memory is what tracemalloc sees retained after
 decoding each payload and applying it (the batch freed), so the index's int keys are counted.
-Score phases: hashing (event_hashes_int64; the old hex path event_hashes + to_int64 beside it),
-index lookup cold (first walk of that request) and warm (the same walk again), ranking, and the
-whole public `score()` call; wall-clock and thread-CPU p99 are both given because p99 wall on a
-shared machine mostly measures neighbours. Ceiling: the bare `list(map(view.get, hashes))` of the
-512 ints (cold on alternate requests, where it runs before the walk; the walk's cold figure comes
-from the other half). The index lookup part is `router._walk` (lookups + prefix lengths).
+Score phases: hashing (`router.hash_array`, the int64 array the lookup consumes; the old hex path
+event_hashes + to_int64 beside it), index lookup cold (first walk of that request) and warm (the
+same walk again), ranking, and the whole public `score()` call; wall-clock and thread-CPU p99 are
+both given because p99 wall on a shared machine mostly measures neighbours. The index lookup part
+is `router._walk` (table probes, mask gathers, prefix lengths and scores). Ceiling beside it: the
+bare table probe `HashTable.find` of the 512 hashes, cold on alternate requests, where it runs
+before the walk (the walk's cold figure comes from the other half).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from kvevents.hashing import Namespace, event_hashes, event_hashes_int64, to_int
 
 from consumers.indexer import BlockIndex  # noqa: E402
 from consumers.router import PrefixRouter  # noqa: E402
+from consumers.table import rebuild_buckets  # noqa: E402
 
 PAGE = 16
 
@@ -153,13 +155,13 @@ def bench_score(idx: BlockIndex, docs, pages: int, n: int, rnd: random.Random) -
             cut = rnd.randrange(1, pages) * PAGE
             toks[cut:] = [rnd.randrange(50_000) for _ in range(len(toks) - cut)]
         reqs.append(toks)
-    phases = ("hash", "hash_hex_path", "lookup", "lookup_warm", "raw_get", "raw_get_warm", "rank", "score")
+    phases = ("hash", "hash_hex_path", "lookup", "lookup_warm", "find", "find_warm", "rank", "score")
     wall: dict[str, list[float]] = {k: [] for k in phases}
     cpu: dict[str, list[float]] = {k: [] for k in phases}
     matched = []
     for toks in reqs[:20]:  # warm up
         router.score(toks)
-    view_get = idx._views[0].get  # the one lora view of this profile
+    table = idx._views[0]  # the one lora view of this profile
 
     def timed(phase, fn, *args):
         w0, c0 = time.perf_counter(), time.thread_time()
@@ -171,17 +173,14 @@ def bench_score(idx: BlockIndex, docs, pages: int, n: int, rnd: random.Random) -
     def walk(hs):
         return router._walk((hs,), None, want_detail=False)
 
-    def raw(hs):
-        return list(map(view_get, hs))
-
     for i, toks in enumerate(reqs):
-        hs = timed("hash", router.request_hashes, toks)  # event_hashes_int64, every page
+        hs = timed("hash", router.hash_array, toks)  # every page, as the int64 array the walk takes
         if i % 2 == 0:  # even requests: the walk sees the request's index entries cold
             walked = timed("lookup", walk, hs)
             timed("lookup_warm", walk, hs)  # same pages, in CPU cache
-            timed("raw_get_warm", raw, hs)
-        else:  # odd requests: the bare lookups see them cold (the ceiling)
-            timed("raw_get", raw, hs)
+            timed("find_warm", table.find, hs)
+        else:  # odd requests: the bare probe sees them cold (the ceiling)
+            timed("find", table.find, hs)
             walked = walk(hs)
         ranked = timed("rank", router._rank, *walked, None)  # WorkerScore for all workers, sorted
         timed("score", router.score, toks)  # the public call: lazy hashing + lookup + rank
@@ -209,18 +208,18 @@ def unshared_bytes(copies: int, workers: int, rnd: random.Random) -> dict[str, f
     return {"copies": held, "bytes_per_copy": used / max(1, held)}
 
 
-def worst_fill(copies: int) -> int:
-    """Largest copy count <= `copies` right after both index dicts (view, parents) have grown.
+def worst_fill(copies: int, per_event: int = 16) -> int:
+    """Largest copy count <= `copies` right after the index table has grown (16-hash events).
 
-    CPython dicts grow past 2/3 of a power-of-two size; the parents dict holds 15/16 of the
-    keys here (event heads have no parent), so it grows last. Bytes per copy peak there.
+    The table grows past MAX_LOAD of its slots to a size that leaves it REBUILD_LOAD full at
+    most; bytes per copy peak right after such a growth.
     """
-    best = 0
-    for k in range(4, 40):
-        n = -(-((2**k * 2) // 3 + 1) * 16 // 15 // 16) * 16
-        if n > copies:
-            break
-        best = n
+    cap, live, best = 8 * 8, 0, 0
+    while live + per_event <= copies:
+        grown = rebuild_buckets(cap, live, live, per_event)
+        if grown:
+            cap, best = grown * 8, live + per_event
+        live += per_event
     return best
 
 
@@ -288,7 +287,7 @@ def main() -> int:
          f"{apply['store_copies_per_s'] / 1e3:,.0f}k copies/s (decode+apply {apply['decode_and_apply_copies_per_s'] / 1e3:,.0f}k)"),
         ("lookup p99 < 100 us (wall, cold)", sc["lookup_p99_us"] < 100,
          f"cold {sc['lookup_p99_us']:.1f} us (cpu {sc['lookup_cpu_p99_us']:.1f}), warm {sc['lookup_warm_p99_us']:.1f} us;"
-         f" ceiling: bare 512 dict gets cold {sc['raw_get_p99_us']:.1f} us, warm {sc['raw_get_warm_p99_us']:.1f} us"),
+         f" ceiling: bare table probe cold {sc['find_p99_us']:.1f} us, warm {sc['find_warm_p99_us']:.1f} us"),
         ("score p99 < 1 ms (wall)", sc["score_p99_us"] < 1000,
          f"{sc['score_p99_us']:.1f} us (cpu {sc['score_cpu_p99_us']:.1f}, p50 {sc['score_p50_us']:.1f});"
          f" hashing p99 {sc['hash_p99_us']:.1f} us (hex path {sc['hash_hex_path_p99_us']:.1f}), rank p99 {sc['rank_p99_us']:.1f} us"),
@@ -296,7 +295,7 @@ def main() -> int:
         ("< 120 bytes/copy (unshared, at --copies)", unshared_mem["bytes_per_copy"] < 120, f"{unshared_mem['bytes_per_copy']:.1f} B"),
         ("< 120 bytes/copy (unshared, worst fill)", unshared_mem.get("worst_fill_bytes_per_copy", 0) < 120,
          f"{unshared_mem.get('worst_fill_bytes_per_copy', 0):.1f} B at {unshared_mem.get('worst_fill_copies', 0):,.0f} copies"
-         " (just past a dict resize)"),
+         " (just after the table grew)"),
     ]
     result["targets"] = {name: ok for name, ok, _ in targets}
     if args.json:

@@ -1,12 +1,12 @@
 """BlockIndex: which worker holds which published block, reference-counted and memory-lean.
 
-Layout (why it is small and fast): one dict per interned lora_name ("view") maps an int64 block
-hash to one packed int, a bitmask with one bit per (medium, worker) placed medium-major
-(bit = medium_index * stride + worker_index), interned so equal masks are one object. A copy is
-one bit, not an object; a second copy of the same (worker, dp_rank, medium, lora, hash) (the same
-tokens under two extra keys) is counted in a small side dict that is empty in the common case. Parent links live in one dict shared by
-all copies (a hash's parent is a property of the chain, not of the copy). The router reads the
-views directly: one dict lookup per page.
+Layout (why it is small and fast): one HashTable (consumers.table: flat numpy arrays) per
+interned lora_name ("view") maps an int64 block hash to a row of uint64 bitmask columns, one
+column per (medium, group of 64 workers), one bit per worker. A copy is one bit, not an object;
+a second copy of the same (worker, dp_rank, medium, lora, hash) (the same tokens under two extra
+keys) is counted in a small side dict that is empty in the common case. The parent link sits in
+the row beside the masks. The router gathers the rows of a request's pages in a few vectorised
+lookups.
 """
 
 from __future__ import annotations
@@ -15,14 +15,19 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
+import numpy as np
+
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+
+from consumers.table import HAS_PARENT, HashTable, as_hashes
 
 __all__ = ["BlockIndex", "WorkerKey", "worker_label", "FIXED_MEDIA"]
 
-#: Media with fixed bit groups (GPU first so the common device-only index keeps small masks).
+#: Media listed first (GPU gets mask column 0; other columns are added when first used).
 FIXED_MEDIA: tuple[str, ...] = ("GPU", "CPU_PINNED", "STORAGE")
-_MIN_STRIDE = 64
-_INTERN_MAX = 1 << 16  # distinct masks shared by all entries (memory, and a hot set for lookups)
+WORD = 64  # workers per mask column
+_SMALL = 24  # events with at most this many hashes use the scalar table ops (cheaper below it)
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
 WorkerKey = tuple[str, int]
 
@@ -44,43 +49,43 @@ class BlockIndex:
     """Reference-counted map of published block copies per (source, dp_rank, medium, hash).
 
     `apply(source, batch)` never raises for content it cannot use: it counts the reason in
-    `counters` (unknown_remove, unknown_parent, ambiguous_remove, ignored_event, ...).
+    `counters` (unknown_remove, unknown_parent, ambiguous_remove, ignored_event, bad_hash, ...).
     Not thread-safe: callers that apply and query from different threads hold one lock.
     """
 
+    _small = _SMALL  # events up to this size take the scalar table ops (tests set 0 for vector paths)
+
     def __init__(self) -> None:
-        self._stride = _MIN_STRIDE
         self._media: list[str | None] = list(FIXED_MEDIA)
         self._medium_ix: dict[str | None, int] = {m: i for i, m in enumerate(self._media)}
         self._loras: list[str | None] = [None]
         self._lora_ix: dict[str | None, int] = {None: 0}
-        self._views: list[dict[int, int]] = [{}]
-        self._parents: dict[int, int] = {}
+        self._cols: dict[tuple[int, int], int] = {(0, 0): 0}  # (medium index, worker word) -> column
+        self._views: list[HashTable] = [HashTable(1)]
         self._extra: dict[tuple[int, int, int, int], int] = {}  # (view, medium, worker, hash) -> copies - 1
-        self._intern: dict[int, int] = {}
         self._workers: dict[WorkerKey, _Worker] = {}
         self._by_index: dict[int, _Worker] = {}
         self._free: list[int] = []
+        self._word_bits: dict[int, int] = {}  # worker word -> bits of the known workers in it
         self._counts: Counter[tuple[int, int]] = Counter()  # (worker index, medium index) -> copies
         self._medium_copies: list[int] = [0] * len(self._media)  # medium index -> copies (router)
-        self._all_workers = 0  # one bit per known worker index (router)
         self._lora_sources: set[int] = set()  # workers that ever published a lora_name
-        self._plans: dict[tuple[str | None, bool], list[tuple[dict[int, int], int]]] = {}  # router cache
+        self._plans: dict[tuple[str | None, bool], list[tuple[HashTable, np.ndarray | None]]] = {}  # router cache
         self.counters: Counter[str] = Counter()
 
-    # ---------------------------------------------------------------- workers and media
+    # ---------------------------------------------------------------- workers, media, columns
 
     def _worker(self, source: str, dp_rank: int) -> _Worker:
         key = (source, dp_rank)
         w = self._workers.get(key)
         if w is None:
-            idx = self._free.pop() if self._free else len(self._by_index)
-            if idx >= self._stride:
-                self._restride(self._stride * 2)
+            idx = min(self._free) if self._free else len(self._by_index)
+            if self._free:
+                self._free.remove(idx)
             w = _Worker(idx, source, dp_rank, worker_label(source, dp_rank))
             self._workers[key] = w
             self._by_index[idx] = w
-            self._all_workers |= 1 << idx
+            self._word_bits[idx // WORD] = self._word_bits.get(idx // WORD, 0) | 1 << (idx % WORD)
             self._plans.clear()
         return w
 
@@ -100,29 +105,33 @@ class BlockIndex:
             vid = len(self._loras)
             self._loras.append(lora_name)
             self._lora_ix[lora_name] = vid
-            self._views.append({})
+            self._views.append(HashTable(len(self._cols)))
             self._plans.clear()
         return vid
 
-    def _restride(self, stride: int) -> None:
-        """Re-pack every mask with a wider per-medium group (only when workers exceed the stride)."""
-        old, n_media = self._stride, len(self._media)
-        low = (1 << old) - 1
-        for view in self._views:
-            for h, v in view.items():
-                nv = 0
-                for mi in range(n_media):
-                    nv |= ((v >> (mi * old)) & low) << (mi * stride)
-                view[h] = nv
-        self._stride = stride
-        self._intern.clear()
-        self._plans.clear()
+    def _col(self, mi: int, word: int) -> int:
+        """The mask column of (medium, worker word), added to every view when first used."""
+        col = self._cols.get((mi, word))
+        if col is None:
+            col = self._cols[(mi, word)] = len(self._cols)
+            for t in self._views:
+                t.add_column()
+            self._plans.clear()
+        return col
 
-    def _worker_bits(self, wi: int) -> int:
-        bits = 0
-        for mi in range(len(self._media)):
-            bits |= 1 << (mi * self._stride + wi)
-        return bits
+    def _worker_cols(self, wi: int) -> list[int]:
+        """Every column (one per medium) holding worker `wi`'s bit."""
+        word = wi // WORD
+        return [c for (_, w), c in self._cols.items() if w == word]
+
+    def _word_columns(self) -> dict[int, list[tuple[int, int]]]:
+        """Per worker word: (column, medium index) of the media holding any copy (router)."""
+        out: dict[int, list[tuple[int, int]]] = {}
+        copies = self._medium_copies
+        for (mi, word), col in self._cols.items():
+            if copies[mi] > 0:
+                out.setdefault(word, []).append((col, mi))
+        return out
 
     # ---------------------------------------------------------------- applying events
 
@@ -145,9 +154,19 @@ class BlockIndex:
 
     def _store(self, w: _Worker, ev: BlockStored) -> None:
         hashes = ev.block_hashes
-        if not hashes:
+        n = len(hashes)
+        if not n:
             self.counters["empty_store"] += 1
             return
+        prev = ev.parent_block_hash
+        if n > self._small or not _all_int64(hashes, prev):
+            try:
+                q = as_hashes(hashes)
+                if prev is not None:
+                    as_hashes((prev,))
+            except ValueError:
+                self.counters["bad_hash"] += 1
+                return
         wi = w.index
         lora = ev.lora_name
         if lora is not None and wi not in self._lora_sources:
@@ -156,92 +175,194 @@ class BlockIndex:
         vid = self._lora_ix.get(lora)
         if vid is None:
             vid = self._view_id(lora)
-        view = self._views[vid]
         mi = self._medium_ix.get(ev.medium)
         if mi is None:
             mi = self._medium(ev.medium)
-        bit = 1 << (mi * self._stride + wi)
-        prev = ev.parent_block_hash
+        col = self._col(mi, wi // WORD)
         if prev is not None and not self._holds(wi, prev):
             self.counters["unknown_parent"] += 1
-        parents = self._parents
-        intern = self._intern
-        get = view.get
-        dup = 0
-        for h in hashes:
-            v = get(h, 0)
-            if v & bit:
-                key = (vid, mi, wi, h)
-                self._extra[key] = self._extra.get(key, 0) + 1
-                dup += 1
-            else:
-                view[h] = intern.setdefault(v | bit, v | bit)
-            if prev is not None:
-                parents[h] = prev
-            prev = h
-        if len(intern) > _INTERN_MAX:
-            intern.clear()  # masks stay valid; only the sharing of equal ones restarts
-        n = len(hashes)
+        t = self._views[vid]
+        t.reserve(n)  # no rebuild below: slot numbers and memoryviews stay valid
+        if n <= self._small or len(set(hashes)) < n:  # small, or a hash repeated inside the event
+            dup = self._store_each(t, vid, mi, col, wi, hashes, prev)
+        else:
+            dup = self._store_many(t, vid, mi, col, wi, q, prev)
         self._counts[(wi, mi)] += n
         self._medium_copies[mi] += n
         self.counters["stored_copies"] += n
         if dup:
             self.counters["duplicate_copies"] += dup
 
+    def _store_each(
+        self, t: HashTable, vid: int, mi: int, col: int, wi: int, hashes: list[int], prev: int | None
+    ) -> int:
+        """Store page by page with the scalar table ops (room reserved); returns duplicate copies."""
+        bit = 1 << (wi % WORD)
+        find1, place1 = t.find1, t.place1
+        mv, pv, sv, nc = t._mv, t._pv, t._sv, t.ncols
+        extra = self._extra
+        dup = 0
+        for h in hashes:
+            s = find1(h)
+            if s < 0:
+                s = place1(h)
+            i = s * nc + col
+            v = mv[i]
+            if v & bit:
+                key = (vid, mi, wi, h)
+                extra[key] = extra.get(key, 0) + 1
+                dup += 1
+            else:
+                mv[i] = v | bit
+            if prev is not None:
+                pv[s] = prev
+                sv[s] |= HAS_PARENT
+            prev = h
+        return dup
+
+    def _store_many(
+        self, t: HashTable, vid: int, mi: int, col: int, wi: int, q: np.ndarray, prev: int | None
+    ) -> int:
+        """Store a long event of distinct hashes with vectorised table ops (room reserved)."""
+        bit = np.uint64(1 << (wi % WORD))
+        slots = t.find(q)
+        missing = slots < 0
+        if missing.any():
+            slots[missing] = t._place(q[missing])
+        colv = t.masks[:, col]
+        cur = colv.take(slots)
+        held = (cur & bit) != 0
+        colv[slots] = cur | bit
+        dup = int(np.count_nonzero(held))
+        if dup:
+            extra = self._extra
+            for h in q[held].tolist():
+                key = (vid, mi, wi, h)
+                extra[key] = extra.get(key, 0) + 1
+        t.parent[slots[1:]] = q[:-1]
+        t.state[slots[1:]] |= HAS_PARENT
+        if prev is not None:
+            t.parent[slots[0]] = prev
+            t.state[slots[0]] |= HAS_PARENT
+        return dup
+
     def _holds(self, wi: int, h: int) -> bool:
         """True if worker `wi` holds a copy of `h` on any medium, under any lora_name."""
-        bits = self._worker_bits(wi)
-        for view in self._views:
-            if view.get(h, 0) & bits:
-                return True
+        bit = 1 << (wi % WORD)
+        cols = self._worker_cols(wi)
+        for t in self._views:
+            s = t.find1(h)
+            if s >= 0:
+                mv, nc = t._mv, t.ncols
+                if any(mv[s * nc + c] & bit for c in cols):
+                    return True
         return False
 
     def _remove(self, w: _Worker, ev: BlockRemoved) -> None:
+        hashes = ev.block_hashes
+        n = len(hashes)
+        if not n:
+            return
         wi = w.index
         mi = self._medium_ix.get(ev.medium)
-        if mi is None:
-            self.counters["unknown_remove"] += len(ev.block_hashes)
+        col = None if mi is None else self._cols.get((mi, wi // WORD))
+        if col is None:
+            self.counters["unknown_remove"] += n
             return
-        bit = 1 << (mi * self._stride + wi)
+        if n <= self._small or len(set(hashes)) < n:  # small, or a hash removed twice: one copy at a time
+            if not _all_int64(hashes, None):
+                self.counters["bad_hash"] += 1
+                return
+            self._remove_each(wi, mi, col, hashes)  # type: ignore[arg-type]
+            return
+        try:
+            q = as_hashes(hashes)
+        except ValueError:
+            self.counters["bad_hash"] += 1
+            return
+        self._remove_many(wi, mi, col, q)  # type: ignore[arg-type]
+
+    def _remove_each(self, wi: int, mi: int, col: int, hashes: list[int]) -> None:
+        """Drop one copy per listed hash with the scalar table ops (order matters for repeats)."""
+        bit = 1 << (wi % WORD)
         views = self._views
         extra = self._extra
-        removed = 0
-        for h in ev.block_hashes:
-            holders = [vid for vid, view in enumerate(views) if view.get(h, 0) & bit]
-            if not holders:
-                self.counters["unknown_remove"] += 1
+        unknown = ambiguous = removed = 0
+        for h in hashes:
+            holder: tuple[int, HashTable, int] | None = None
+            for vid, t in enumerate(views):
+                s = t.find1(h)
+                if s >= 0 and t._mv[s * t.ncols + col] & bit:
+                    if holder is not None:
+                        ambiguous += 1  # BlockRemoved carries no lora_name: which copy went is unknowable
+                        break
+                    holder = (vid, t, s)
+            if holder is None:
+                unknown += 1
                 continue
-            if len(holders) > 1:
-                # BlockRemoved carries no lora_name: which adapter's copy went is unknowable.
-                self.counters["ambiguous_remove"] += 1
-            vid = holders[0]
             removed += 1
+            vid, t, s = holder
             key = (vid, mi, wi, h)
             more = extra.get(key)
-            if more:
+            if more:  # an extra copy goes first; the bit stays
                 if more == 1:
                     del extra[key]
                 else:
                     extra[key] = more - 1
                 continue
-            self._clear_bit(vid, h, bit)
+            mv, nc = t._mv, t.ncols
+            mv[s * nc + col] &= ~bit
+            if not any(mv[s * nc : s * nc + nc].tolist()):
+                t.delete1(s)
+        self._count_removal(wi, mi, unknown, ambiguous, removed)
+
+    def _count_removal(self, wi: int, mi: int, unknown: int, ambiguous: int, removed: int) -> None:
+        if unknown:
+            self.counters["unknown_remove"] += unknown
+        if ambiguous:
+            self.counters["ambiguous_remove"] += ambiguous
         if removed:
             self._counts[(wi, mi)] -= removed
             self._medium_copies[mi] -= removed
             self.counters["removed_copies"] += removed
 
-    def _clear_bit(self, vid: int, h: int, bits: int) -> None:
-        view = self._views[vid]
-        v = view[h] & ~bits
-        if v:
-            view[h] = self._intern.setdefault(v, v)
+    def _remove_many(self, wi: int, mi: int, col: int, q: np.ndarray) -> None:
+        """Drop one copy of each (distinct) hash of a long event held by worker `wi` on medium `mi`."""
+        bit = np.uint64(1 << (wi % WORD))
+        views = self._views
+        slots = [t.find(q) for t in views]
+        held = np.array([(t.masks[:, col].take(s) & bit) != 0 for t, s in zip(views, slots)])  # (views, n)
+        nheld = held.sum(0)
+        unknown = int(np.count_nonzero(nheld == 0))
+        first = held.argmax(0)  # the lowest view holding each hash
+        extra = self._extra
+        for vid, t in enumerate(views):
+            mine = held[vid] & (first == vid)
+            if not mine.any():
+                continue
+            if extra:  # an extra copy goes first; the bit stays
+                for i in np.flatnonzero(mine).tolist():
+                    key = (vid, mi, wi, int(q[i]))
+                    more = extra.get(key)
+                    if more:
+                        if more == 1:
+                            del extra[key]
+                        else:
+                            extra[key] = more - 1
+                        mine[i] = False
+            self._clear_bits(t, slots[vid][mine], col, bit)
+        self._count_removal(wi, mi, unknown, int(np.count_nonzero(nheld > 1)), len(q) - unknown)
+
+    @staticmethod
+    def _clear_bits(t: HashTable, slots: np.ndarray, col: int, bit: np.uint64) -> None:
+        """Clear one worker bit in `slots` of column `col`; rows left with no bit are deleted."""
+        if not len(slots):
             return
-        del view[h]
-        if h in self._parents:
-            for other in self._views:
-                if h in other:
-                    return
-            del self._parents[h]
+        colv = t.masks[:, col]
+        colv[slots] = colv.take(slots) & ~bit
+        gone = slots[~t.masks.take(slots, axis=0).any(1)]
+        if len(gone):
+            t.delete(gone)
 
     def _clear_worker(self, w: _Worker) -> int:
         """Drop every copy the worker holds, on every medium and lora; returns copies dropped."""
@@ -249,11 +370,11 @@ class BlockIndex:
         dropped = sum(n for (i, _), n in self._counts.items() if i == wi)
         if not dropped and not any(k[2] == wi for k in self._extra):
             return 0
-        bits = self._worker_bits(wi)
-        for vid, view in enumerate(self._views):
-            held = [h for h, v in view.items() if v & bits]
-            for h in held:
-                self._clear_bit(vid, h, bits)
+        bit = np.uint64(1 << (wi % WORD))
+        cols = self._worker_cols(wi)
+        for t in self._views:
+            for col in cols:
+                self._clear_bits(t, np.flatnonzero(t.masks[:-1, col] & bit), col, bit)
         for ekey in [k for k in self._extra if k[2] == wi]:
             del self._extra[ekey]
         for ckey in [k for k in self._counts if k[0] == wi]:
@@ -275,7 +396,7 @@ class BlockIndex:
             if forget:
                 del self._workers[key]
                 del self._by_index[w.index]
-                self._all_workers &= ~(1 << w.index)
+                self._word_bits[w.index // WORD] &= ~(1 << (w.index % WORD))
                 self._lora_sources.discard(w.index)
                 self._plans.clear()
                 self._free.append(w.index)
@@ -288,49 +409,62 @@ class BlockIndex:
         """Labels of every known worker, in registration order."""
         return [w.label for w in self._workers.values()]
 
+    def _rows(self, block_hash: int) -> list[np.ndarray]:
+        try:
+            q = as_hashes((block_hash,))
+        except ValueError:
+            return []
+        return [t.masks[int(t.find(q)[0])] for t in self._views]
+
     def workers_for(self, block_hash: int, medium: str | None = None) -> set[str]:
         """Labels of the workers holding at least one copy of `block_hash` (on `medium` if given)."""
-        mask = 0
-        for view in self._views:
-            mask |= view.get(block_hash, 0)
+        mi = None
         if medium is not None:
             mi = self._medium_ix.get(medium)
             if mi is None:
                 return set()
-            mask = (mask >> (mi * self._stride)) & ((1 << self._stride) - 1)
-        else:
-            mask = self._fold(mask)
-        return {self._by_index[i].label for i in _bits(mask)}
+        out: set[str] = set()
+        for row in self._rows(block_hash):
+            for (m, word), col in self._cols.items():
+                if mi is None or m == mi:
+                    out.update(self._by_index[word * WORD + b].label for b in _bits(int(row[col])))
+        return out
 
     def parent_of(self, block_hash: int) -> int | None:
         """The parent hash recorded for `block_hash` (None for a chain head or an unknown hash)."""
-        return self._parents.get(block_hash)
+        try:
+            q = as_hashes((block_hash,))
+        except ValueError:
+            return None
+        for t in self._views:
+            s = int(t.find(q)[0])
+            if s >= 0 and t.state[s] & HAS_PARENT:
+                return int(t.parent[s])
+        return None
 
     def has(self, block_hash: int) -> bool:
-        return any(block_hash in view for view in self._views)
-
-    def _fold(self, mask: int) -> int:
-        """Collapse a medium-major mask into one bit per worker (held on any medium)."""
-        s, low, out = self._stride, (1 << self._stride) - 1, 0
-        while mask:
-            out |= mask & low
-            mask >>= s
-        return out
+        return any(row.any() for row in self._rows(block_hash))
 
     def _iter_copies(self, wi: int | None = None, medium: str | None = None) -> Iterator[tuple[int, int, int]]:
         """Yield (worker index, hash, copies) for every held (worker, medium, lora, hash)."""
-        s = self._stride
         extra = self._extra
-        media = range(len(self._media)) if medium is None else [self._medium_ix.get(medium, -1)]
-        for vid, view in enumerate(self._views):
-            for h, v in view.items():
-                for mi in media:
-                    if mi < 0:
+        mi_only = None if medium is None else self._medium_ix.get(medium, -1)
+        for vid, t in enumerate(self._views):
+            live = t.live_slots()
+            keys = t.keys[live]
+            for (mi, word), col in self._cols.items():
+                if mi_only is not None and mi != mi_only:
+                    continue
+                if wi is not None and wi // WORD != word:
+                    continue
+                colv = t.masks[live, col]
+                present = int(np.bitwise_or.reduce(colv)) if len(colv) else 0
+                for b in _bits(present):
+                    i = word * WORD + b
+                    if wi is not None and i != wi:
                         continue
-                    group = (v >> (mi * s)) & ((1 << s) - 1)
-                    for i in _bits(group):
-                        if wi is None or i == wi:
-                            yield i, h, 1 + extra.get((vid, mi, i, h), 0)
+                    for h in keys[((colv >> np.uint64(b)) & np.uint64(1)) != 0].tolist():
+                        yield i, h, 1 + extra.get((vid, mi, i, h), 0)
 
     def copies(self, source: str | None = None, medium: str | None = None, dp_rank: int | None = None) -> Counter[int]:
         """hash -> number of copies held (by one source, or by everyone), optionally on one medium.
@@ -380,19 +514,24 @@ class BlockIndex:
 
     @property
     def distinct_hashes(self) -> int:
-        """Number of (lora_name, hash) entries: the dict entries the index pays for."""
-        return sum(len(v) for v in self._views)
+        """Number of (lora_name, hash) entries: the table rows the index pays for."""
+        return sum(t.live for t in self._views)
 
     def stats(self) -> dict[str, Any]:
         """Counters plus sizes, for /metrics and reports."""
         out: dict[str, Any] = dict(self.counters)
-        out.update(copies=len(self), entries=self.distinct_hashes, workers=len(self._workers))
+        out.update(
+            copies=len(self),
+            entries=self.distinct_hashes,
+            workers=len(self._workers),
+            table_bytes=sum(t.nbytes() for t in self._views),
+        )
         return out
 
     # ---------------------------------------------------------------- router support (same package)
 
-    def _lookup_plan(self, lora_name: str | None, strict: bool) -> list[tuple[dict[int, int], int]]:
-        """(view, worker-bit filter) pairs whose OR gives a page's mask for a request (cached).
+    def _lookup_plan(self, lora_name: str | None, strict: bool) -> list[tuple[HashTable, np.ndarray | None]]:
+        """(view, per-column worker filter or None) pairs whose OR gives a page's masks (cached).
 
         Strict: copies stored under the request's lora_name, plus lora-less copies of workers
         that never published a lora_name (their events cannot tell adapters apart).
@@ -403,21 +542,40 @@ class BlockIndex:
             plan = self._plans[key] = self._make_plan(lora_name, strict)
         return plan
 
-    def _make_plan(self, lora_name: str | None, strict: bool) -> list[tuple[dict[int, int], int]]:
+    def _make_plan(self, lora_name: str | None, strict: bool) -> list[tuple[HashTable, np.ndarray | None]]:
         if not strict:
-            return [(view, -1) for view in self._views]
-        plan: list[tuple[dict[int, int], int]] = []
+            return [(t, None) for t in self._views]
+        plan: list[tuple[HashTable, np.ndarray | None]] = []
         vid = self._lora_ix.get(lora_name)
         if vid is not None:
-            plan.append((self._views[vid], -1))
+            plan.append((self._views[vid], None))
         if lora_name is not None:
             blind = [w.index for w in self._workers.values() if w.index not in self._lora_sources]
             if blind:
-                filt = 0
-                for wi in blind:
-                    filt |= self._worker_bits(wi)
+                filt = np.zeros(len(self._cols), np.uint64)
+                for (_, word), col in self._cols.items():
+                    filt[col] = sum(1 << (wi % WORD) for wi in blind if wi // WORD == word)
                 plan.append((self._views[0], filt))
         return plan
+
+    def _page_masks(self, plan: list[tuple[HashTable, np.ndarray | None]], q: np.ndarray) -> np.ndarray:
+        """(pages, columns) masks of a request's int64 hashes: OR over the plan's filtered views."""
+        out: np.ndarray | None = None
+        for t, filt in plan:
+            m = t.rows(q)
+            if filt is not None:
+                m &= filt
+            out = m if out is None else (out | m)
+        assert out is not None
+        return out
+
+
+def _all_int64(hashes: list[int], prev: int | None) -> bool:
+    """Every hash (and the parent) a plain int in int64 range (what the table can key)."""
+    for h in hashes:
+        if type(h) is not int or not _I64_MIN <= h <= _I64_MAX:
+            return False
+    return prev is None or (type(prev) is int and _I64_MIN <= prev <= _I64_MAX)
 
 
 def _bits(mask: int) -> Iterable[int]:

@@ -1,39 +1,39 @@
 """PrefixRouter: rank workers by the longest cached prefix of a request, weighted by medium.
 
 It recomputes the request's published (event) hashes with kvevents.hashing, the same contract the
-engines use (int64 fast path, pages hashed lazily in chunks), then walks the pages through the
-BlockIndex: per page only C-level iterators (dict gets, `groupby`); Python runs per run of equal masks.
+engines use (pages hashed lazily in growing chunks), then looks a whole chunk up in the BlockIndex
+at once: numpy gathers of the pages' mask rows, a running AND per worker word for the longest
+consecutive prefix, and per-bit counts for pages and medium weights. No Python runs per page.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from functools import lru_cache, reduce
-from itertools import accumulate, chain, compress, count, groupby, islice, repeat, takewhile, tee
-from operator import and_, itemgetter, ne, or_, truth
+from functools import lru_cache
 from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
 
 from kvevents.hashing import (
     Namespace,
     digest_chain,
-    digests_to_int64,
     event_hashes_int64,
     event_seed,
     pack_tokens,
     split_pages,
 )
 
-from consumers.indexer import BlockIndex, _bits
+from consumers.indexer import WORD, BlockIndex, _bits
+from consumers.table import as_hashes
 
 __all__ = ["PrefixRouter", "WorkerScore", "DEFAULT_MEDIUM_WEIGHTS"]
 
 DEFAULT_MEDIUM_WEIGHTS: dict[str, float] = {"GPU": 1.0, "CPU_PINNED": 0.8, "STORAGE": 0.5}
 _MIX = 0x9E3779B97F4A7C15
 _M64 = (1 << 64) - 1
-_FIRST_CHUNK = 16  # pages hashed before the first lookup; chunks double after that ...
-_MAX_CHUNK = 64  # ... up to this many pages, so at most this many are hashed past the last match
-_MAX_RUNS = 32  # runs of equal masks walked in Python before the per-page C-level intersection
+_FIRST_CHUNK = 32  # pages hashed before the first lookup; chunks double after that ...
+_MAX_CHUNK = 256  # ... up to this many pages (each chunk is one vectorised lookup)
 
 
 @dataclass(slots=True)
@@ -99,6 +99,14 @@ class PrefixRouter:
         usable = len(token_ids) - len(token_ids) % self.page_size
         return event_hashes_int64(token_ids[:usable], self.page_size, Namespace(cache_salt=cache_salt))
 
+    def hash_array(self, token_ids: Sequence[int], cache_salt: str | None = None) -> np.ndarray:
+        """`request_hashes` as an int64 numpy array (what the lookup consumes)."""
+        seed = _event_seed(Namespace(cache_salt=cache_salt).cache_salt)
+        packed = pack_tokens(token_ids)
+        step = 4 * self.page_size
+        pages = split_pages(packed[: len(packed) - len(packed) % step], self.page_size)
+        return digests_as_int64(digest_chain(pages, seed)) if pages else np.empty(0, np.int64)
+
     def _weight(self, medium: str | None) -> float:
         if medium is None:  # SGLang omits medium for the device tier
             return float(self.medium_weights.get("GPU", 1.0))
@@ -132,14 +140,14 @@ class PrefixRouter:
         self, hashes: Sequence[int], lora_name: str | None = None, *, loads: Mapping[str, float] | None = None
     ) -> list[WorkerScore]:
         """`score` for a request whose int64 event hashes are already known (the lookup part alone)."""
-        return self._rank(*self._walk((hashes,), lora_name, want_detail=False), loads)
+        return self._rank(*self._walk((as_hashes(hashes),), lora_name, want_detail=False), loads)
 
     def explain(
         self, token_ids: Sequence[int], cache_salt: str | None = None, lora_name: str | None = None
     ) -> dict[str, Any]:
         """Per-worker matched pages and media, plus the request's hashes (for humans and tests)."""
         hashes = self.request_hashes(token_ids, cache_salt)
-        ranked = self._rank(*self._walk((hashes,), lora_name, want_detail=True), None)
+        ranked = self._rank(*self._walk((as_hashes(hashes),), lora_name, want_detail=True), None)
         return {
             "pages": len(hashes),
             "page_size": self.page_size,
@@ -151,71 +159,83 @@ class PrefixRouter:
         }
 
     def _walk(
-        self, chunks: Iterable[Sequence[int]], lora_name: str | None, *, want_detail: bool
-    ) -> tuple[dict[int, int], dict[int, float], dict[int, dict[int, int]], float]:
-        """Walk the request's pages; per worker index: matched pages, weight deficit, media; top weight."""
-        idx = self.index
-        weights = [self._weight(m) for m in idx._media]
-        used = [mi for mi, n in enumerate(idx._medium_copies) if n]
-        top = max((weights[mi] for mi in used), default=1.0)
-        plan = idx._lookup_plan(lora_name, self.lora_strict)
-        active = idx._all_workers
-        matched: dict[int, int] = {}
-        if not plan or not active:
-            return matched, {}, {}, top
-        masks = _plan_masks(plan, chain.from_iterable(chunks))
-        if len(used) == 1 and not want_detail:
-            _prefix_lengths(masks, active, used[0] * idx._stride, matched)  # one medium: one bit group
-            return matched, {}, {}, top
-        best = self._best_media(masks, active, used, weights, matched)
-        deficit: dict[int, float] = {}
-        for wi, by_mi in best.items():
-            lost = sum(n * (top - weights[mi]) for mi, n in by_mi.items() if weights[mi] < top)
-            if lost:
-                deficit[wi] = lost
-        return matched, deficit, best if want_detail else {}, top
+        self, chunks: Iterable[np.ndarray], lora_name: str | None, *, want_detail: bool
+    ) -> tuple[dict[int, int], dict[int, float], dict[int, dict[int, int]], dict[int, float]]:
+        """Per worker index: matched prefix pages, score, (want_detail) pages by best medium; and
+        per worker word with one medium, its weight (a score there is pages x weight, see _rank).
 
-    def _best_media(
-        self, masks: Iterable[int], active: int, used: list[int], weights: list[float], matched: dict[int, int]
-    ) -> dict[int, dict[int, int]]:
-        """Several media: walk runs of equal masks; per worker, prefix pages by their best medium."""
-        stride = self.index._stride
-        low = (1 << stride) - 1
-        order = sorted(used, key=lambda mi: (-weights[mi], mi))  # best weight first, ties: lowest index
-        best: dict[int, dict[int, int]] = {}
-        page = 0
-        for m, run in groupby(masks):
-            w = 0
-            mm = m
-            while mm:
-                w |= mm & low
-                mm >>= stride
-            w &= active
-            if w != active:
-                if page:
-                    for wi in _bits(active & ~w):
-                        matched[wi] = page
-                active = w
-                if not active:
-                    break
-            n = len(list(run))
-            for wi in _bits(active):
-                for mi in order:
-                    if (m >> (mi * stride + wi)) & 1:
-                        d = best.setdefault(wi, {})
-                        d[mi] = d.get(mi, 0) + n
-                        break
-            page += n
-        for wi in _bits(active):
-            matched[wi] = page
-        return best
+        Per chunk of pages and worker word (64 workers): OR the word's medium columns, then a
+        running AND down the pages from the workers still matching. That running mask only loses
+        bits, so Python runs once per change (a worker's prefix ending), not per page. Several
+        media: each prefix page is credited once, at the best-weighted medium holding it.
+        """
+        idx = self.index
+        plan = idx._lookup_plan(lora_name, self.lora_strict)
+        matched: dict[int, int] = {}
+        scores: dict[int, float] = {}
+        detail: dict[int, dict[int, int]] = {}
+        unit: dict[int, float] = {}
+        if not plan or not idx._by_index:
+            return matched, scores, detail, unit
+        weights = [self._weight(m) for m in idx._media]
+        groups: list[list[Any]] = []  # [word, columns best weight first, workers still matching]
+        for word, cols in idx._word_columns().items():
+            alive = idx._word_bits.get(word, 0)
+            if alive:
+                cols.sort(key=lambda c: (-weights[c[1]], c[1]))
+                groups.append([word, cols, alive])
+        per_medium: dict[int, dict[int, np.ndarray]] = {}  # word -> medium -> prefix pages per bit
+        offset = 0
+        for q in chunks:
+            n = len(q)
+            if not n:
+                break
+            m = idx._page_masks(plan, q)
+            going = False
+            for g in groups:
+                word, cols, alive = g
+                if not alive:
+                    continue
+                if len(cols) == 1:
+                    held = m[:, cols[0][0]]
+                else:
+                    held = np.bitwise_or.reduce(m[:, [c for c, _ in cols]], axis=1)
+                acc = np.bitwise_and.accumulate(held)  # acc[i]: held pages ..i (alive is applied below)
+                if len(cols) > 1 or want_detail:
+                    _credit_media(m, acc & np.uint64(alive), cols, per_medium.setdefault(word, {}))
+                base = word * WORD
+                for bits, pages in _prefix_ends(acc, alive, offset):
+                    while bits:
+                        low = bits & -bits
+                        matched[base + low.bit_length() - 1] = pages
+                        bits ^= low
+                g[2] = alive = alive & int(acc[-1])
+                going = going or bool(alive)
+            offset += n
+            if not going:
+                break
+        for word, cols, alive in groups:
+            if offset:
+                for b in _bits(alive):
+                    matched[word * WORD + b] = offset
+            if word not in per_medium:  # one medium: every prefix page has its weight
+                unit[word] = weights[cols[0][1]]
+        for word, media in per_medium.items():
+            for b in range(WORD):
+                pages = matched.get(word * WORD + b)
+                if pages:
+                    by_mi = {mi: int(per[b]) for mi, per in media.items() if per[b]}
+                    scores[word * WORD + b] = sum(weights[mi] * k for mi, k in by_mi.items())
+                    if want_detail:
+                        detail[word * WORD + b] = by_mi
+        return matched, scores, detail, unit
 
     def _rank(
         self,
         matched: dict[int, int],
-        deficit: dict[int, float],
+        scores: dict[int, float],
         detail: dict[int, dict[int, int]],
-        top: float,
+        unit: dict[int, float],
         loads: Mapping[str, float] | None,
     ) -> list[WorkerScore]:
         idx = self.index
@@ -226,7 +246,7 @@ class PrefixRouter:
         keyed = []
         for wi, w in idx._by_index.items():
             pages = matched.get(wi, 0)
-            score = pages * top - deficit.get(wi, 0.0) if pages else 0.0
+            score = (scores[wi] if wi in scores else pages * unit[wi // WORD]) if pages else 0.0
             load = hint.get(w.label, 0.0) if hint else 0.0
             keyed.append((-score, load, (((wi + 1) ^ salt) * _MIX) & _M64, wi, w.label, score, pages))
         keyed.sort()
@@ -245,7 +265,7 @@ def _event_seed(cache_salt: str | None) -> bytes | None:
     return None if hexed is None else bytes.fromhex(hexed)
 
 
-def _lazy_hashes(pages: list[bytes], seed: bytes | None) -> Iterator[list[int]]:
+def _lazy_hashes(pages: list[bytes], seed: bytes | None) -> Iterator[np.ndarray]:
     """The pages' int64 event hashes in growing chunks (the walk stops pulling when done)."""
     prior = seed
     start, size = 0, _FIRST_CHUNK
@@ -253,53 +273,47 @@ def _lazy_hashes(pages: list[bytes], seed: bytes | None) -> Iterator[list[int]]:
         digests = digest_chain(pages[start : start + size], prior)
         prior = digests[-1]
         start, size = start + size, min(size * 2, _MAX_CHUNK)
-        yield digests_to_int64(digests)
+        yield digests_as_int64(digests)
 
 
-def _plan_masks(plan: list[tuple[dict[int, int], int]], hashes: Iterator[int]) -> Iterator[int]:
-    """Lazy per-page masks: OR over the plan's views of `view.get(h, 0) & filter` (C-level maps)."""
-    parts = []
-    for (view, filt), hs in zip(plan, tee(hashes, len(plan)) if len(plan) > 1 else (hashes,)):
-        got = map(view.get, hs, repeat(0))
-        parts.append(got if filt == -1 else map(and_, got, repeat(filt)))
-    return parts[0] if len(parts) == 1 else reduce(lambda a, b: map(or_, a, b), parts)
+def digests_as_int64(digests: Sequence[bytes]) -> np.ndarray:
+    """Published int64 of each 32-byte digest (its first 8 bytes, big-endian, signed) as an array."""
+    return np.frombuffer(b"".join(digests), dtype=">i8")[::4].astype(np.int64)
 
 
-def _prefix_lengths(masks: Iterable[int], active: int, shift: int, matched: dict[int, int]) -> None:
-    """Longest consecutive prefix per worker from per-page masks (one medium, its group at `shift`).
+def _prefix_ends(acc: np.ndarray, alive: int, offset: int) -> Iterator[tuple[int, int]]:
+    """(worker bits, prefix pages > 0) for every worker whose prefix ends inside this chunk.
 
-    Python runs once per run of equal masks (`groupby`, C-level per page: a few runs per request
-    in practice), and stops pulling masks (and hashes) at the first page nobody left holds.
-    Masks that keep changing (holdings that are not prefixes) switch to `_intersect_rest`.
+    `acc` is the running AND of the chunk's masks (it only loses bits); `alive` the workers still
+    matching when the chunk starts; `offset` pages came before the chunk.
     """
-    active <<= shift
-    page = 0
-    groups = groupby(masks)
-    for runs, (m, run) in enumerate(groups):
-        if m & active != active:
-            if page:
-                _credit(active & ~m, page, shift, matched)
-            active &= m
-            if not active:
-                return
-        page += len(list(run))
-        if runs == _MAX_RUNS:
-            active, page = _intersect_rest(chain.from_iterable(map(itemgetter(1), groups)), active, page, shift, matched)
-            break
-    _credit(active, page, shift, matched)
+    prev = alive & int(acc[0])
+    if offset and alive & ~prev:  # (a prefix of 0 pages is no match: nothing to yield)
+        yield alive & ~prev, offset
+    starts = (acc[1:] != acc[:-1]).nonzero()[0] + 1  # rows where the running AND lost bits
+    if len(starts):
+        for i, now in zip(starts.tolist(), acc.take(starts).tolist()):
+            if prev & ~now:
+                yield prev & ~now, offset + i
+                prev &= now
 
 
-def _intersect_rest(masks: Iterable[int], active: int, page: int, shift: int, matched: dict[int, int]) -> tuple[int, int]:
-    """Running intersection, C-level per page; Python only where it loses bits (<= one per worker)."""
-    acc = list(takewhile(truth, accumulate(masks, and_, initial=active)))  # acc[i]: holders of pages < page + i
-    for i in compress(count(), map(ne, acc, islice(acc, 1, None))):
-        _credit(acc[i] & ~acc[i + 1], page + i, shift, matched)
-    return acc[-1], page + len(acc) - 1
+def _credit_media(m: np.ndarray, acc: np.ndarray, cols: list[tuple[int, int]], per: dict[int, np.ndarray]) -> None:
+    """Add, per worker bit, the prefix pages whose best medium is each column's (best first)."""
+    rest = acc.copy()
+    for col, mi in cols:
+        got = m[:, col] & rest
+        rest &= ~got
+        counts = _bit_counts(got)
+        if mi in per:
+            per[mi] += counts
+        else:
+            per[mi] = counts
 
 
-def _credit(bits: int, pages: int, shift: int, matched: dict[int, int]) -> None:
-    """matched[worker] = pages for each set bit (worker index + shift) of `bits`."""
-    while bits:
-        low = bits & -bits
-        matched[low.bit_length() - 1 - shift] = pages
-        bits ^= low
+def _bit_counts(words: np.ndarray) -> np.ndarray:
+    """For each of the 64 bit positions, how many of the uint64 `words` have it set."""
+    if not len(words):
+        return np.zeros(WORD, np.int64)
+    octets = words.astype("<u8", copy=False).view(np.uint8).reshape(-1, 8)
+    return np.unpackbits(octets, axis=1, bitorder="little").sum(0, dtype=np.int64)

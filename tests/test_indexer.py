@@ -114,10 +114,14 @@ OPS = st.lists(
 
 
 @settings(max_examples=150)
-@given(OPS)
-def test_index_matches_a_plain_reference_model(ops):
-    """Random stores/removes/clears against a Counter per (worker, medium, hash)."""
+@given(OPS, st.sampled_from([BlockIndex._small, 0]))
+def test_index_matches_a_plain_reference_model(ops, small):
+    """Random stores/removes/clears against a Counter per (worker, medium, hash).
+
+    small=0 sends every event through the vectorised table ops (else only long events use them).
+    """
     idx = BlockIndex()
+    idx._small = small
     model: Counter = Counter()
     for op, w, medium, lora, hashes in ops:
         src = f"w{w}"

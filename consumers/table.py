@@ -1,0 +1,306 @@
+"""HashTable: int64 block hash -> one row of flat numpy arrays (the BlockIndex's store).
+
+Why arrays and not a dict: a dict entry with its int key and int value costs 100+ bytes, and each
+lookup is a chain of dependent pointer loads that the CPU cannot overlap. Here a key is 8 bytes
+in one array, its row (per-column worker bitmasks, parent link) sits beside it, and a 512-page
+lookup is a few vectorised gathers whose cache misses the CPU overlaps.
+
+Layout: buckets of 8 slots (one 64-byte line of keys) and a Fibonacci-hashed home bucket. Slots
+that hold no key hold the table's `vacant` key (never a live key), so a lookup compares keys
+without reading slot states. A key whose home bucket is full goes to the next bucket with room;
+its home bucket is flagged in `overflow` (one byte per bucket, small enough to stay in cache) and
+the key's slot is noted in a small dict (`spill`, a few percent of the keys). So a lookup reads one
+64-byte line per key in one vectorised pass, and only misses in flagged buckets ask the dict.
+Deletes leave tombstones for inserts to reuse; the next rebuild drops them and the flags.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+__all__ = ["HashTable", "EMPTY", "LIVE", "TOMB", "HAS_PARENT", "SLOTS", "as_hashes", "rebuild_buckets"]
+
+EMPTY, LIVE, TOMB, HAS_PARENT = 0, 1, 2, 4  # slot state bits (uint8)
+SLOTS = 8  # slots per bucket: 8 keys = one 64-byte cache line
+MAX_LOAD = 0.5  # used slots (live + tombstones) per slot before a rebuild
+REBUILD_LOAD = 0.3  # a rebuild picks the smallest size that keeps the live load at or below this
+# (so a table grows 2x at load 0.5 and lands at 0.25: few full buckets, <= 100 bytes per key)
+VACANT = -0x5EED_C0DE_5EED_C0DF  # the key of slots holding none (moved if a real key equals it)
+_MIN_BUCKETS = 8
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: spreads sequential keys too
+_LIVE_BYTES = np.uint64(0x0101010101010101)  # the LIVE bit of each of a bucket's 8 state bytes
+_GATHER = np.uint64(0x0102040810204080)  # w * _GATHER >> 56: the bytes' low bits as one byte
+_SHIFT56 = np.uint64(56)
+_MIX_INT = int(_MIX)
+_M64 = (1 << 64) - 1
+_LIVE_BYTES_INT = int(_LIVE_BYTES)
+_BIT_INDEX = np.zeros(256, np.intp)
+_BIT_INDEX[1 << np.arange(8)] = np.arange(8)
+_SLOT_IN_BUCKET = np.full(256, -(2**62), np.intp)  # the same; no byte (or several) set: far below 0
+_SLOT_IN_BUCKET[1 << np.arange(8)] = np.arange(8)
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+
+
+def as_hashes(values: object) -> np.ndarray:
+    """Block hashes as a 1-d int64 array; ValueError naming the problem for anything else.
+
+    Strict: floats, bools and ints outside int64 are refused, never truncated.
+    """
+    if isinstance(values, np.ndarray) and values.dtype == np.int64 and values.ndim == 1:
+        return values
+    try:
+        out = np.array(values)
+    except (OverflowError, TypeError, ValueError):
+        out = np.array(None)
+    if out.ndim == 1 and out.dtype == np.int64:
+        return out
+    if out.ndim == 1 and out.size == 0:
+        return np.empty(0, np.int64)
+    if out.ndim > 1:
+        raise ValueError(f"block hashes must be a flat sequence, got shape {out.shape}")
+    if out.ndim == 0:
+        raise ValueError(f"block hashes must be a sequence of int64 integers, got {values!r}")
+    bad = next((v for v in values if type(v) is not int or not _I64_MIN <= v <= _I64_MAX), values)  # type: ignore[attr-defined]
+    raise ValueError(f"block hashes must be int64 integers, got {bad!r}")
+
+
+class HashTable:
+    """Open-addressing table of unique int64 keys with a row per key: `masks[slot, col]`, `parent`.
+
+    `masks` has one more row than there are slots, always zero, so slot -1 (absent) reads as 0.
+    Slot numbers stay valid until the next `reserve`/`insert`/`insert1` that rebuilds; callers
+    reserve first, then find and place. Not thread-safe.
+    """
+
+    __slots__ = (
+        "keys", "state", "parent", "masks", "overflow", "vacant", "live", "used", "spill",
+        "_bmask", "_shift", "_nshift", "_kv", "_sv", "_pv", "_mv", "_ov",
+    )  # fmt: skip
+
+    def __init__(self, ncols: int = 1, buckets: int = _MIN_BUCKETS) -> None:
+        self.live = 0  # slots holding a key
+        self.used = 0  # live + tombstones (what fills buckets)
+        self.vacant = VACANT
+        self.spill: dict[int, int] = {}  # key -> slot, for the few keys not in their home bucket
+        self._alloc(max(_MIN_BUCKETS, _pow2(buckets)), ncols)
+
+    def _alloc(self, buckets: int, ncols: int) -> None:
+        n = buckets * SLOTS
+        self.keys = np.full(n, self.vacant, np.int64)
+        self.state = np.zeros(n, np.uint8)
+        self.parent = np.zeros(n, np.int64)
+        # one extra all-zero row at index -1: `masks.take(find(q), axis=0)` gives 0 for absent keys
+        self.masks = np.zeros((n + 1, ncols), np.uint64)
+        self.overflow = np.zeros(buckets, np.bool_)  # a key homed here lives in a later bucket
+        self._bmask = buckets - 1
+        self._nshift = 64 - (buckets.bit_length() - 1)
+        self._shift = np.uint64(self._nshift)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        """Memoryviews for the scalar paths (plain ints in and out, no numpy scalar boxing)."""
+        self._kv = memoryview(self.keys)
+        self._sv = memoryview(self.state)
+        self._pv = memoryview(self.parent)
+        self._mv = memoryview(self.masks.reshape(-1))  # row-major: slot * ncols + col
+        self._ov = memoryview(self.overflow.view(np.uint8))
+
+    @property
+    def capacity(self) -> int:
+        return len(self.keys)
+
+    @property
+    def ncols(self) -> int:
+        return int(self.masks.shape[1])
+
+    def add_column(self) -> int:
+        """Append an all-zero mask column; returns its index."""
+        self.masks = np.concatenate([self.masks, np.zeros((len(self.masks), 1), np.uint64)], axis=1)
+        self._refresh()
+        return self.ncols - 1
+
+    def _home(self, q: np.ndarray) -> np.ndarray:
+        return ((q.view(np.uint64) * _MIX) >> self._shift).view(np.intp)  # < 2**61: a safe view
+
+    def find(self, q: np.ndarray) -> np.ndarray:
+        """Slot of each key of `q` (int64 array), -1 where absent."""
+        out = self._slots(q)
+        vacant = q == self.vacant
+        if vacant.any():  # the vacant key may match an empty slot: it is never present
+            out[vacant] = -1
+        return out
+
+    def rows(self, q: np.ndarray) -> np.ndarray:
+        """The mask rows of the keys of `q`, an all-zero row for an absent key (router lookups).
+
+        `find` without its vacant-key check: a vacant-key query can only reach an empty slot,
+        whose row is zero too.
+        """
+        return self.masks.take(self._slots(q), axis=0)
+
+    def _slots(self, q: np.ndarray) -> np.ndarray:
+        if not self.live or not len(q):
+            return np.full(len(q), -1, np.intp)
+        b = self._home(q)
+        # take(): several times faster than fancy indexing for these gathers
+        hit = self.keys.reshape(-1, SLOTS).take(b, axis=0) == q[:, None]
+        hw = hit.view(np.uint64).reshape(-1)  # byte j is 1: slot j holds the key
+        out = b * SLOTS + _SLOT_IN_BUCKET.take((hw * _GATHER) >> _SHIFT56)  # < 0: not in the bucket
+        if self.spill:
+            go_on = (out < 0) & self.overflow.take(b)  # keys overflowed past the home bucket
+            if go_on.any():
+                rest = np.flatnonzero(go_on)
+                get = self.spill.get
+                out[rest] = [get(k, -1) for k in q.take(rest).tolist()]
+        return np.maximum(out, -1, out=out)
+
+    # Scalar paths: the same table, one key at a time in plain Python (small events: a few us
+    # each, where a vectorised call costs tens of us of numpy overhead).
+
+    def find1(self, k: int) -> int:
+        """`find` for one key: its slot, or -1."""
+        b = ((k * _MIX_INT) & _M64) >> self._nshift
+        row = self._kv[b * SLOTS : b * SLOTS + SLOTS].tolist()
+        if k in row and k != self.vacant:
+            return b * SLOTS + row.index(k)
+        if self._ov[b] and self.spill:
+            return self.spill.get(k, -1)
+        return -1
+
+    def insert1(self, k: int) -> int:
+        """`insert` for one absent key (reserves room itself)."""
+        self.reserve(1)
+        return self.place1(k)
+
+    def place1(self, k: int) -> int:
+        """Insert one absent key into room already reserved (slot numbers stay valid)."""
+        if k == self.vacant:
+            self._move_vacant()
+        home = b = ((k * _MIX_INT) & _M64) >> self._nshift
+        st = self._sv
+        while True:
+            base = b * SLOTS
+            free = ~int.from_bytes(st[base : base + SLOTS], "little") & _LIVE_BYTES_INT
+            if free:
+                s = base + (((free & -free).bit_length() - 1) >> 3)
+                if not st[s]:
+                    self.used += 1
+                st[s] = LIVE
+                self._kv[s] = k
+                self.live += 1
+                if b != home:
+                    self._ov[home] = 1
+                    self.spill[k] = s
+                return s
+            b = (b + 1) & self._bmask
+
+    def delete1(self, s: int) -> None:
+        """`delete` for one live slot."""
+        kv = self._kv
+        if self.spill:
+            k = kv[s]
+            if s // SLOTS != ((k * _MIX_INT) & _M64) >> self._nshift:
+                del self.spill[k]
+        kv[s] = self.vacant
+        self._sv[s] = TOMB
+        mv, nc = self._mv, self.masks.shape[1]
+        for i in range(s * nc, s * nc + nc):
+            mv[i] = 0
+        self.live -= 1
+
+    def reserve(self, n: int) -> None:
+        """Make room for `n` more keys (may rebuild: slot numbers change)."""
+        buckets = rebuild_buckets(len(self.keys), self.used, self.live, n)
+        if buckets:
+            self._rebuild(buckets)
+
+    def insert(self, q: np.ndarray) -> np.ndarray:
+        """Insert keys known to be absent and distinct; returns their slots (rows start zeroed)."""
+        self.reserve(len(q))
+        return self._place(q)
+
+    def _place(self, q: np.ndarray) -> np.ndarray:
+        if (q == self.vacant).any():
+            self._move_vacant()
+        out = np.empty(len(q), np.intp)
+        keys, st = self.keys, self.state
+        words = st.view(np.uint64)
+        pending = np.arange(len(q))
+        qq = q
+        b = home = self._home(q)
+        while len(pending):
+            free = ~words.take(b) & _LIVE_BYTES  # byte j is 1: slot j is empty or a tombstone
+            has = free != 0
+            slot = b * SLOTS + _BIT_INDEX.take(((free & (0 - free)) * _GATHER) >> _SHIFT56)  # lowest free
+            if not has.all():
+                slot, qk, ik = slot[has], qq[has], pending[has]
+            else:
+                qk, ik = qq, pending
+            keys[slot] = qk  # keys contending for one slot: one write survives, and wins it
+            won = keys.take(slot) == qk
+            ws = slot[won] if not won.all() else slot
+            self.used += int(np.count_nonzero(st.take(ws) == EMPTY))
+            st[ws] = LIVE
+            out[ik[won]] = ws
+            left = ~has  # full bucket: on to the next one; lost contests retry their bucket
+            left[np.flatnonzero(has)[~won]] = True
+            b = np.where(has, b, (b + 1) & self._bmask)[left]
+            pending, qq = pending[left], qq[left]
+        self.live += len(q)
+        away = (out // SLOTS) != home
+        if away.any():  # placed past a full home bucket: flag it, and note where the key went
+            self.overflow[home[away]] = True
+            self.spill.update(zip(q[away].tolist(), out[away].tolist()))
+        return out
+
+    def _move_vacant(self) -> None:
+        """A real key equals the vacant key: pick another one that no live key equals."""
+        vacant = self.vacant
+        live = set(self.keys[self.state & LIVE != 0].tolist())
+        while vacant in live or vacant == self.vacant:
+            vacant = (vacant + 0x9E3779B97F4A7C15) % 2**64 - 2**63
+        self.keys[self.state & LIVE == 0] = vacant
+        self.vacant = vacant
+
+    def delete(self, slots: np.ndarray) -> None:
+        """Drop the keys at `slots` (distinct live slots): tombstones, rows zeroed."""
+        if self.spill:
+            keys = self.keys.take(slots)
+            away = (slots // SLOTS) != self._home(keys)
+            for k in keys[away].tolist():
+                del self.spill[k]
+        self.keys[slots] = self.vacant
+        self.state[slots] = TOMB
+        self.masks[slots] = 0
+        self.live -= len(slots)
+
+    def live_slots(self) -> np.ndarray:
+        return np.flatnonzero(self.state & LIVE)
+
+    def _rebuild(self, buckets: int) -> None:
+        live = self.live_slots()
+        keys, state, parent, masks = self.keys[live], self.state[live], self.parent[live], self.masks[live]
+        self._alloc(buckets, self.ncols)
+        self.live = self.used = 0
+        self.spill = {}
+        slots = self._place(keys)
+        self.state[slots] = state
+        self.parent[slots] = parent
+        self.masks[slots] = masks
+
+    def nbytes(self) -> int:
+        arrays = (self.keys, self.state, self.parent, self.masks, self.overflow)
+        return sum(a.nbytes for a in arrays)
+
+
+def rebuild_buckets(capacity: int, used: int, live: int, n: int) -> int:
+    """Buckets to rebuild to before adding `n` keys, or 0 when they fit (the growth policy)."""
+    if used + n <= MAX_LOAD * capacity:
+        return 0
+    return max(_MIN_BUCKETS, _pow2(math.ceil((live + n) / (REBUILD_LOAD * SLOTS))))
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()

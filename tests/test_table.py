@@ -1,0 +1,130 @@
+"""HashTable (the BlockIndex store): every operation checked against a plain dict model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from consumers.table import HAS_PARENT, LIVE, SLOTS, VACANT, HashTable, as_hashes
+
+
+def upsert(t: HashTable, keys: list[int]) -> np.ndarray:
+    q = np.unique(as_hashes(keys))
+    t.reserve(len(q))
+    slots = t.find(q)
+    missing = slots < 0
+    if missing.any():
+        slots[missing] = t.insert(q[missing])
+    return slots
+
+
+def check(t: HashTable, model: dict[int, int]) -> None:
+    """Every model key is found with its value; the table holds nothing else."""
+    keys = np.array(sorted(model), np.int64)
+    slots = t.find(keys)
+    assert (slots >= 0).all()
+    assert (t.keys[slots] == keys).all()
+    assert t.masks[slots, 0].tolist() == [model[k] for k in keys.tolist()]
+    assert t.live == len(model) == len(t.live_slots())
+    assert sorted(t.keys[t.live_slots()].tolist()) == keys.tolist()
+    for k, s in t.spill.items():  # the spill dict names exactly the keys living off their home bucket
+        assert t.keys[s] == k and s // SLOTS != int(t._home(np.array([k], np.int64))[0])
+
+
+I64 = st.integers(-(2**63), 2**63 - 1)
+KEYS = st.lists(st.one_of(I64, st.integers(-40, 40), st.just(VACANT)), max_size=40)
+OPS = st.lists(st.tuples(st.sampled_from(["put", "put", "del", "put1", "del1"]), KEYS), max_size=40)
+
+
+@settings(max_examples=120)
+@given(OPS)
+def test_table_matches_a_dict_under_random_puts_and_deletes(ops):
+    t = HashTable(1)
+    model: dict[int, int] = {}
+    for step, (op, keys) in enumerate(ops, 1):
+        if op == "put":
+            slots = upsert(t, keys)
+            t.masks[slots, 0] = np.uint64(step)
+            model.update(dict.fromkeys(keys, step))
+        elif op == "put1":  # the scalar paths
+            for k in keys:
+                s = t.find1(k)
+                if s < 0:
+                    s = t.insert1(k)
+                t.masks[s, 0] = np.uint64(step)
+                model[k] = step
+        elif op == "del1":
+            for k in keys:
+                s = t.find1(k)
+                assert (s >= 0) == (k in model)
+                if s >= 0:
+                    t.delete1(s)
+                    del model[k]
+        else:
+            gone = sorted({k for k in keys if k in model})
+            slots = t.find(np.array(gone, np.int64))
+            t.delete(slots)
+            for k in gone:
+                del model[k]
+        check(t, model)
+    absent = np.array([k for k in [*range(-60, 60), t.vacant] if k not in model], np.int64)
+    assert (t.find(absent) == -1).all() and all(t.find1(k) == -1 for k in absent.tolist())
+    assert (t.masks.take(t.find(absent), axis=0) == 0).all()  # slot -1 reads the all-zero row
+
+
+def test_crowded_buckets_spill_and_stay_findable():
+    """Keys chosen to share one home bucket overflow it; lookups still find every one."""
+    t = HashTable(1, buckets=1 << 12)
+    cand = np.arange(200_000, dtype=np.int64)
+    homes = t._home(cand)
+    crowd = cand[homes == homes[0]][: 3 * SLOTS]  # three buckets' worth for one home bucket
+    assert len(crowd) == 3 * SLOTS
+    slots = upsert(t, crowd.tolist())
+    assert len(t.spill) == 2 * SLOTS and t.overflow[int(homes[0])]
+    assert (t.find(crowd) == slots).all()
+    t.delete(t.find(crowd[:4]))  # deleting spilled and home keys keeps the rest findable
+    assert (t.find(crowd[:4]) == -1).all() and (t.find(crowd[4:]) >= 0).all()
+    assert all(k not in t.spill for k in crowd[:4].tolist())
+
+
+def test_growth_rebuild_keeps_rows_and_drops_tombstones():
+    t = HashTable(2)
+    keys = np.arange(1, 5001, dtype=np.int64) * 7919
+    slots = upsert(t, keys.tolist())
+    t.masks[slots, 1] = keys.view(np.uint64)
+    t.parent[slots] = keys - 1
+    t.state[slots] |= HAS_PARENT
+    t.delete(t.find(keys[::2]))
+    used_before = t.used
+    t.reserve(int(t.capacity * 0.7))  # forces a rebuild
+    assert t.used == t.live == 2500 < used_before
+    s = t.find(keys[1::2])
+    assert (t.masks[s, 1] == keys[1::2].view(np.uint64)).all()
+    assert (t.parent[s] == keys[1::2] - 1).all() and (t.state[s] & (LIVE | HAS_PARENT) == LIVE | HAS_PARENT).all()
+    assert (t.find(keys[::2]) == -1).all()
+
+
+def test_a_real_key_equal_to_the_vacant_key_moves_it():
+    t = HashTable(1)
+    upsert(t, [1, 2, 3])
+    assert t.find1(VACANT) == -1 and t.find(np.array([VACANT]))[0] == -1
+    s = t.insert1(VACANT)
+    assert t.vacant != VACANT and t.find1(VACANT) == s and t.find(np.array([VACANT]))[0] == s
+    assert t.find(np.array([t.vacant]))[0] == -1 and t.find1(t.vacant) == -1
+    assert (t.keys[t.state & LIVE == 0] == t.vacant).all()
+    t.delete1(s)
+    assert t.find1(VACANT) == -1 and (t.find(np.array([1, 2, 3])) >= 0).all()
+
+
+def test_add_column_and_bad_hashes():
+    t = HashTable(1)
+    upsert(t, [1, 2, 3])
+    assert t.add_column() == 1 and t.masks.shape == (t.capacity + 1, 2)
+    assert (t.masks[:, 1] == 0).all()
+    for bad in ([2**63], [-(2**63) - 1], ["x"], [1.5], [True], [1, 2.0], [None]):
+        with pytest.raises(ValueError, match="int64"):
+            as_hashes(bad)
+    with pytest.raises(ValueError, match="flat"):
+        as_hashes([[1, 2]])
