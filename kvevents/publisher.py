@@ -2,7 +2,8 @@
 
 `publish()` encodes and sends on the caller's thread under a lock (a PUB send never blocks; see
 benchmarks/bench_publisher.py for why this beats a queue + sender thread). A service thread answers
-replay / KVE/SNAPSHOT / KVE/DESCRIBE on the ROUTER in slices and sends heartbeats when idle.
+replay / KVE/SNAPSHOT / KVE/DESCRIBE on the ROUTER in slices and sends heartbeats when idle
+(`PublisherConfig.snapshots=False` turns KVE/SNAPSHOT and its per-publish cost off).
 Each publisher owns its zmq.Context (unless given one), so `close()` returns with its ports free.
 """
 
@@ -20,7 +21,7 @@ import msgspec
 import zmq
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from kvevents.events import BatchEncoder, Event, decode_batch
+from kvevents.events import BatchEncoder, BlockStored, Event, decode_batch
 from kvevents.transport.router import RouterService, describe
 from kvevents.transport.view import FrozenView, LiveView
 from kvevents.transport.wire import check_endpoint, offset_endpoint, pack_seq, should_bind
@@ -46,7 +47,18 @@ def _raw_send(sock: zmq.Socket) -> Any:
 
 
 class PublisherConfig(BaseModel):
-    """Publisher settings, named as vLLM's KVEventsConfig / SGLang's publisher config."""
+    """Publisher settings, named as vLLM's KVEventsConfig / SGLang's publisher config.
+
+    `snapshots` (our extension, default True) matters only with a `replay_endpoint`: True keeps
+    the live-block view that KVE/SNAPSHOT serves (SPEC 8), updated on every publish (about 3 us of
+    interpreter time per batch of 32 single-page events; see benchmarks/bench_publisher.py).
+    False is vLLM's feature set: the replay ring and the ROUTER stay (replay and KVE/DESCRIBE are
+    answered, DESCRIBE's page size is learned from the first BlockStored), but no view is kept and
+    a KVE/SNAPSHOT request gets no reply (counted in `rejected_requests`). A consumer then cannot
+    heal a gap that replay cannot fill (a dropped batch, a restart, a start older than the ring):
+    its snapshot request times out and it starts clean, counted as a loss, as with vLLM.
+    Without a replay endpoint no view is kept either way (nothing could serve it).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -62,6 +74,7 @@ class PublisherConfig(BaseModel):
     event_encoding: Literal["map", "array"] = "map"
     metrics_port: int | None = Field(None, ge=0, le=65535)
     epoch: int | None = Field(None, ge=0, le=2**63 - 1)  # None: random; set it to continue a stream
+    snapshots: bool = True  # keep the live view for KVE/SNAPSHOT (needs replay_endpoint); see above
 
     @model_validator(mode="before")
     @classmethod
@@ -117,7 +130,8 @@ _SVC_KEYS = (
 
 
 class Publisher:
-    """Publishes batches with seq + epoch; keeps a replay ring and a live-block view for snapshots.
+    """Publishes batches with seq + epoch; keeps a replay ring and, with a replay endpoint and
+    unless `snapshots=False`, a live-block view for snapshots.
 
     `send_mode="caller"` (default) sends on the calling thread; `"queue"` hands batches to a
     sender thread through a bounded queue (a full queue drops the batch, counted, seq consumed).
@@ -198,8 +212,11 @@ class Publisher:
         except (zmq.ZMQError, ValueError) as exc:
             self._close_sockets()
             raise ValueError(f"publisher endpoint {config.endpoint!r} / {config.replay_endpoint!r}: {exc}") from None
+        # snapshots are only served over the ROUTER; without them the (empty) view only holds the
+        # page size DESCRIBE reports, learned from the first BlockStored (_learn_page)
+        self._keep_view = self._router is not None and config.snapshots
+        self._learn_page = self._router is not None and not config.snapshots
         self._service = RouterService(self, self._router) if self._router is not None else None
-        self._keep_view = self._router is not None  # snapshots are only served over the ROUTER
         if send_mode == "queue":
             self._queue = queue.Queue(maxsize=config.max_queue_size)
             self._sender = threading.Thread(target=self._send_loop, name="kvevents-pub-sender", daemon=True)
@@ -231,7 +248,7 @@ class Publisher:
         return self._publish(events, time.time() if ts is None else ts, None)
 
     def publish_payload(self, payload: bytes) -> int:
-        """Republish an already-encoded payload under a new seq (the view is updated from it)."""
+        """Republish an already-encoded payload under a new seq (the view, if kept, is updated from it)."""
         batch = decode_batch(payload)  # DecodeError (a ValueError) before anything changes
         self._stream_id = (batch.data_parallel_rank, batch.epoch)
         seq = self._publish(batch.events, batch.ts, bytes(payload))
@@ -346,7 +363,17 @@ class Publisher:
                 self._n_events += len(events)
                 if self._keep_view:
                     self._view.apply(events)  # dropped batches too: the snapshot heals their gap
+                elif self._learn_page:
+                    self._learn_page_size(events)
         return seq
+
+    def _learn_page_size(self, events: Sequence[Event]) -> None:
+        """No view (snapshots=False): DESCRIBE's page size, from the first BlockStored (an engine's is fixed)."""
+        for ev in events:
+            if ev.__class__ is BlockStored:
+                self._view.page_size = ev.block_size  # type: ignore[union-attr]
+                self._learn_page = False
+                return
 
     def _emit(self, seq: int, payload: bytes) -> None:
         """Keep for replay and send live (under the lock): three plain sends, cheaper than send_multipart."""

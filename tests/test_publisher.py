@@ -680,3 +680,65 @@ def test_view_counts_copies_repeated_inside_one_event(ctx, pub):
     assert view_counts(pub) == {("GPU", 1): 1, ("GPU", 2): 1}
     pub.publish([BlockRemoved([1, 1, 2], "GPU")])
     assert view_counts(pub) == {}
+
+
+# ------------------------------------------------------------------ snapshots=False (vLLM feature parity)
+
+
+def test_snapshots_config_defaults_on_and_no_view_without_a_replay_endpoint():
+    assert PublisherConfig().snapshots is True and PublisherConfig(snapshots=False).snapshots is False
+    for snapshots in (True, False):
+        p = Publisher(endpoint=EPH, heartbeat_interval_s=0, snapshots=snapshots)  # no replay endpoint
+        try:
+            p.publish([stored(1), stored(2, 1)])
+            assert not p._keep_view and p.stats()["live_blocks"] == 0
+        finally:
+            p.close()
+
+
+def test_snapshots_off_replay_and_describe_answer_snapshot_is_rejected(ctx):
+    p = Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0, snapshots=False)
+    d = _dealer(ctx, p.replay_endpoint)
+    try:
+        seqs = [p.publish(evs) for evs in chain_events(1, 5, page=16)]
+        p.publish([BlockRemoved([1], "GPU")])
+        assert p.stats()["live_blocks"] == 0  # no view is kept
+        d.send_multipart([b"", pack_seq(1)])
+        msgs = recv_all(d)
+        assert [m[2] for m in msgs] == [pack_seq(s) for s in seqs[1:]] + [pack_seq(5), END_SEQ]
+        assert decode_batch(msgs[0][3]).events == chain_events(1, 5, page=16)[1]
+        before = p.stats()["rejected_requests"]
+        d.send_multipart([b"", SNAPSHOT_REQUEST])
+        assert not d.poll(300)  # no reply at all
+        st = p.stats()
+        assert st["rejected_requests"] == before + 1 and st["snapshot_requests"] == 0
+        d.send_multipart([b"", DESCRIBE_REQUEST])  # the ROUTER still serves the others
+        assert d.poll(2000)
+        info = msgspec.msgpack.decode(d.recv_multipart()[1])
+        assert info["page_size"] == 16 and info["newest_seq"] == 5 and info["oldest_replayable_seq"] == 0
+        d.send_multipart([b"", pack_seq(5)])
+        assert [m[2] for m in recv_all(d)] == [pack_seq(5), END_SEQ]
+    finally:
+        d.close(0)
+        p.close()
+
+
+def test_snapshots_off_live_frames_are_the_same_bytes(ctx):
+    """snapshots=False changes nothing on the live stream: same frames as with the view."""
+    got = {}
+    for snapshots in (True, False):
+        p = Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0, epoch=9, snapshots=snapshots)
+        s = _sub(ctx, p.endpoint)
+        try:
+            _wait_joined(p, s)
+            first = p.stats()["next_seq"]
+            batches = [EVENTS, *chain_events(1, 20), [BlockRemoved([3, 4], "GPU")], []]
+            seqs = [p.publish(evs, ts=2.5) for evs in batches]
+            frames = [s.recv_multipart() for _ in batches if s.poll(2000)]
+            assert [f[1] for f in frames] == [pack_seq(q) for q in seqs]
+            got[snapshots] = [(f[0], int.from_bytes(f[1], "big") - first, f[2]) for f in frames]
+            assert p.stats()["live_blocks"] == (2 + 20 - 2 if snapshots else 0)
+        finally:
+            s.close(0)
+            p.close()
+    assert got[True] == got[False] and len(got[True]) == 23

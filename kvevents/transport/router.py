@@ -109,6 +109,8 @@ class RouterService:
             self.pub._count("replay_requests")
             self.jobs.append(_Job(ident, self._replay(ident, SEQ.unpack(body)[0]), "replay"))
         elif body == SNAPSHOT_REQUEST:
+            if not self.pub.config.snapshots:
+                return self._reject("KVE/SNAPSHOT: snapshots are off (PublisherConfig.snapshots=False)")
             if len(self.jobs) >= MAX_JOBS:
                 return self._reject("too many jobs")
             self.pub._count("snapshot_requests")

@@ -40,12 +40,16 @@ class FrozenView:
 class LiveView:
     """Live block copies per (medium, hash); a second copy of a hash is kept aside and counted."""
 
-    __slots__ = ("_media", "_extra", "page_size")
+    __slots__ = ("_media", "_extra", "page_size", "_paged_stores", "_paged_removes")
 
     def __init__(self) -> None:
         self._media: dict[str | None, dict[int, BlockStored]] = {}
         self._extra: dict[tuple[str | None, int], list[BlockStored]] = {}
         self.page_size: int | None = None
+        # Set for good once a stored / removed event with other than one page is seen: from then on
+        # that kind's page count is tested with len() instead of caught by a failed unpacking.
+        self._paged_stores = False
+        self._paged_removes = False
 
     def __len__(self) -> int:
         return sum(len(m) for m in self._media.values()) + sum(len(v) for v in self._extra.values())
@@ -53,11 +57,18 @@ class LiveView:
     def apply(self, events: Iterable[Event]) -> None:
         """Fold one batch's events into the view (stores add copies, removes drop one copy each).
 
-        The publisher's hot path: one loop of plain dict operations (no method calls for the
-        common single-page events); copies and intra-event duplicates take the slow branches.
+        The publisher's hot path (~100 ns per single-page event): one loop of plain dict operations,
+        no method calls for single-page events; copies and multi-page events take the slow branches.
+        A single page is taken by unpacking `(h,) = block_hashes` (~4 ns, against ~17 ns for a len()
+        test); a failed unpacking raises (~320 ns), so after the first multi-page event of a kind the
+        view tests len() for that kind instead. Measured and not kept (slower): C-level passes over
+        the batch (set(map(type, ...)), dict.update(zip(...)) cost 13-38 ns per event each) and
+        folding a bounded list of pending batches in bulk.
         """
         media = self._media
         extra = self._extra
+        paged_stores = self._paged_stores
+        paged_removes = self._paged_removes
         cur: object = _UNSET
         m: dict[int, BlockStored] = {}
         last_stored = None
@@ -70,16 +81,24 @@ class LiveView:
                     m = media.get(md)  # type: ignore[assignment]
                     if m is None:
                         m = media[md] = {}  # type: ignore[index]
-                hs = ev.block_hashes  # type: ignore[union-attr]
                 last_stored = ev
-                if len(hs) == 1:
+                if paged_stores:
+                    hs = ev.block_hashes  # type: ignore[union-attr]
+                    if len(hs) != 1:
+                        self._store_many(m, md, hs, ev)  # type: ignore[arg-type]
+                        continue
                     h = hs[0]
-                    if h in m:
-                        extra.setdefault((md, h), []).append(ev)  # type: ignore[arg-type]
-                    else:
-                        m[h] = ev  # type: ignore[assignment]
                 else:
-                    self._store_many(m, md, hs, ev)  # type: ignore[arg-type]
+                    try:
+                        (h,) = ev.block_hashes  # type: ignore[union-attr]
+                    except ValueError:
+                        self._paged_stores = paged_stores = True
+                        self._store_many(m, md, ev.block_hashes, ev)  # type: ignore[arg-type, union-attr]
+                        continue
+                if h in m:
+                    extra.setdefault((md, h), []).append(ev)  # type: ignore[arg-type]
+                else:
+                    m[h] = ev  # type: ignore[assignment]
             elif t is BlockRemoved:
                 md = ev.medium  # type: ignore[union-attr]
                 if md is not cur:
@@ -87,17 +106,28 @@ class LiveView:
                     m = media.get(md)  # type: ignore[assignment]
                     if m is None:
                         m = media[md] = {}  # type: ignore[index]
-                hs = ev.block_hashes  # type: ignore[union-attr]
                 if extra:
-                    self._remove_copies(m, md, hs)  # type: ignore[arg-type]
-                elif len(hs) == 1:
+                    self._remove_copies(m, md, ev.block_hashes)  # type: ignore[arg-type, union-attr]
+                    continue
+                if paged_removes:
+                    hs = ev.block_hashes  # type: ignore[union-attr]
+                    if len(hs) != 1:
+                        for h in hs:
+                            if h in m:
+                                del m[h]
+                        continue
                     h = hs[0]
-                    if h in m:
-                        del m[h]
                 else:
-                    for h in hs:
-                        if h in m:
-                            del m[h]
+                    try:
+                        (h,) = ev.block_hashes  # type: ignore[union-attr]
+                    except ValueError:
+                        self._paged_removes = paged_removes = True
+                        for h in ev.block_hashes:  # type: ignore[union-attr]
+                            if h in m:
+                                del m[h]
+                        continue
+                if h in m:
+                    del m[h]
             elif t is AllBlocksCleared:
                 for mm in media.values():
                     mm.clear()
