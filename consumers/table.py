@@ -149,9 +149,9 @@ class HashTable:
         hw = hit.view(np.uint64).reshape(-1)  # byte j is 1: slot j holds the key
         out = b * SLOTS + _SLOT_IN_BUCKET.take((hw * _GATHER) >> _SHIFT56)  # < 0: not in the bucket
         if self.spill:
-            go_on = (out < 0) & self.overflow.take(b)  # keys overflowed past the home bucket
-            if go_on.any():
-                rest = np.flatnonzero(go_on)
+            flagged = self.overflow.take(b)  # home buckets that keys overflowed past (rare)
+            if flagged.any():
+                rest = (flagged & (out < 0)).nonzero()[0]
                 get = self.spill.get
                 out[rest] = [get(k, -1) for k in q.take(rest).tolist()]
         return np.maximum(out, -1, out=out)
