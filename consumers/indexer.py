@@ -71,9 +71,15 @@ class BlockIndex:
         self._medium_copies: list[int] = [0] * len(self._media)  # medium index -> copies (router)
         self._lora_sources: set[int] = set()  # workers that ever published a lora_name
         self._plans: dict[tuple[str | None, bool], list[tuple[HashTable, np.ndarray | None]]] = {}  # router cache
+        self._layout_version = 0  # bumped by _changed(): routers re-read the layout
         self.counters: Counter[str] = Counter()
 
     # ---------------------------------------------------------------- workers, media, columns
+
+    def _changed(self) -> None:
+        """Workers, media, columns or lora views changed: cached router plans and layouts go."""
+        self._plans.clear()
+        self._layout_version += 1
 
     def _worker(self, source: str, dp_rank: int) -> _Worker:
         key = (source, dp_rank)
@@ -86,7 +92,7 @@ class BlockIndex:
             self._workers[key] = w
             self._by_index[idx] = w
             self._word_bits[idx // WORD] = self._word_bits.get(idx // WORD, 0) | 1 << (idx % WORD)
-            self._plans.clear()
+            self._changed()
         return w
 
     def _medium(self, medium: str | None) -> int:
@@ -96,7 +102,7 @@ class BlockIndex:
             self._media.append(medium)
             self._medium_ix[medium] = mi
             self._medium_copies.append(0)
-            self._plans.clear()
+            self._changed()
         return mi
 
     def _view_id(self, lora_name: str | None) -> int:
@@ -106,7 +112,7 @@ class BlockIndex:
             self._loras.append(lora_name)
             self._lora_ix[lora_name] = vid
             self._views.append(HashTable(len(self._cols)))
-            self._plans.clear()
+            self._changed()
         return vid
 
     def _col(self, mi: int, word: int) -> int:
@@ -116,7 +122,7 @@ class BlockIndex:
             col = self._cols[(mi, word)] = len(self._cols)
             for t in self._views:
                 t.add_column()
-            self._plans.clear()
+            self._changed()
         return col
 
     def _worker_cols(self, wi: int) -> list[int]:
@@ -171,7 +177,7 @@ class BlockIndex:
         lora = ev.lora_name
         if lora is not None and wi not in self._lora_sources:
             self._lora_sources.add(wi)
-            self._plans.clear()
+            self._changed()
         vid = self._lora_ix.get(lora)
         if vid is None:
             vid = self._view_id(lora)
@@ -398,7 +404,7 @@ class BlockIndex:
                 del self._by_index[w.index]
                 self._word_bits[w.index // WORD] &= ~(1 << (w.index % WORD))
                 self._lora_sources.discard(w.index)
-                self._plans.clear()
+                self._changed()
                 self._free.append(w.index)
         self.counters["dropped_sources"] += 1
         return dropped

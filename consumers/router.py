@@ -90,6 +90,7 @@ class PrefixRouter:
         self.default_weight = float(default_weight)
         self.lora_strict = lora_strict
         self.loads: dict[str, float] = {}
+        self._layout_cache: tuple[Any, list[float], list[tuple[int, list[tuple[int, int]], int]]] | None = None
         self._rng = random.Random(seed)
 
     # ---------------------------------------------------------------- hashing
@@ -106,6 +107,21 @@ class PrefixRouter:
         step = 4 * self.page_size
         pages = split_pages(packed[: len(packed) - len(packed) % step], self.page_size)
         return digests_as_int64(digest_chain(pages, seed)) if pages else np.empty(0, np.int64)
+
+    def _layout(self, idx: BlockIndex) -> tuple[list[float], list[tuple[int, list[tuple[int, int]], int]]]:
+        """Medium weights, and per worker word (columns best weight first, known workers); cached
+        until the index's layout or the set of media holding copies changes."""
+        key = (idx._layout_version, tuple(n > 0 for n in idx._medium_copies), tuple(self.medium_weights.items()))
+        if self._layout_cache is None or self._layout_cache[0] != key:
+            weights = [self._weight(m) for m in idx._media]
+            layout = []
+            for word, cols in idx._word_columns().items():
+                alive = idx._word_bits.get(word, 0)
+                if alive:
+                    cols.sort(key=lambda c: (-weights[c[1]], c[1]))
+                    layout.append((word, cols, alive))
+            self._layout_cache = (key, weights, layout)
+        return self._layout_cache[1], self._layout_cache[2]
 
     def _weight(self, medium: str | None) -> float:
         if medium is None:  # SGLang omits medium for the device tier
@@ -177,13 +193,8 @@ class PrefixRouter:
         unit: dict[int, float] = {}
         if not plan or not idx._by_index:
             return matched, scores, detail, unit
-        weights = [self._weight(m) for m in idx._media]
-        groups: list[list[Any]] = []  # [word, columns best weight first, workers still matching]
-        for word, cols in idx._word_columns().items():
-            alive = idx._word_bits.get(word, 0)
-            if alive:
-                cols.sort(key=lambda c: (-weights[c[1]], c[1]))
-                groups.append([word, cols, alive])
+        weights, layout = self._layout(idx)
+        groups = [[word, cols, alive] for word, cols, alive in layout]  # alive: workers still matching
         per_medium: dict[int, dict[int, np.ndarray]] = {}  # word -> medium -> prefix pages per bit
         offset = 0
         for q in chunks:
@@ -204,12 +215,19 @@ class PrefixRouter:
                 if len(cols) > 1 or want_detail:
                     _credit_media(m, acc & np.uint64(alive), cols, per_medium.setdefault(word, {}))
                 base = word * WORD
-                for bits, pages in _prefix_ends(acc, alive, offset):
+                prev = alive & int(acc[0])
+                ends = [(alive & ~prev, offset)] if offset and alive & ~prev else []  # 0 pages: no match
+                starts = (acc[1:] != acc[:-1]).nonzero()[0]  # the running AND lost bits after row i
+                for i, now in zip(starts.tolist(), acc.take(starts + 1).tolist()):
+                    if prev & ~now:
+                        ends.append((prev & ~now, offset + i + 1))
+                        prev &= now
+                for bits, pages in ends:
                     while bits:
                         low = bits & -bits
                         matched[base + low.bit_length() - 1] = pages
                         bits ^= low
-                g[2] = alive = alive & int(acc[-1])
+                g[2] = alive = prev
                 going = going or bool(alive)
             offset += n
             if not going:
@@ -279,23 +297,6 @@ def _lazy_hashes(pages: list[bytes], seed: bytes | None) -> Iterator[np.ndarray]
 def digests_as_int64(digests: Sequence[bytes]) -> np.ndarray:
     """Published int64 of each 32-byte digest (its first 8 bytes, big-endian, signed) as an array."""
     return np.frombuffer(b"".join(digests), dtype=">i8")[::4].astype(np.int64)
-
-
-def _prefix_ends(acc: np.ndarray, alive: int, offset: int) -> Iterator[tuple[int, int]]:
-    """(worker bits, prefix pages > 0) for every worker whose prefix ends inside this chunk.
-
-    `acc` is the running AND of the chunk's masks (it only loses bits); `alive` the workers still
-    matching when the chunk starts; `offset` pages came before the chunk.
-    """
-    prev = alive & int(acc[0])
-    if offset and alive & ~prev:  # (a prefix of 0 pages is no match: nothing to yield)
-        yield alive & ~prev, offset
-    starts = (acc[1:] != acc[:-1]).nonzero()[0] + 1  # rows where the running AND lost bits
-    if len(starts):
-        for i, now in zip(starts.tolist(), acc.take(starts).tolist()):
-            if prev & ~now:
-                yield prev & ~now, offset + i
-                prev &= now
 
 
 def _credit_media(m: np.ndarray, acc: np.ndarray, cols: list[tuple[int, int]], per: dict[int, np.ndarray]) -> None:
