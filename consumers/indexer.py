@@ -26,6 +26,7 @@ __all__ = ["BlockIndex", "WorkerKey", "worker_label", "FIXED_MEDIA"]
 #: Media listed first (GPU gets mask column 0; other columns are added when first used).
 FIXED_MEDIA: tuple[str, ...] = ("GPU", "CPU_PINNED", "STORAGE")
 WORD = 64  # workers per mask column
+_HOT = ("batches", "stored_copies", "removed_copies")
 _SMALL = 24  # events with at most this many hashes use the scalar table ops (cheaper below it)
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
@@ -72,7 +73,8 @@ class BlockIndex:
         self._lora_sources: set[int] = set()  # workers that ever published a lora_name
         self._plans: dict[tuple[str | None, bool], list[tuple[HashTable, np.ndarray | None]]] = {}  # router cache
         self._layout_version = 0  # bumped by _changed(): routers re-read the layout
-        self.counters: Counter[str] = Counter()
+        self._counters: Counter[str] = Counter()
+        self._hot = [0, 0, 0]  # batches, stored_copies, removed_copies: plain ints on the hot path
 
     # ---------------------------------------------------------------- workers, media, columns
 
@@ -139,13 +141,21 @@ class BlockIndex:
                 out.setdefault(word, []).append((col, mi))
         return out
 
+    @property
+    def counters(self) -> Counter[str]:
+        """Counts by reason (applied, ignored, unknown_remove, ...); the same Counter every time."""
+        for name, n in zip(_HOT, self._hot):
+            if n:
+                self._counters[name] = n
+        return self._counters
+
     # ---------------------------------------------------------------- applying events
 
     def apply(self, source: str, batch: KVEventBatch) -> None:
         """Apply one decoded batch from `source` (its dp rank comes from the batch)."""
         rank = batch.data_parallel_rank
         w = self._worker(source, rank if isinstance(rank, int) and rank >= 0 else 0)
-        self.counters["batches"] += 1
+        self._hot[0] += 1
         for ev in batch.events:
             t = type(ev)
             if t is BlockStored:
@@ -184,18 +194,21 @@ class BlockIndex:
         mi = self._medium_ix.get(ev.medium)
         if mi is None:
             mi = self._medium(ev.medium)
-        col = self._col(mi, wi // WORD)
+        col = self._cols.get((mi, wi // WORD))
+        if col is None:
+            col = self._col(mi, wi // WORD)
         if prev is not None and not self._holds(wi, prev):
             self.counters["unknown_parent"] += 1
         t = self._views[vid]
-        t.reserve(n)  # no rebuild below: slot numbers and memoryviews stay valid
+        if t.used + n > t.limit:
+            t.reserve(n)  # no rebuild below: slot numbers and memoryviews stay valid
         if n <= self._small or len(set(hashes)) < n:  # small, or a hash repeated inside the event
             dup = self._store_each(t, vid, mi, col, wi, hashes, prev)
         else:
             dup = self._store_many(t, vid, mi, col, wi, q, prev)
         self._counts[(wi, mi)] += n
         self._medium_copies[mi] += n
-        self.counters["stored_copies"] += n
+        self._hot[1] += n
         if dup:
             self.counters["duplicate_copies"] += dup
 
@@ -205,7 +218,7 @@ class BlockIndex:
         """Store page by page with the scalar table ops (room reserved); returns duplicate copies."""
         bit = 1 << (wi % WORD)
         find1, place1 = t.find1, t.place1
-        mv, pv, sv, nc = t._mv, t._pv, t._sv, t.ncols
+        mv, pv, sv, nc = t._mv, t._pv, t._sv, t.nc
         extra = self._extra
         dup = 0
         for h in hashes:
@@ -259,7 +272,7 @@ class BlockIndex:
         for t in self._views:
             s = t.find1(h)
             if s >= 0:
-                mv, nc = t._mv, t.ncols
+                mv, nc = t._mv, t.nc
                 if any(mv[s * nc + c] & bit for c in cols):
                     return True
         return False
@@ -298,7 +311,7 @@ class BlockIndex:
             holder: tuple[int, HashTable, int] | None = None
             for vid, t in enumerate(views):
                 s = t.find1(h)
-                if s >= 0 and t._mv[s * t.ncols + col] & bit:
+                if s >= 0 and t._mv[s * t.nc + col] & bit:
                     if holder is not None:
                         ambiguous += 1  # BlockRemoved carries no lora_name: which copy went is unknowable
                         break
@@ -308,17 +321,20 @@ class BlockIndex:
                 continue
             removed += 1
             vid, t, s = holder
-            key = (vid, mi, wi, h)
-            more = extra.get(key)
-            if more:  # an extra copy goes first; the bit stays
-                if more == 1:
-                    del extra[key]
-                else:
-                    extra[key] = more - 1
-                continue
-            mv, nc = t._mv, t.ncols
-            mv[s * nc + col] &= ~bit
-            if not any(mv[s * nc : s * nc + nc].tolist()):
+            if extra:
+                key = (vid, mi, wi, h)
+                more = extra.get(key)
+                if more:  # an extra copy goes first; the bit stays
+                    if more == 1:
+                        del extra[key]
+                    else:
+                        extra[key] = more - 1
+                    continue
+            mv, nc = t._mv, t.nc
+            i = s * nc + col
+            left = mv[i] & ~bit
+            mv[i] = left
+            if not left and (nc == 1 or not any(mv[s * nc : s * nc + nc].tolist())):
                 t.delete1(s)
         self._count_removal(wi, mi, unknown, ambiguous, removed)
 
@@ -330,7 +346,7 @@ class BlockIndex:
         if removed:
             self._counts[(wi, mi)] -= removed
             self._medium_copies[mi] -= removed
-            self.counters["removed_copies"] += removed
+            self._hot[2] += removed
 
     def _remove_many(self, wi: int, mi: int, col: int, q: np.ndarray) -> None:
         """Drop one copy of each (distinct) hash of a long event held by worker `wi` on medium `mi`."""

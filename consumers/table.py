@@ -75,7 +75,7 @@ class HashTable:
     """
 
     __slots__ = (
-        "keys", "state", "parent", "masks", "overflow", "vacant", "live", "used", "spill",
+        "keys", "state", "parent", "masks", "overflow", "vacant", "live", "used", "spill", "limit", "nc",
         "_bmask", "_shift", "_nshift", "_kv", "_sv", "_pv", "_mv", "_ov",
     )  # fmt: skip
 
@@ -94,6 +94,7 @@ class HashTable:
         # one extra all-zero row at index -1: `masks.take(find(q), axis=0)` gives 0 for absent keys
         self.masks = np.zeros((n + 1, ncols), np.uint64)
         self.overflow = np.zeros(buckets, np.bool_)  # a key homed here lives in a later bucket
+        self.limit = MAX_LOAD * n  # used slots past which the next reserve rebuilds
         self._bmask = buckets - 1
         self._nshift = 64 - (buckets.bit_length() - 1)
         self._shift = np.uint64(self._nshift)
@@ -101,6 +102,7 @@ class HashTable:
 
     def _refresh(self) -> None:
         """Memoryviews for the scalar paths (plain ints in and out, no numpy scalar boxing)."""
+        self.nc = int(self.masks.shape[1])  # mask columns (row stride of `_mv`)
         self._kv = memoryview(self.keys)
         self._sv = memoryview(self.state)
         self._pv = memoryview(self.parent)
@@ -113,7 +115,7 @@ class HashTable:
 
     @property
     def ncols(self) -> int:
-        return int(self.masks.shape[1])
+        return self.nc
 
     def add_column(self) -> int:
         """Append an all-zero mask column; returns its index."""
@@ -205,7 +207,7 @@ class HashTable:
                 del self.spill[k]
         kv[s] = self.vacant
         self._sv[s] = TOMB
-        mv, nc = self._mv, self.masks.shape[1]
+        mv, nc = self._mv, self.nc
         for i in range(s * nc, s * nc + nc):
             mv[i] = 0
         self.live -= 1
