@@ -216,6 +216,30 @@ def test_bad_payloads_are_counted_and_skipped(ctx=None):
         raw.close(0)
 
 
+def test_publisher_without_snapshots_makes_an_unrecoverable_gap_a_counted_clean_start():
+    """snapshots=False (vLLM's feature set): the snapshot request times out, the consumer drops the
+    source's state, counts a loss and goes on with the live stream."""
+    pub = _pub(snapshots=False)
+    sub = _sub(pub, request_timeout_s=0.2, max_attempts=1)
+    try:
+        items = collect(sub, lambda it: len(_seqs(it)) >= 1)
+        pub.force_drop(1)  # seq consumed, never replayable
+        for evs in chain_events(1, 4):
+            pub.publish(evs)
+        items = _settle(sub, pub, items)
+        c = sub.counters()
+        assert [i.reason for i in items if isinstance(i, Reset)] == ["gap"]
+        assert c["unrecoverable_gaps"] == 1 and c["snapshot_failures"] == 1 and c["losses"] >= 1
+        assert not any(d.kind == "snapshot" for d in items if isinstance(d, Delivery))
+        assert pub.stats()["rejected_requests"] >= 1
+        later = pub.publish(chain_events(50, 1)[0])
+        items = collect(sub, lambda it: later in _seqs(it))
+        assert later in _seqs(items)
+    finally:
+        sub.stop()
+        pub.close()
+
+
 def test_unreachable_replay_times_out_retries_then_starts_clean():
     ctx = zmq.Context.instance()
     ep, dead_replay = free_tcp_endpoint(), free_tcp_endpoint()
