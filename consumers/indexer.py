@@ -79,7 +79,8 @@ class BlockIndex:
     # ---------------------------------------------------------------- workers, media, columns
 
     def _changed(self) -> None:
-        """Workers, media, columns or lora views changed: cached router plans and layouts go."""
+        """Workers, media, columns, lora views, or which media hold copies changed: cached router
+        plans and layouts go."""
         self._plans.clear()
         self._layout_version += 1
 
@@ -208,6 +209,8 @@ class BlockIndex:
             dup = self._store_many(t, vid, mi, col, wi, q, prev)
         self._counts[(wi, mi)] += n
         self._medium_copies[mi] += n
+        if self._medium_copies[mi] == n:  # a medium holds copies again: routers re-read the layout
+            self._changed()
         self._hot[1] += n
         if dup:
             self.counters["duplicate_copies"] += dup
@@ -346,6 +349,8 @@ class BlockIndex:
         if removed:
             self._counts[(wi, mi)] -= removed
             self._medium_copies[mi] -= removed
+            if not self._medium_copies[mi]:
+                self._changed()
             self._hot[2] += removed
 
     def _remove_many(self, wi: int, mi: int, col: int, q: np.ndarray) -> None:
@@ -401,6 +406,7 @@ class BlockIndex:
             del self._extra[ekey]
         for ckey in [k for k in self._counts if k[0] == wi]:
             self._medium_copies[ckey[1]] -= self._counts.pop(ckey)
+        self._changed()
         self.counters["dropped_copies"] += dropped
         return dropped
 

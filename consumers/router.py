@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from functools import lru_cache
+from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -86,7 +87,7 @@ class PrefixRouter:
                 raise ValueError(f"medium weight for {name!r} must be a number >= 0, got {w!r}")
         self.index = index
         self.page_size = page_size
-        self.medium_weights = weights
+        self.medium_weights: Mapping[str, float] = MappingProxyType(weights)  # fixed: layouts are cached
         self.default_weight = float(default_weight)
         self.lora_strict = lora_strict
         self.loads: dict[str, float] = {}
@@ -110,8 +111,8 @@ class PrefixRouter:
 
     def _layout(self, idx: BlockIndex) -> tuple[list[float], list[tuple[int, list[tuple[int, int]], int]]]:
         """Medium weights, and per worker word (columns best weight first, known workers); cached
-        until the index's layout or the set of media holding copies changes."""
-        key = (idx._layout_version, tuple(n > 0 for n in idx._medium_copies), tuple(self.medium_weights.items()))
+        until the index's layout (workers, media, columns, media holding copies) changes."""
+        key = idx._layout_version
         if self._layout_cache is None or self._layout_cache[0] != key:
             weights = [self._weight(m) for m in idx._media]
             layout = []
