@@ -4,8 +4,8 @@ Layout (why it is small and fast): one HashTable (consumers.table: flat numpy ar
 interned lora_name ("view") maps an int64 block hash to a row of uint64 bitmask columns, one
 column per (medium, group of 64 workers), one bit per worker. A copy is one bit, not an object;
 a second copy of the same (worker, dp_rank, medium, lora, hash) (the same tokens under two extra
-keys) is counted in a small side dict that is empty in the common case. The parent link sits in
-the row beside the masks. The router gathers the rows of a request's pages in a few vectorised
+keys) is counted in a small side dict that is empty in the common case (consumers.copies adds and
+drops copies). The parent link sits in the row beside the masks. The router gathers the rows of a request's pages in a few vectorised
 lookups.
 """
 
@@ -19,13 +19,13 @@ import numpy as np
 
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
+from consumers.copies import WORD, Extra, clear_bits, remove_each, remove_many, store_each, store_many
 from consumers.table import HAS_PARENT, HashTable, as_hashes
 
 __all__ = ["BlockIndex", "WorkerKey", "worker_label", "FIXED_MEDIA"]
 
 #: Media listed first (GPU gets mask column 0; other columns are added when first used).
 FIXED_MEDIA: tuple[str, ...] = ("GPU", "CPU_PINNED", "STORAGE")
-WORD = 64  # workers per mask column
 _HOT = ("batches", "stored_copies", "removed_copies")
 _SMALL = 24  # events with at most this many hashes use the scalar table ops (cheaper below it)
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
@@ -63,7 +63,7 @@ class BlockIndex:
         self._lora_ix: dict[str | None, int] = {None: 0}
         self._cols: dict[tuple[int, int], int] = {(0, 0): 0}  # (medium index, worker word) -> column
         self._views: list[HashTable] = [HashTable(1)]
-        self._extra: dict[tuple[int, int, int, int], int] = {}  # (view, medium, worker, hash) -> copies - 1
+        self._extra: Extra = {}  # (view, medium, worker, hash) -> copies beyond the first
         self._workers: dict[WorkerKey, _Worker] = {}
         self._by_index: dict[int, _Worker] = {}
         self._free: list[int] = []
@@ -204,9 +204,9 @@ class BlockIndex:
         if t.used + n > t.limit:
             t.reserve(n)  # no rebuild below: slot numbers and memoryviews stay valid
         if n <= self._small or len(set(hashes)) < n:  # small, or a hash repeated inside the event
-            dup = self._store_each(t, vid, mi, col, wi, hashes, prev)
+            dup = store_each(t, self._extra, vid, mi, col, wi, hashes, prev)
         else:
-            dup = self._store_many(t, vid, mi, col, wi, q, prev)
+            dup = store_many(t, self._extra, vid, mi, col, wi, q, prev)
         self._counts[(wi, mi)] += n
         self._medium_copies[mi] += n
         if self._medium_copies[mi] == n:  # a medium holds copies again: routers re-read the layout
@@ -214,59 +214,6 @@ class BlockIndex:
         self._hot[1] += n
         if dup:
             self.counters["duplicate_copies"] += dup
-
-    def _store_each(
-        self, t: HashTable, vid: int, mi: int, col: int, wi: int, hashes: list[int], prev: int | None
-    ) -> int:
-        """Store page by page with the scalar table ops (room reserved); returns duplicate copies."""
-        bit = 1 << (wi % WORD)
-        find1, place1 = t.find1, t.place1
-        mv, pv, sv, nc = t._mv, t._pv, t._sv, t.nc
-        extra = self._extra
-        dup = 0
-        for h in hashes:
-            s = find1(h)
-            if s < 0:
-                s = place1(h)
-            i = s * nc + col
-            v = mv[i]
-            if v & bit:
-                key = (vid, mi, wi, h)
-                extra[key] = extra.get(key, 0) + 1
-                dup += 1
-            else:
-                mv[i] = v | bit
-            if prev is not None:
-                pv[s] = prev
-                sv[s] |= HAS_PARENT
-            prev = h
-        return dup
-
-    def _store_many(
-        self, t: HashTable, vid: int, mi: int, col: int, wi: int, q: np.ndarray, prev: int | None
-    ) -> int:
-        """Store a long event of distinct hashes with vectorised table ops (room reserved)."""
-        bit = np.uint64(1 << (wi % WORD))
-        slots = t.find(q)
-        missing = slots < 0
-        if missing.any():
-            slots[missing] = t._place(q[missing])
-        colv = t.masks[:, col]
-        cur = colv.take(slots)
-        held = (cur & bit) != 0
-        colv[slots] = cur | bit
-        dup = int(np.count_nonzero(held))
-        if dup:
-            extra = self._extra
-            for h in q[held].tolist():
-                key = (vid, mi, wi, h)
-                extra[key] = extra.get(key, 0) + 1
-        t.parent[slots[1:]] = q[:-1]
-        t.state[slots[1:]] |= HAS_PARENT
-        if prev is not None:
-            t.parent[slots[0]] = prev
-            t.state[slots[0]] |= HAS_PARENT
-        return dup
 
     def _holds(self, wi: int, h: int) -> bool:
         """True if worker `wi` holds a copy of `h` on any medium, under any lora_name."""
@@ -295,51 +242,14 @@ class BlockIndex:
             if not _all_int64(hashes, None):
                 self.counters["bad_hash"] += 1
                 return
-            self._remove_each(wi, mi, col, hashes)  # type: ignore[arg-type]
+            self._count_removal(wi, mi, *remove_each(self._views, self._extra, mi, col, wi, hashes))  # type: ignore[arg-type]
             return
         try:
             q = as_hashes(hashes)
         except ValueError:
             self.counters["bad_hash"] += 1
             return
-        self._remove_many(wi, mi, col, q)  # type: ignore[arg-type]
-
-    def _remove_each(self, wi: int, mi: int, col: int, hashes: list[int]) -> None:
-        """Drop one copy per listed hash with the scalar table ops (order matters for repeats)."""
-        bit = 1 << (wi % WORD)
-        views = self._views
-        extra = self._extra
-        unknown = ambiguous = removed = 0
-        for h in hashes:
-            holder: tuple[int, HashTable, int] | None = None
-            for vid, t in enumerate(views):
-                s = t.find1(h)
-                if s >= 0 and t._mv[s * t.nc + col] & bit:
-                    if holder is not None:
-                        ambiguous += 1  # BlockRemoved carries no lora_name: which copy went is unknowable
-                        break
-                    holder = (vid, t, s)
-            if holder is None:
-                unknown += 1
-                continue
-            removed += 1
-            vid, t, s = holder
-            if extra:
-                key = (vid, mi, wi, h)
-                more = extra.get(key)
-                if more:  # an extra copy goes first; the bit stays
-                    if more == 1:
-                        del extra[key]
-                    else:
-                        extra[key] = more - 1
-                    continue
-            mv, nc = t._mv, t.nc
-            i = s * nc + col
-            left = mv[i] & ~bit
-            mv[i] = left
-            if not left and (nc == 1 or not any(mv[s * nc : s * nc + nc].tolist())):
-                t.delete1(s)
-        self._count_removal(wi, mi, unknown, ambiguous, removed)
+        self._count_removal(wi, mi, *remove_many(self._views, self._extra, mi, col, wi, q))  # type: ignore[arg-type]
 
     def _count_removal(self, wi: int, mi: int, unknown: int, ambiguous: int, removed: int) -> None:
         if unknown:
@@ -353,44 +263,6 @@ class BlockIndex:
                 self._changed()
             self._hot[2] += removed
 
-    def _remove_many(self, wi: int, mi: int, col: int, q: np.ndarray) -> None:
-        """Drop one copy of each (distinct) hash of a long event held by worker `wi` on medium `mi`."""
-        bit = np.uint64(1 << (wi % WORD))
-        views = self._views
-        slots = [t.find(q) for t in views]
-        held = np.array([(t.masks[:, col].take(s) & bit) != 0 for t, s in zip(views, slots)])  # (views, n)
-        nheld = held.sum(0)
-        unknown = int(np.count_nonzero(nheld == 0))
-        first = held.argmax(0)  # the lowest view holding each hash
-        extra = self._extra
-        for vid, t in enumerate(views):
-            mine = held[vid] & (first == vid)
-            if not mine.any():
-                continue
-            if extra:  # an extra copy goes first; the bit stays
-                for i in np.flatnonzero(mine).tolist():
-                    key = (vid, mi, wi, int(q[i]))
-                    more = extra.get(key)
-                    if more:
-                        if more == 1:
-                            del extra[key]
-                        else:
-                            extra[key] = more - 1
-                        mine[i] = False
-            self._clear_bits(t, slots[vid][mine], col, bit)
-        self._count_removal(wi, mi, unknown, int(np.count_nonzero(nheld > 1)), len(q) - unknown)
-
-    @staticmethod
-    def _clear_bits(t: HashTable, slots: np.ndarray, col: int, bit: np.uint64) -> None:
-        """Clear one worker bit in `slots` of column `col`; rows left with no bit are deleted."""
-        if not len(slots):
-            return
-        colv = t.masks[:, col]
-        colv[slots] = colv.take(slots) & ~bit
-        gone = slots[~t.masks.take(slots, axis=0).any(1)]
-        if len(gone):
-            t.delete(gone)
-
     def _clear_worker(self, w: _Worker) -> int:
         """Drop every copy the worker holds, on every medium and lora; returns copies dropped."""
         wi = w.index
@@ -401,7 +273,7 @@ class BlockIndex:
         cols = self._worker_cols(wi)
         for t in self._views:
             for col in cols:
-                self._clear_bits(t, np.flatnonzero(t.masks[:-1, col] & bit), col, bit)
+                clear_bits(t, np.flatnonzero(t.masks[:-1, col] & bit), col, bit)
         for ekey in [k for k in self._extra if k[2] == wi]:
             del self._extra[ekey]
         for ckey in [k for k in self._counts if k[0] == wi]:

@@ -1,0 +1,153 @@
+"""One worker's block copies in a HashTable view: add and drop them, page by page or vectorised.
+
+A copy is one bit (the worker's) in a mask column (its medium's, for its group of 64 workers). A
+second copy of the same (view, medium, worker, hash), the same tokens under two extra keys, is
+counted in `extra` instead, a dict that is empty in the common case. Small events take the scalar
+table ops (a few us per page); long ones the vectorised ones (tens of us per call, ~1 us per
+page). Callers reserve room in the table before storing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from consumers.table import HAS_PARENT, HashTable
+
+__all__ = ["WORD", "Extra", "store_each", "store_many", "remove_each", "remove_many", "clear_bits"]
+
+WORD = 64  # workers per mask column
+
+Extra = dict[tuple[int, int, int, int], int]  # (view, medium, worker, hash) -> copies beyond the bit
+
+
+def _add_extra(extra: Extra, key: tuple[int, int, int, int]) -> None:
+    extra[key] = extra.get(key, 0) + 1
+
+
+def _take_extra(extra: Extra, key: tuple[int, int, int, int]) -> bool:
+    """Drop one extra copy if there is one (a removal takes it before the bit)."""
+    more = extra.get(key)
+    if not more:
+        return False
+    if more == 1:
+        del extra[key]
+    else:
+        extra[key] = more - 1
+    return True
+
+
+def store_each(
+    t: HashTable, extra: Extra, vid: int, mi: int, col: int, wi: int, hashes: list[int], prev: int | None
+) -> int:
+    """Store page by page with the scalar table ops (later pages see earlier ones); returns duplicates."""
+    bit = 1 << (wi % WORD)
+    find1, place1 = t.find1, t.place1
+    mv, pv, sv, nc = t._mv, t._pv, t._sv, t.nc
+    dup = 0
+    for h in hashes:
+        s = find1(h)
+        if s < 0:
+            s = place1(h)
+        i = s * nc + col
+        v = mv[i]
+        if v & bit:
+            _add_extra(extra, (vid, mi, wi, h))
+            dup += 1
+        else:
+            mv[i] = v | bit
+        if prev is not None:
+            pv[s] = prev
+            sv[s] |= HAS_PARENT
+        prev = h
+    return dup
+
+
+def store_many(
+    t: HashTable, extra: Extra, vid: int, mi: int, col: int, wi: int, q: np.ndarray, prev: int | None
+) -> int:
+    """Store a long event of distinct hashes with the vectorised table ops; returns duplicates."""
+    bit = np.uint64(1 << (wi % WORD))
+    slots = t.find(q)
+    missing = slots < 0
+    if missing.any():
+        slots[missing] = t._place(q[missing])
+    colv = t.masks[:, col]
+    cur = colv.take(slots)
+    held = (cur & bit) != 0
+    colv[slots] = cur | bit
+    dup = int(np.count_nonzero(held))
+    for h in q[held].tolist() if dup else ():
+        _add_extra(extra, (vid, mi, wi, h))
+    t.parent[slots[1:]] = q[:-1]
+    t.state[slots[1:]] |= HAS_PARENT
+    if prev is not None:
+        t.parent[slots[0]] = prev
+        t.state[slots[0]] |= HAS_PARENT
+    return dup
+
+
+def remove_each(
+    views: list[HashTable], extra: Extra, mi: int, col: int, wi: int, hashes: list[int]
+) -> tuple[int, int, int]:
+    """Drop one copy per listed hash, in order (a repeated hash drops two); (unknown, ambiguous, removed).
+
+    The copy goes from the lowest view holding it: BlockRemoved carries no lora_name, so when
+    several views hold the hash (ambiguous) which adapter's copy went is unknowable.
+    """
+    bit = 1 << (wi % WORD)
+    unknown = ambiguous = removed = 0
+    for h in hashes:
+        holder: tuple[int, HashTable, int] | None = None
+        for vid, t in enumerate(views):
+            s = t.find1(h)
+            if s >= 0 and t._mv[s * t.nc + col] & bit:
+                if holder is not None:
+                    ambiguous += 1
+                    break
+                holder = (vid, t, s)
+        if holder is None:
+            unknown += 1
+            continue
+        removed += 1
+        vid, t, s = holder
+        if extra and _take_extra(extra, (vid, mi, wi, h)):
+            continue  # an extra copy went; the bit stays
+        mv, nc = t._mv, t.nc
+        i = s * nc + col
+        left = mv[i] & ~bit
+        mv[i] = left
+        if not left and (nc == 1 or not any(mv[s * nc : s * nc + nc].tolist())):
+            t.delete1(s)
+    return unknown, ambiguous, removed
+
+
+def remove_many(
+    views: list[HashTable], extra: Extra, mi: int, col: int, wi: int, q: np.ndarray
+) -> tuple[int, int, int]:
+    """`remove_each` for a long event of distinct hashes, vectorised; (unknown, ambiguous, removed)."""
+    bit = np.uint64(1 << (wi % WORD))
+    slots = [t.find(q) for t in views]
+    held = np.array([(t.masks[:, col].take(s) & bit) != 0 for t, s in zip(views, slots)])  # (views, n)
+    nheld = held.sum(0)
+    unknown = int(np.count_nonzero(nheld == 0))
+    first = held.argmax(0)  # the lowest view holding each hash
+    for vid, t in enumerate(views):
+        mine = held[vid] & (first == vid)
+        if not mine.any():
+            continue
+        for i in np.flatnonzero(mine).tolist() if extra else ():
+            if _take_extra(extra, (vid, mi, wi, int(q[i]))):
+                mine[i] = False  # an extra copy went; the bit stays
+        clear_bits(t, slots[vid][mine], col, bit)
+    return unknown, int(np.count_nonzero(nheld > 1)), len(q) - unknown
+
+
+def clear_bits(t: HashTable, slots: np.ndarray, col: int, bit: np.uint64) -> None:
+    """Clear one worker bit in `slots` of column `col`; rows left with no bit are deleted."""
+    if not len(slots):
+        return
+    colv = t.masks[:, col]
+    colv[slots] = colv.take(slots) & ~bit
+    gone = slots[~t.masks.take(slots, axis=0).any(1)]
+    if len(gone):
+        t.delete(gone)
