@@ -103,11 +103,15 @@ class PrefixRouter:
 
     def hash_array(self, token_ids: Sequence[int], cache_salt: str | None = None) -> np.ndarray:
         """`request_hashes` as an int64 numpy array (what the lookup consumes)."""
+        pages, seed = self._pages(token_ids, cache_salt)
+        return digests_as_int64(digest_chain(pages, seed)) if pages else np.empty(0, np.int64)
+
+    def _pages(self, token_ids: Sequence[int], cache_salt: str | None) -> tuple[list[bytes], bytes | None]:
+        """The request's whole pages as packed bytes (every id validated up front), and the event seed."""
         seed = _event_seed(Namespace(cache_salt=cache_salt).cache_salt)
         packed = pack_tokens(token_ids)
-        step = 4 * self.page_size
-        pages = split_pages(packed[: len(packed) - len(packed) % step], self.page_size)
-        return digests_as_int64(digest_chain(pages, seed)) if pages else np.empty(0, np.int64)
+        step = 4 * self.page_size  # bytes per page
+        return split_pages(packed[: len(packed) - len(packed) % step], self.page_size), seed
 
     def _layout(self, idx: BlockIndex) -> tuple[list[float], list[tuple[int, list[tuple[int, int]], int]]]:
         """Medium weights, and per worker word (columns best weight first, known workers); cached
@@ -147,10 +151,7 @@ class PrefixRouter:
 
         Pages are hashed lazily in chunks, so the pages past the longest cached prefix cost little.
         """
-        seed = _event_seed(Namespace(cache_salt=cache_salt).cache_salt)
-        packed = pack_tokens(token_ids)  # every id validated up front
-        step = 4 * self.page_size
-        pages = split_pages(packed[: len(packed) - len(packed) % step], self.page_size)
+        pages, seed = self._pages(token_ids, cache_salt)
         return self._rank(*self._walk(_lazy_hashes(pages, seed), lora_name, want_detail=False), loads)
 
     def score_hashes(
