@@ -124,7 +124,7 @@ class HashTable:
         return self.ncols - 1
 
     def _home(self, q: np.ndarray) -> np.ndarray:
-        return ((q.view(np.uint64) * _MIX) >> self._shift).view(np.intp)  # < 2**61: a safe view
+        return ((q.view(np.uint64) * _MIX) >> self._shift).view(np.intp)  # < buckets: a safe view
 
     def find(self, q: np.ndarray) -> np.ndarray:
         """Slot of each key of `q` (int64 array), -1 where absent."""
