@@ -46,6 +46,28 @@ def test_demo_one_worker_heals_the_drop_before_the_restart():
         assert out["transport"]["batches_replayed"] >= 1
 
 
+def test_demo_waits_for_a_router_that_joins_late(monkeypatch):
+    """A router whose subscriptions come up after the restart time would see the restarted
+    publisher as a first contact: the demo starts its clock only once every stream is followed."""
+    import threading
+
+    from consumers.service import RouterService
+    from kvevents.demo.run import DemoConfig, run_demo
+
+    start = RouterService.start
+
+    def late_start(self):
+        timer = threading.Timer(0.8, start, args=(self,))
+        timer.start()
+        return self
+
+    monkeypatch.setattr(RouterService, "start", late_start)
+    out = run_demo(DemoConfig(workers=2, duration=1.0, seed=4))
+    assert out["checks"]["injected_faults_observed"], out["transport"]
+    assert out["transport"]["restarts_detected"] == 1
+    assert out["ok"], out["checks"]
+
+
 def test_demo_rejects_bad_flags_with_exit_2():
     proc = run("demo", "--workers", "0", "--duration", "1")
     assert proc.returncode == 2

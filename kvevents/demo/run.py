@@ -1,6 +1,6 @@
 """The demo run: simulated workers publishing on loopback, one router subscribed to all, faults, checks.
 
-Timeline: requests from `Workload` are routed by the prefix router (live cluster, whose workers
+Timeline (its clock starts once the router follows every publisher): requests from `Workload` are routed by the prefix router (live cluster, whose workers
 publish every step with their own Publisher) and, in shadow, by random and round-robin policies
 on their own clusters. Around 40% of the run one publisher drops a burst of live frames (replay
 heals them); around 60% one worker restarts (its publisher is closed and recreated on the same
@@ -107,6 +107,9 @@ def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str
         service.start()
         for w, p in zip(live.workers, pubs):  # the construction-time AllBlocksCleared
             p.publish(w.take_events())
+        # Faults only test something once the router follows every stream (a restart it never
+        # saw the old epoch of is just a first contact), so the clock starts after the join.
+        _wait_joined(service, names, pubs, cfg.settle_timeout_s)
         balance = BoundedLoad(names, window=16 * n)
         drop_at, restart_at = 0.4 * cfg.duration, 0.6 * cfg.duration
         drop_victim = rng.randrange(n)
@@ -242,6 +245,23 @@ def _wait_applied(service: RouterService, name: str, pub: Publisher, timeout_s: 
         if applied is not None and applied >= target:
             return True
         time.sleep(0.01)
+    return False
+
+
+def _wait_joined(service: RouterService, names: list[str], pubs: list[Publisher], timeout_s: float) -> bool:
+    """Wait (bounded) until the router applied every publisher's first batches.
+
+    SUB sockets drop what is sent before they connect, so each straggler gets a heartbeat now
+    and then: it reaches the router live and the gap before it is replayed."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        applied = [service.applied_seq(name) for name in names]
+        behind = [p for a, p in zip(applied, pubs) if a is None or a < p.stats()["next_seq"] - 1]
+        if not behind:
+            return True
+        for p in behind:
+            p.publish([])
+        time.sleep(0.02)
     return False
 
 
