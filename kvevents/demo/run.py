@@ -1,8 +1,8 @@
 """The demo run: simulated workers publishing on loopback, one router subscribed to all, faults, checks.
 
-Timeline (its clock starts once the router follows every publisher): requests from `Workload` are routed by the prefix router (live cluster, whose workers
-publish every step with their own Publisher) and, in shadow, by random and round-robin policies
-on their own clusters. Around 40% of the run one publisher drops a burst of live frames (replay
+Timeline (its clock starts once the router follows every publisher): requests from `Workload`
+are routed by the prefix router (live cluster, whose workers publish every step with their own
+Publisher) and, in shadow, by random and round-robin policies on their own clusters. Around 40% of the run one publisher drops a burst of live frames (replay
 heals them); around 60% one worker restarts (its publisher is closed and recreated on the same
 ports with a new epoch; every cluster resets that worker). At the end the router must have
 caught up and its index must equal the union of the live workers' caches.
