@@ -469,6 +469,17 @@ class BlockIndex:
         assert out is not None
         return out
 
+    def _held(self, plan: list[tuple[HashTable, np.ndarray | None]], h: int) -> bool:
+        """Does any worker hold int64 hash h under the plan? One key, plain Python (a few us)."""
+        for t, filt in plan:
+            slot = t.find1(h)
+            if slot >= 0:
+                nc = t.nc
+                row = t._mv[slot * nc : slot * nc + nc].tolist()
+                if any(row) if filt is None else any(r & f for r, f in zip(row, filt.tolist())):
+                    return True
+        return False
+
 
 def _all_int64(hashes: list[int], prev: int | None) -> bool:
     """Every hash (and the parent) a plain int in int64 range (what the table can key)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import chain
 from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
@@ -33,8 +34,9 @@ __all__ = ["PrefixRouter", "WorkerScore", "DEFAULT_MEDIUM_WEIGHTS"]
 DEFAULT_MEDIUM_WEIGHTS: dict[str, float] = {"GPU": 1.0, "CPU_PINNED": 0.8, "STORAGE": 0.5}
 _MIX = 0x9E3779B97F4A7C15
 _M64 = (1 << 64) - 1
-_FIRST_CHUNK = 32  # pages hashed before the first lookup; chunks double after that ...
-_MAX_CHUNK = 256  # ... up to this many pages (each chunk is one vectorised lookup)
+_END = ((-1, 0),)  # a last (row, mask) for the walk's loop: it takes every bit, recording none
+_FIRST_CHUNK = 32  # pages hashed before score() first asks the index whether to go on; the
+# pages hashed so far then double per chunk (see PrefixRouter.prefix_hashes)
 
 
 @dataclass(slots=True)
@@ -149,10 +151,30 @@ class PrefixRouter:
     ) -> list[WorkerScore]:
         """Every known worker, best first: longest consecutive prefix weighted by medium.
 
-        Pages are hashed lazily in chunks, so the pages past the longest cached prefix cost little.
+        Pages are hashed lazily (`prefix_hashes`), then looked up in one vectorised walk.
+        """
+        hs = self.prefix_hashes(token_ids, cache_salt, lora_name)
+        return self._rank(*self._walk((hs,), lora_name, want_detail=False), loads)
+
+    def prefix_hashes(
+        self, token_ids: Sequence[int], cache_salt: str | None = None, lora_name: str | None = None
+    ) -> np.ndarray:
+        """The int64 hashes `score` looks up: the request's pages in chunks (32 pages, then the
+        total doubling), stopping after a chunk whose last page no worker holds (for this
+        lora_name), as no consecutive prefix can run past it. Hashing costs ~0.5 us a page, so
+        a request that matches little is cheap; one one-key probe per chunk decides.
         """
         pages, seed = self._pages(token_ids, cache_salt)
-        return self._rank(*self._walk(_lazy_hashes(pages, seed), lora_name, want_detail=False), loads)
+        idx = self.index
+        plan = idx._lookup_plan(lora_name, self.lora_strict)
+        digests: list[bytes] = []
+        prior = seed
+        for start, stop in _chunk_bounds(len(pages)):
+            digests += digest_chain(pages[start:stop], prior)
+            prior = digests[-1]
+            if stop < len(pages) and not (plan and idx._held(plan, int.from_bytes(prior[:8], "big", signed=True))):
+                break
+        return digests_as_int64(digests) if digests else np.empty(0, np.int64)
 
     def score_hashes(
         self, hashes: Sequence[int], lora_name: str | None = None, *, loads: Mapping[str, float] | None = None
@@ -218,18 +240,17 @@ class PrefixRouter:
                     _credit_media(m, acc & np.uint64(alive), cols, per_medium.setdefault(word, {}))
                 base = word * WORD
                 prev = alive & int(acc[0])
-                ends = [(alive & ~prev, offset)] if offset and alive & ~prev else []  # 0 pages: no match
+                lost = alive & ~prev if offset else 0  # at offset 0 these match no page: not recorded
+                pages = offset
                 starts = (acc[1:] != acc[:-1]).nonzero()[0]  # the running AND lost bits after row i
-                for i, now in zip(starts.tolist(), acc.take(starts + 1).tolist()):
-                    if prev & ~now:
-                        ends.append((prev & ~now, offset + i + 1))
-                        prev &= now
-                for bits, pages in ends:
-                    while bits:
-                        low = bits & -bits
+                for i, now in chain(zip(starts.tolist(), acc.take(starts + 1).tolist()), _END):
+                    while lost:  # the workers whose prefix ended at `pages`
+                        low = lost & -lost
                         matched[base + low.bit_length() - 1] = pages
-                        bits ^= low
-                g[2] = alive = prev
+                        lost ^= low
+                    lost, pages = prev & ~now, offset + i + 1
+                    prev &= now
+                g[2] = alive = lost  # what the _END sentinel took: the workers still matching
                 going = going or bool(alive)
             offset += n
             if not going:
@@ -285,15 +306,12 @@ def _event_seed(cache_salt: str | None) -> bytes | None:
     return None if hexed is None else bytes.fromhex(hexed)
 
 
-def _lazy_hashes(pages: list[bytes], seed: bytes | None) -> Iterator[np.ndarray]:
-    """The pages' int64 event hashes in growing chunks (the walk stops pulling when done)."""
-    prior = seed
-    start, size = 0, _FIRST_CHUNK
-    while start < len(pages):
-        digests = digest_chain(pages[start : start + size], prior)
-        prior = digests[-1]
-        start, size = start + size, min(size * 2, _MAX_CHUNK)
-        yield digests_as_int64(digests)
+def _chunk_bounds(n: int) -> Iterator[tuple[int, int]]:
+    """(start, stop) of the chunks `prefix_hashes` hashes a request of n pages in."""
+    start, stop = 0, min(n, _FIRST_CHUNK)
+    while start < n:
+        yield start, stop
+        start, stop = stop, min(n, 2 * stop)
 
 
 def digests_as_int64(digests: Sequence[bytes]) -> np.ndarray:

@@ -40,6 +40,9 @@ _BIT_INDEX = np.zeros(256, np.intp)
 _BIT_INDEX[1 << np.arange(8)] = np.arange(8)
 _SLOT_IN_BUCKET = np.full(256, -(2**62), np.intp)  # the same; no byte (or several) set: far below 0
 _SLOT_IN_BUCKET[1 << np.arange(8)] = np.arange(8)
+_FAR = 2**40  # a slot past any table's end
+_SLOT_OR_FAR = np.full(256, _FAR, np.intp)  # the same, with absent keys far above the end
+_SLOT_OR_FAR[1 << np.arange(8)] = np.arange(8)
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 
 
@@ -128,7 +131,8 @@ class HashTable:
 
     def find(self, q: np.ndarray) -> np.ndarray:
         """Slot of each key of `q` (int64 array), -1 where absent."""
-        out = self._slots(q)
+        out = self._slots(q, _SLOT_IN_BUCKET, -1)
+        np.maximum(out, -1, out=out)
         vacant = q == self.vacant
         if vacant.any():  # the vacant key may match an empty slot: it is never present
             out[vacant] = -1
@@ -138,25 +142,29 @@ class HashTable:
         """The mask rows of the keys of `q`, an all-zero row for an absent key (router lookups).
 
         `find` without its vacant-key check: a vacant-key query can only reach an empty slot,
-        whose row is zero too.
+        whose row is zero too. Absent keys get a slot far past the end, which take's clip mode
+        turns into the zero last row (one numpy call fewer than mapping them to -1).
         """
-        return self.masks.take(self._slots(q), axis=0)
+        return self.masks.take(self._slots(q, _SLOT_OR_FAR, _FAR), axis=0, mode="clip")
 
-    def _slots(self, q: np.ndarray) -> np.ndarray:
+    def _slots(self, q: np.ndarray, in_bucket: np.ndarray, absent: int) -> np.ndarray:
+        """Slots of the keys of `q`; an absent key's is `absent` or (no spill) any value on its side of the table."""
         if not self.live or not len(q):
-            return np.full(len(q), -1, np.intp)
+            return np.full(len(q), absent, np.intp)
         b = self._home(q)
         # take(): several times faster than fancy indexing for these gathers
         hit = self.keys.reshape(-1, SLOTS).take(b, axis=0) == q[:, None]
         hw = hit.view(np.uint64).reshape(-1)  # byte j is 1: slot j holds the key
-        out = b * SLOTS + _SLOT_IN_BUCKET.take((hw * _GATHER) >> _SHIFT56)  # < 0: not in the bucket
-        if self.spill:
-            flagged = self.overflow.take(b)  # home buckets that keys overflowed past (rare)
-            if flagged.any():
-                rest = (flagged & (out < 0)).nonzero()[0]
-                get = self.spill.get
-                out[rest] = [get(k, -1) for k in q.take(rest).tolist()]
-        return np.maximum(out, -1, out=out)
+        out = b * SLOTS + in_bucket.take((hw * _GATHER) >> _SHIFT56)
+        if self.spill:  # keys off their home bucket (rare): only misses can be one of them
+            n = len(self.keys)
+            if (out.min() < 0) if absent < 0 else (out.max() >= n):
+                miss = out < 0 if absent < 0 else out >= n
+                rest = (miss & self.overflow.take(b)).nonzero()[0]
+                if len(rest):
+                    get = self.spill.get
+                    out[rest] = [get(k, absent) for k in q.take(rest).tolist()]
+        return out
 
     # Scalar paths: the same table, one key at a time in plain Python (small events: a few us
     # each, where a vectorised call costs tens of us of numpy overhead).

@@ -295,3 +295,68 @@ def test_masks_that_keep_changing_switch_to_the_running_intersection(medium):
     r = PrefixRouter(idx, PAGE, seed=0)
     assert {s.worker: s.matched_pages for s in r.score(toks)} == want
     assert {s.worker: s.matched_pages for s in r.score(toks[: 50 * PAGE])} == {k: min(v, 50) for k, v in want.items()}
+
+
+def test_prefixes_ending_at_every_chunk_boundary_of_the_lazy_hashing():
+    """score() hashes in chunks (32 pages, then doubling) and stops after a chunk whose last page
+    nobody holds: prefixes ending just before, at or just after a boundary keep their exact
+    length, with or without a worker holding everything, and under a lora filter."""
+    from consumers.router import _chunk_bounds
+
+    n_pages = 600
+    bounds = [stop for _, stop in _chunk_bounds(n_pages)]
+    assert bounds == [32, 64, 128, 256, 512, 600]
+    toks = list(range(7, 7 + n_pages * PAGE))
+    hs = hashes(toks)
+    idx = BlockIndex()
+    want = {}
+    for b in bounds[:-1]:
+        for n in (b - 1, b, b + 1):
+            idx.apply(f"p{n}", KVEventBatch(0.0, [BlockStored(hs[:n], None, [], PAGE, None, "GPU", None)]))
+            want[f"p{n}"] = n
+    # holds every page but the first chunk's last one: its prefix is 31 pages, and no one's runs on
+    idx.apply("gap", KVEventBatch(0.0, [BlockStored(hs[:31] + hs[32:], None, [], PAGE, None, "GPU", None)]))
+    want["gap"] = 31
+    r = PrefixRouter(idx, PAGE, seed=0)
+    full = {s.worker: s.matched_pages for s in r.score_hashes(hs)}
+    assert full == want
+    assert {s.worker: s.matched_pages for s in r.score(toks)} == want
+    idx.apply("all", KVEventBatch(0.0, [BlockStored(hs, None, [], PAGE, None, "GPU", None)]))
+    assert {s.worker: s.matched_pages for s in r.score(toks)} == {**want, "all": n_pages}
+    assert len(r.prefix_hashes(toks)) == n_pages
+    idx.drop_source("all")
+    want["all"] = 0  # known, holding nothing
+    for n in sorted({*bounds, 31, 33}):  # the hashing stops at the first chunk end nobody holds
+        idx.apply("gap", KVEventBatch(0.0, [AllBlocksCleared()]))
+        idx.apply("gap", KVEventBatch(0.0, [BlockStored(hs[:n], None, [], PAGE, None, "GPU", None)]))
+        got = {s.worker: s.matched_pages for s in r.score(toks)}
+        assert got == {**want, "gap": n}
+    # an adapter's copy at a chunk end does not make a strict request for another adapter go on
+    idx.apply("lora", KVEventBatch(0.0, [BlockStored(hs, None, [], PAGE, None, "GPU", "a")]))
+    assert {s.worker: s.matched_pages for s in r.score(toks, lora_name="a")}["lora"] == n_pages
+    assert {s.worker: s.matched_pages for s in r.score(toks, lora_name="b")}["lora"] == 0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_lazy_hashing_scores_like_the_full_hash_list(seed):
+    """score() (hashing stopped early) ranks exactly like score_hashes() of every page, for random
+    holdings with gaps, several media and adapters, strict or not."""
+    rnd = random.Random(seed)
+    toks = [rnd.randrange(50_000) for _ in range(300 * PAGE)]
+    hs = hashes(toks)
+    idx = BlockIndex()
+    for i in range(rnd.randint(1, 8)):
+        lo = rnd.choice([0, 0, 0, rnd.randrange(300)])
+        hi = rnd.choice([31, 32, 63, 64, 65, 127, 128, 255, 256, 300, rnd.randrange(lo, 301)])
+        held = hs[lo:hi]
+        if held and rnd.random() < 0.4:  # punch a hole
+            held = held[: rnd.randrange(len(held))] + held[rnd.randrange(len(held)) :]
+        medium, lora = rnd.choice(["GPU", "CPU_PINNED", None]), rnd.choice([None, "a", "b"])
+        idx.apply(f"w{i % 5}", KVEventBatch(0.0, [BlockStored(held, None, [], PAGE, None, medium, lora)]))
+    for strict in (True, False):
+        r = PrefixRouter(idx, PAGE, lora_strict=strict, seed=1)
+        for lora in (None, "a", "zz"):
+            lazy = {s.worker: (s.matched_pages, s.score) for s in r.score(toks, lora_name=lora)}
+            full = {s.worker: (s.matched_pages, s.score) for s in r.score_hashes(hs, lora_name=lora)}
+            assert lazy == full
+            assert len(r.prefix_hashes(toks, lora_name=lora)) >= max((m for m, _ in lazy.values()), default=0)

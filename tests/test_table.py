@@ -27,6 +27,7 @@ def check(t: HashTable, model: dict[int, int]) -> None:
     assert (slots >= 0).all()
     assert (t.keys[slots] == keys).all()
     assert t.masks[slots, 0].tolist() == [model[k] for k in keys.tolist()]
+    assert t.rows(keys)[:, 0].tolist() == [model[k] for k in keys.tolist()]  # the router's path
     assert t.live == len(model) == len(t.live_slots())
     assert sorted(t.keys[t.live_slots()].tolist()) == keys.tolist()
     for k, s in t.spill.items():  # the spill dict names exactly the keys living off their home bucket
@@ -72,6 +73,7 @@ def test_table_matches_a_dict_under_random_puts_and_deletes(ops):
     absent = np.array([k for k in [*range(-60, 60), t.vacant] if k not in model], np.int64)
     assert (t.find(absent) == -1).all() and all(t.find1(k) == -1 for k in absent.tolist())
     assert (t.masks.take(t.find(absent), axis=0) == 0).all()  # slot -1 reads the all-zero row
+    assert (t.rows(absent) == 0).all()
 
 
 def test_crowded_buckets_spill_and_stay_findable():
@@ -84,6 +86,9 @@ def test_crowded_buckets_spill_and_stay_findable():
     slots = upsert(t, crowd.tolist())
     assert len(t.spill) == 2 * SLOTS and t.overflow[int(homes[0])]
     assert (t.find(crowd) == slots).all()
+    t.masks[slots, 0] = np.arange(1, len(crowd) + 1, dtype=np.uint64)
+    mixed = np.concatenate([crowd, cand[homes == homes[0]][3 * SLOTS : 3 * SLOTS + 3]])  # + absent, same home
+    assert t.rows(mixed)[:, 0].tolist() == list(range(1, len(crowd) + 1)) + [0, 0, 0]
     t.delete(t.find(crowd[:4]))  # deleting spilled and home keys keeps the rest findable
     assert (t.find(crowd[:4]) == -1).all() and (t.find(crowd[4:]) >= 0).all()
     assert all(k not in t.spill for k in crowd[:4].tolist())
