@@ -172,7 +172,8 @@ class PrefixRouter:
         for start, stop in _chunk_bounds(len(pages)):
             digests += digest_chain(pages[start:stop], prior)
             prior = digests[-1]
-            if stop < len(pages) and not (plan and idx._held(plan, int.from_bytes(prior[:8], "big", signed=True))):
+            last = int.from_bytes(prior[:8], "big", signed=True)  # the chunk's last page, as published
+            if stop < len(pages) and not (plan and idx._held(plan, last)):
                 break
         return digests_as_int64(digests) if digests else np.empty(0, np.int64)
 

@@ -148,7 +148,7 @@ class HashTable:
         return self.masks.take(self._slots(q, _SLOT_OR_FAR, _FAR), axis=0, mode="clip")
 
     def _slots(self, q: np.ndarray, in_bucket: np.ndarray, absent: int) -> np.ndarray:
-        """Slots of the keys of `q`; an absent key's is `absent` or (no spill) any value on its side of the table."""
+        """Slots of the keys of `q`; an absent key's is below 0 (`absent` < 0) or past the end."""
         if not self.live or not len(q):
             return np.full(len(q), absent, np.intp)
         b = self._home(q)

@@ -2,8 +2,9 @@
 
 Timeline (its clock starts once the router follows every publisher): requests from `Workload`
 are routed by the prefix router (live cluster, whose workers publish every step with their own
-Publisher) and, in shadow, by random and round-robin policies on their own clusters. Around 40% of the run one publisher drops a burst of live frames (replay
-heals them); around 60% one worker restarts (its publisher is closed and recreated on the same
+Publisher) and, in shadow, by random and round-robin policies on their own clusters. Around 40%
+of the run one publisher drops a burst of live frames (replay heals them); around 60% one
+worker restarts (its publisher is closed and recreated on the same
 ports with a new epoch; every cluster resets that worker). At the end the router must have
 caught up and its index must equal the union of the live workers' caches.
 """
@@ -109,7 +110,7 @@ def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str
             p.publish(w.take_events())
         # Faults only test something once the router follows every stream (a restart it never
         # saw the old epoch of is just a first contact), so the clock starts after the join.
-        _wait_joined(service, names, pubs, cfg.settle_timeout_s)
+        _wait_applied(service, names, pubs, cfg.settle_timeout_s, nudge=True)
         balance = BoundedLoad(names, window=16 * n)
         drop_at, restart_at = 0.4 * cfg.duration, 0.6 * cfg.duration
         drop_victim = rng.randrange(n)
@@ -132,7 +133,7 @@ def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str
             if faults["restart_worker"] is None and elapsed >= restart_at:
                 if restart_victim == drop_victim:  # one worker: let replay heal the burst first
                     _flush_drops(pubs[drop_victim], cfg.drop_burst, drop_mark)
-                    _wait_applied(service, names[drop_victim], pubs[drop_victim], cfg.settle_timeout_s)
+                    _wait_applied(service, [names[drop_victim]], [pubs[drop_victim]], cfg.settle_timeout_s)
                 pubs[restart_victim] = _restart(cfg, live, shadows, pubs[restart_victim], restart_victim, retired)
                 faults["restart_worker"] = names[restart_victim]
             req = next(requests)
@@ -236,32 +237,23 @@ def _flush_drops(pub: Publisher, burst: int, mark: int) -> None:
         pub.publish([])
 
 
-def _wait_applied(service: RouterService, name: str, pub: Publisher, timeout_s: float) -> bool:
-    """Wait (bounded) until the router applied every seq `pub` has published, replayed ones too."""
-    target = pub.stats()["next_seq"] - 1
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        applied = service.applied_seq(name)
-        if applied is not None and applied >= target:
-            return True
-        time.sleep(0.01)
-    return False
+def _wait_applied(
+    service: RouterService, names: list[str], pubs: list[Publisher], timeout_s: float, *, nudge: bool = False
+) -> bool:
+    """Wait (bounded) until the router applied every seq these publishers published, replayed ones too.
 
-
-def _wait_joined(service: RouterService, names: list[str], pubs: list[Publisher], timeout_s: float) -> bool:
-    """Wait (bounded) until the router applied every publisher's first batches.
-
-    SUB sockets drop what is sent before they connect, so each straggler gets a heartbeat now
-    and then: it reaches the router live and the gap before it is replayed."""
+    nudge: SUB sockets drop what is sent before they connect, so each publisher still behind
+    sends a heartbeat now and then; it reaches the router live and the gap before it is replayed.
+    """
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         applied = [service.applied_seq(name) for name in names]
         behind = [p for a, p in zip(applied, pubs) if a is None or a < p.stats()["next_seq"] - 1]
         if not behind:
             return True
-        for p in behind:
+        for p in behind if nudge else ():
             p.publish([])
-        time.sleep(0.02)
+        time.sleep(0.02 if nudge else 0.01)
     return False
 
 
