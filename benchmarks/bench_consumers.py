@@ -179,7 +179,7 @@ def bench_score(idx: BlockIndex, docs, pages: int, n: int, rnd: random.Random) -
         return out
 
     def walk(hs):
-        return router._walk((hs,), None, want_detail=False)
+        return router._walk(hs, None, want_detail=False)
 
     for i, toks in enumerate(reqs):
         if i % 2:  # one key's probe, cold: what prefix_hashes asks after each chunk

@@ -1,8 +1,8 @@
 """PrefixRouter: rank workers by the longest cached prefix of a request, weighted by medium.
 
 It recomputes the request's published (event) hashes with kvevents.hashing, the same contract the
-engines use (pages hashed lazily in growing chunks), then looks a whole chunk up in the BlockIndex
-at once: numpy gathers of the pages' mask rows, a running AND per worker word for the longest
+engines use (pages hashed lazily in growing chunks), then looks the hashed pages up in the
+BlockIndex at once: numpy gathers of the pages' mask rows, a running AND per worker word for the longest
 consecutive prefix, and per-bit counts for pages and medium weights. No Python runs per page.
 """
 
@@ -11,9 +11,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from functools import lru_cache
-from itertools import chain
 from types import MappingProxyType
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -26,7 +25,7 @@ from kvevents.hashing import (
     split_pages,
 )
 
-from consumers.indexer import WORD, BlockIndex, _bits
+from consumers.indexer import WORD, BlockIndex
 from consumers.table import as_hashes
 
 __all__ = ["PrefixRouter", "WorkerScore", "DEFAULT_MEDIUM_WEIGHTS"]
@@ -34,7 +33,6 @@ __all__ = ["PrefixRouter", "WorkerScore", "DEFAULT_MEDIUM_WEIGHTS"]
 DEFAULT_MEDIUM_WEIGHTS: dict[str, float] = {"GPU": 1.0, "CPU_PINNED": 0.8, "STORAGE": 0.5}
 _MIX = 0x9E3779B97F4A7C15
 _M64 = (1 << 64) - 1
-_END = ((-1, 0),)  # a last (row, mask) for the walk's loop: it takes every bit, recording none
 _FIRST_CHUNK = 32  # pages hashed before score() first asks the index whether to go on; the
 # pages hashed so far then double per chunk (see PrefixRouter.prefix_hashes)
 
@@ -154,7 +152,7 @@ class PrefixRouter:
         Pages are hashed lazily (`prefix_hashes`), then looked up in one vectorised walk.
         """
         hs = self.prefix_hashes(token_ids, cache_salt, lora_name)
-        return self._rank(*self._walk((hs,), lora_name, want_detail=False), loads)
+        return self._rank(*self._walk(hs, lora_name, want_detail=False), loads)
 
     def prefix_hashes(
         self, token_ids: Sequence[int], cache_salt: str | None = None, lora_name: str | None = None
@@ -181,14 +179,14 @@ class PrefixRouter:
         self, hashes: Sequence[int], lora_name: str | None = None, *, loads: Mapping[str, float] | None = None
     ) -> list[WorkerScore]:
         """`score` for a request whose int64 event hashes are already known (the lookup part alone)."""
-        return self._rank(*self._walk((as_hashes(hashes),), lora_name, want_detail=False), loads)
+        return self._rank(*self._walk(as_hashes(hashes), lora_name, want_detail=False), loads)
 
     def explain(
         self, token_ids: Sequence[int], cache_salt: str | None = None, lora_name: str | None = None
     ) -> dict[str, Any]:
         """Per-worker matched pages and media, plus the request's hashes (for humans and tests)."""
         hashes = self.request_hashes(token_ids, cache_salt)
-        ranked = self._rank(*self._walk((as_hashes(hashes),), lora_name, want_detail=True), None)
+        ranked = self._rank(*self._walk(as_hashes(hashes), lora_name, want_detail=True), None)
         return {
             "pages": len(hashes),
             "page_size": self.page_size,
@@ -200,15 +198,15 @@ class PrefixRouter:
         }
 
     def _walk(
-        self, chunks: Iterable[np.ndarray], lora_name: str | None, *, want_detail: bool
+        self, q: np.ndarray, lora_name: str | None, *, want_detail: bool
     ) -> tuple[dict[int, int], dict[int, float], dict[int, dict[int, int]], dict[int, float]]:
         """Per worker index: matched prefix pages, score, (want_detail) pages by best medium; and
         per worker word with one medium, its weight (a score there is pages x weight, see _rank).
 
-        Per chunk of pages and worker word (64 workers): OR the word's medium columns, then a
-        running AND down the pages from the workers still matching. That running mask only loses
-        bits, so Python runs once per change (a worker's prefix ending), not per page. Several
-        media: each prefix page is credited once, at the best-weighted medium holding it.
+        One vectorised lookup of the pages' masks, then per worker word (64 workers): OR the
+        word's medium columns and take a running AND down the pages. It only loses bits, so
+        Python runs once per change (a worker's prefix ending), not per page. Several media:
+        each prefix page is credited once, at the best-weighted medium holding it.
         """
         idx = self.index
         plan = idx._lookup_plan(lora_name, self.lora_strict)
@@ -216,52 +214,37 @@ class PrefixRouter:
         scores: dict[int, float] = {}
         detail: dict[int, dict[int, int]] = {}
         unit: dict[int, float] = {}
-        if not plan or not idx._by_index:
+        n = len(q)
+        if not plan or not idx._by_index or not n:
             return matched, scores, detail, unit
         weights, layout = self._layout(idx)
-        groups = [[word, cols, alive] for word, cols, alive in layout]  # alive: workers still matching
         per_medium: dict[int, dict[int, np.ndarray]] = {}  # word -> medium -> prefix pages per bit
-        offset = 0
-        for q in chunks:
-            n = len(q)
-            if not n:
-                break
-            m = idx._page_masks(plan, q)
-            going = False
-            for g in groups:
-                word, cols, alive = g
-                if not alive:
-                    continue
-                if len(cols) == 1:
-                    held = m[:, cols[0][0]]
-                else:
-                    held = np.bitwise_or.reduce(m[:, [c for c, _ in cols]], axis=1)
-                acc = np.bitwise_and.accumulate(held)  # acc[i]: held pages ..i (alive is applied below)
-                if len(cols) > 1 or want_detail:
-                    _credit_media(m, acc & np.uint64(alive), cols, per_medium.setdefault(word, {}))
-                base = word * WORD
-                prev = alive & int(acc[0])
-                lost = alive & ~prev if offset else 0  # at offset 0 these match no page: not recorded
-                pages = offset
-                starts = (acc[1:] != acc[:-1]).nonzero()[0]  # the running AND lost bits after row i
-                for i, now in chain(zip(starts.tolist(), acc.take(starts + 1).tolist()), _END):
-                    while lost:  # the workers whose prefix ended at `pages`
-                        low = lost & -lost
-                        matched[base + low.bit_length() - 1] = pages
-                        lost ^= low
-                    lost, pages = prev & ~now, offset + i + 1
-                    prev &= now
-                g[2] = alive = lost  # what the _END sentinel took: the workers still matching
-                going = going or bool(alive)
-            offset += n
-            if not going:
-                break
-        for word, cols, alive in groups:
-            if offset:
-                for b in _bits(alive):
-                    matched[word * WORD + b] = offset
-            if word not in per_medium:  # one medium: every prefix page has its weight
-                unit[word] = weights[cols[0][1]]
+        m = idx._page_masks(plan, q)
+        for word, cols, alive in layout:
+            if len(cols) == 1:
+                held = m[:, cols[0][0]]
+            else:
+                held = np.bitwise_or.reduce(m[:, [c for c, _ in cols]], axis=1)
+            acc = np.bitwise_and.accumulate(held)  # acc[i]: held pages 0..i (alive is applied below)
+            if len(cols) > 1 or want_detail:
+                _credit_media(m, acc & np.uint64(alive), cols, per_medium.setdefault(word, {}))
+            else:
+                unit[word] = weights[cols[0][1]]  # one medium: every prefix page has its weight
+            base = word * WORD
+            going = alive & int(acc[0])  # the others match no page: not recorded
+            after = acc[1:]
+            starts = (after != acc[:-1]).nonzero()[0]  # the running AND lost bits after page i
+            for i, now in zip(starts.tolist(), after.take(starts).tolist()):
+                ended = going & ~now  # these workers' prefixes are pages 0..i
+                going &= now
+                while ended:
+                    low = ended & -ended
+                    matched[base + low.bit_length() - 1] = i + 1
+                    ended ^= low
+            while going:  # still matching at the last page
+                low = going & -going
+                matched[base + low.bit_length() - 1] = n
+                going ^= low
         for word, media in per_medium.items():
             for b in range(WORD):
                 pages = matched.get(word * WORD + b)
