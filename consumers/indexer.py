@@ -458,16 +458,26 @@ class BlockIndex:
                 plan.append((self._views[0], filt))
         return plan
 
-    def _page_masks(self, plan: list[tuple[HashTable, np.ndarray | None]], q: np.ndarray) -> np.ndarray:
-        """(pages, columns) masks of a request's int64 hashes: OR over the plan's filtered views."""
+    def _page_masks(
+        self, plan: list[tuple[HashTable, np.ndarray | None]], q: np.ndarray, *, exact: bool = True
+    ) -> np.ndarray:
+        """(pages, columns) masks of a request's int64 hashes: OR over the plan's filtered views.
+
+        exact=False: keys off their home bucket read as absent (see `_spilled`).
+        """
         out: np.ndarray | None = None
         for t, filt in plan:
-            m = t.rows(q)
+            m = t.rows(q, exact=exact)
             if filt is not None:
                 m &= filt
             out = m if out is None else (out | m)
         assert out is not None
         return out
+
+    def _spilled(self, plan: list[tuple[HashTable, np.ndarray | None]], keys: Iterable[int]) -> bool:
+        """Is any of `keys` off its home bucket in a view of the plan (what exact=False misreads)?"""
+        spills = [t.spill for t, _ in plan if t.spill]
+        return bool(spills) and any(k in sp for k in keys for sp in spills)
 
     def _held(self, plan: list[tuple[HashTable, np.ndarray | None]], h: int) -> bool:
         """Does any worker hold int64 hash h under the plan? One key, plain Python (a few us)."""

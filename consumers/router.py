@@ -198,7 +198,7 @@ class PrefixRouter:
         }
 
     def _walk(
-        self, q: np.ndarray, lora_name: str | None, *, want_detail: bool
+        self, q: np.ndarray, lora_name: str | None, *, want_detail: bool, exact: bool = False
     ) -> tuple[dict[int, int], dict[int, float], dict[int, dict[int, int]], dict[int, float]]:
         """Per worker index: matched prefix pages, score, (want_detail) pages by best medium; and
         per worker word with one medium, its weight (a score there is pages x weight, see _rank).
@@ -207,6 +207,9 @@ class PrefixRouter:
         word's medium columns and take a running AND down the pages. It only loses bits, so
         Python runs once per change (a worker's prefix ending), not per page. Several media:
         each prefix page is credited once, at the best-weighted medium holding it.
+        The lookup first skips the table's spill (the few keys off their home bucket read as
+        absent): a misread page matters only where the running AND changes, so just those
+        pages are checked, and the walk is redone exactly if one of them is spilled.
         """
         idx = self.index
         plan = idx._lookup_plan(lora_name, self.lora_strict)
@@ -219,7 +222,8 @@ class PrefixRouter:
             return matched, scores, detail, unit
         weights, layout = self._layout(idx)
         per_medium: dict[int, dict[int, np.ndarray]] = {}  # word -> medium -> prefix pages per bit
-        m = idx._page_masks(plan, q)
+        m = idx._page_masks(plan, q, exact=exact)
+        changed = [0]  # pages where a running AND changed (page 0: where they start)
         for word, cols, alive in layout:
             if len(cols) == 1:
                 held = m[:, cols[0][0]]
@@ -237,6 +241,7 @@ class PrefixRouter:
             for i, now in zip(starts.tolist(), after.take(starts).tolist()):
                 ended = going & ~now  # these workers' prefixes are pages 0..i
                 going &= now
+                changed.append(i + 1)
                 while ended:
                     low = ended & -ended
                     matched[base + low.bit_length() - 1] = i + 1
@@ -245,6 +250,8 @@ class PrefixRouter:
                 low = going & -going
                 matched[base + low.bit_length() - 1] = n
                 going ^= low
+        if not exact and idx._spilled(plan, map(q.item, changed)):
+            return self._walk(q, lora_name, want_detail=want_detail, exact=True)
         for word, media in per_medium.items():
             for b in range(WORD):
                 pages = matched.get(word * WORD + b)

@@ -142,16 +142,17 @@ class HashTable:
             out[vacant] = -1
         return out
 
-    def rows(self, q: np.ndarray) -> np.ndarray:
+    def rows(self, q: np.ndarray, *, exact: bool = True) -> np.ndarray:
         """The mask rows of the keys of `q`, an all-zero row for an absent key (router lookups).
 
         `find` without its vacant-key check: a vacant-key query can only reach an empty slot,
         whose row is zero too. Absent keys get a slot far past the end, which take's clip mode
         turns into the zero last row (one numpy call fewer than mapping them to -1).
+        exact=False skips the spill: a key off its home bucket (one in `spill`) reads as absent.
         """
-        return self.masks.take(self._slots(q, _SLOT_OR_FAR, _FAR), axis=0, mode="clip")
+        return self.masks.take(self._slots(q, _SLOT_OR_FAR, _FAR, exact), axis=0, mode="clip")
 
-    def _slots(self, q: np.ndarray, in_bucket: np.ndarray, absent: int) -> np.ndarray:
+    def _slots(self, q: np.ndarray, in_bucket: np.ndarray, absent: int, exact: bool = True) -> np.ndarray:
         """Slots of the keys of `q`; an absent key's is below 0 (`absent` < 0) or past the end."""
         if not self.live or not len(q):
             return np.full(len(q), absent, np.intp)
@@ -163,7 +164,7 @@ class HashTable:
         hw >>= _SHIFT56
         out = b * _SLOTS
         out += in_bucket.take(hw)
-        if self.spill:  # keys off their home bucket (rare): only misses can be one of them
+        if exact and self.spill:  # keys off their home bucket (rare): only misses can be one of them
             n = len(self.keys)
             if (out.min() < 0) if absent < 0 else (out.max() >= n):
                 miss = out < 0 if absent < 0 else out >= n

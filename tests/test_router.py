@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from consumers.indexer import BlockIndex
@@ -360,3 +361,28 @@ def test_lazy_hashing_scores_like_the_full_hash_list(seed):
             full = {s.worker: (s.matched_pages, s.score) for s in r.score_hashes(hs, lora_name=lora)}
             assert lazy == full
             assert len(r.prefix_hashes(toks, lora_name=lora)) >= max((m for m, _ in lazy.values()), default=0)
+
+
+def test_prefixes_through_keys_off_their_home_bucket():
+    """Pages whose keys spilled past a full home bucket: the walk first reads them as absent,
+    finds them at the prefix ends it checks, and redoes the lookup exactly."""
+    idx = BlockIndex()
+    t = idx._views[0]
+    t.reserve(64)  # sized now, so storing the chain below does not rebuild (homes stay put)
+    cand = np.arange(1, 50_000, dtype=np.int64) * 1_000_003
+    chain = cand[t._home(cand) == t._home(cand[:1])[0]][:24].tolist()  # 24 keys for one 8-slot bucket
+    assert len(chain) == 24
+    idx.apply("w0", KVEventBatch(0.0, [BlockStored(chain, None, [1] * 24 * PAGE, PAGE, None, "GPU", None)]))
+    idx.apply("w1", KVEventBatch(0.0, [BlockStored(chain[:12], None, [1] * 12 * PAGE, PAGE, None, "GPU", None)]))
+    idx.apply("w2", KVEventBatch(0.0, [BlockStored(chain[:20], None, [1] * 20 * PAGE, PAGE, None, "CPU_PINNED", None)]))
+    spilled = [i for i, k in enumerate(chain) if k in t.spill]
+    assert len(spilled) == 16 and t.capacity == 256  # the premise: 16 of the 24 pages spilled
+    q = np.array(chain, np.int64)
+    plan = idx._lookup_plan(None, True)
+    assert not idx._page_masks(plan, q, exact=False)[spilled].any()  # the fast read misses them
+    r = PrefixRouter(idx, PAGE, seed=0)
+    for start in (0, 8, 10):
+        got = {s.worker: s.matched_pages for s in r.score_hashes(chain[start:])}
+        assert got == {"w0": 24 - start, "w1": 12 - start, "w2": 20 - start}
+        matched, _, by_medium, _ = r._walk(q[start:], None, want_detail=True)
+        assert matched == {0: 24 - start, 1: 12 - start, 2: 20 - start} and by_medium[2] == {1: 20 - start}
