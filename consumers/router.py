@@ -208,8 +208,9 @@ class PrefixRouter:
         Python runs once per change (a worker's prefix ending), not per page. Several media:
         each prefix page is credited once, at the best-weighted medium holding it.
         The lookup first skips the table's spill (the few keys off their home bucket read as
-        absent): a misread page matters only where the running AND changes, so just those
-        pages are checked, and the walk is redone exactly if one of them is spilled.
+        absent): a misread page matters only where a running AND changes (with one view, where
+        it drops to zero, as the page's row reads all-zero), so just those pages are checked,
+        and the walk is redone exactly if one of them is spilled.
         """
         idx = self.index
         plan = idx._lookup_plan(lora_name, self.lora_strict)
@@ -223,7 +224,8 @@ class PrefixRouter:
         weights, layout = self._layout(idx)
         per_medium: dict[int, dict[int, np.ndarray]] = {}  # word -> medium -> prefix pages per bit
         m = idx._page_masks(plan, q, exact=exact)
-        changed = [0]  # pages where a running AND changed (page 0: where they start)
+        check = [0]  # pages a misread could explain: page 0, then where a running AND changed
+        any_change = len(plan) > 1  # several views OR their rows: a misread one only loses bits
         for word, cols, alive in layout:
             if len(cols) == 1:
                 held = m[:, cols[0][0]]
@@ -241,7 +243,8 @@ class PrefixRouter:
             for i, now in zip(starts.tolist(), after.take(starts).tolist()):
                 ended = going & ~now  # these workers' prefixes are pages 0..i
                 going &= now
-                changed.append(i + 1)
+                if any_change or not now:
+                    check.append(i + 1)
                 while ended:
                     low = ended & -ended
                     matched[base + low.bit_length() - 1] = i + 1
@@ -250,7 +253,7 @@ class PrefixRouter:
                 low = going & -going
                 matched[base + low.bit_length() - 1] = n
                 going ^= low
-        if not exact and idx._spilled(plan, map(q.item, changed)):
+        if not exact and idx._spilled(plan, map(q.item, check)):
             return self._walk(q, lora_name, want_detail=want_detail, exact=True)
         for word, media in per_medium.items():
             for b in range(WORD):

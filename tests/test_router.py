@@ -386,3 +386,24 @@ def test_prefixes_through_keys_off_their_home_bucket():
         assert got == {"w0": 24 - start, "w1": 12 - start, "w2": 20 - start}
         matched, _, by_medium, _ = r._walk(q[start:], None, want_detail=True)
         assert matched == {0: 24 - start, 1: 12 - start, 2: 20 - start} and by_medium[2] == {1: 20 - start}
+
+
+def test_spilled_keys_in_an_adapter_view_beside_lora_blind_workers():
+    """Two views OR'd (the adapter's, and lora-less copies of workers that never name one): a
+    misread spilled key there only loses some bits, and is still found and redone."""
+    idx = BlockIndex()
+    idx.apply("la", KVEventBatch(0.0, [BlockStored([7], None, [1] * PAGE, PAGE, None, "GPU", "a")]))
+    t = idx._views[idx._lora_ix["a"]]
+    t.reserve(64)
+    idx._views[0].reserve(20_000)  # so large that the keys crowding t's bucket spread out there
+    cand = np.arange(1, 50_000, dtype=np.int64) * 1_000_003
+    chain = cand[t._home(cand) == t._home(cand[:1])[0]][:24].tolist()
+    for src, n, lora in (("la", 24, "a"), ("lb", 12, "a"), ("blind", 24, None)):
+        idx.apply(src, KVEventBatch(0.0, [BlockStored(chain[:n], None, [1] * n * PAGE, PAGE, None, "GPU", lora)]))
+    assert sum(k in t.spill for k in chain) == 16 and chain[0] not in t.spill and not idx._views[0].spill
+    # the running AND never drops to zero (blind holds every page): only checking every change finds it
+    plan = idx._lookup_plan("a", True)
+    assert len(plan) == 2
+    r = PrefixRouter(idx, PAGE, seed=0)
+    got = {s.worker: s.matched_pages for s in r.score_hashes(chain, lora_name="a")}
+    assert got == {"la": 24, "lb": 12, "blind": 24}
