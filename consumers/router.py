@@ -237,7 +237,7 @@ class PrefixRouter:
             else:
                 unit[word] = weights[cols[0][1]]  # one medium: every prefix page has its weight
             base = word * WORD
-            going = alive & int(acc[0])  # the others match no page: not recorded
+            going = alive & acc.item(0)  # the others match no page: not recorded
             after = acc[1:]
             starts = (after != acc[:-1]).nonzero()[0]  # the running AND lost bits after page i
             for i, now in zip(starts.tolist(), after.take(starts).tolist()):
@@ -253,7 +253,7 @@ class PrefixRouter:
                 low = going & -going
                 matched[base + low.bit_length() - 1] = n
                 going ^= low
-        if not exact and idx._spilled(plan, map(q.item, check)):
+        if not exact and idx._spilled(plan, map(q.item, check)):  # rare: redo it exactly
             return self._walk(q, lora_name, want_detail=want_detail, exact=True)
         for word, media in per_medium.items():
             for b in range(WORD):
