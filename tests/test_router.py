@@ -6,6 +6,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from consumers.indexer import BlockIndex
 from consumers.router import PrefixRouter
@@ -363,14 +365,16 @@ def test_lazy_hashing_scores_like_the_full_hash_list(seed):
             assert len(r.prefix_hashes(toks, lora_name=lora)) >= max((m for m, _ in lazy.values()), default=0)
 
 
+CROWD = np.arange(1, 200_000, dtype=np.int64) * 1_000_003  # candidates for keys sharing a home bucket
+
+
 def test_prefixes_through_keys_off_their_home_bucket():
     """Pages whose keys spilled past a full home bucket: the walk first reads them as absent,
     finds them at the prefix ends it checks, and redoes the lookup exactly."""
     idx = BlockIndex()
     t = idx._views[0]
     t.reserve(64)  # sized now, so storing the chain below does not rebuild (homes stay put)
-    cand = np.arange(1, 50_000, dtype=np.int64) * 1_000_003
-    chain = cand[t._home(cand) == t._home(cand[:1])[0]][:24].tolist()  # 24 keys for one 8-slot bucket
+    chain = CROWD[t._home(CROWD) == t._home(CROWD[:1])[0]][:24].tolist()  # 24 keys for one 8-slot bucket
     assert len(chain) == 24
     idx.apply("w0", KVEventBatch(0.0, [BlockStored(chain, None, [1] * 24 * PAGE, PAGE, None, "GPU", None)]))
     idx.apply("w1", KVEventBatch(0.0, [BlockStored(chain[:12], None, [1] * 12 * PAGE, PAGE, None, "GPU", None)]))
@@ -396,8 +400,7 @@ def test_spilled_keys_in_an_adapter_view_beside_lora_blind_workers():
     t = idx._views[idx._lora_ix["a"]]
     t.reserve(64)
     idx._views[0].reserve(20_000)  # so large that the keys crowding t's bucket spread out there
-    cand = np.arange(1, 50_000, dtype=np.int64) * 1_000_003
-    chain = cand[t._home(cand) == t._home(cand[:1])[0]][:24].tolist()
+    chain = CROWD[t._home(CROWD) == t._home(CROWD[:1])[0]][:24].tolist()
     for src, n, lora in (("la", 24, "a"), ("lb", 12, "a"), ("blind", 24, None)):
         idx.apply(src, KVEventBatch(0.0, [BlockStored(chain[:n], None, [1] * n * PAGE, PAGE, None, "GPU", lora)]))
     assert sum(k in t.spill for k in chain) == 16 and chain[0] not in t.spill and not idx._views[0].spill
@@ -407,3 +410,29 @@ def test_spilled_keys_in_an_adapter_view_beside_lora_blind_workers():
     r = PrefixRouter(idx, PAGE, seed=0)
     got = {s.worker: s.matched_pages for s in r.score_hashes(chain, lora_name="a")}
     assert got == {"la": 24, "lb": 12, "blind": 24}
+
+
+@given(st.data())
+def test_walk_without_the_spill_first_equals_the_exact_walk(data):
+    """Random holdings of keys crowding a few home buckets (a third or more spill), several
+    workers, media, adapters and lora-blind sources: the fast walk and the exact one agree."""
+    idx = BlockIndex()
+    idx.apply("seed", KVEventBatch(0.0, [BlockStored([11], None, [], PAGE, None, "GPU", "a")]))
+    for t in idx._views:
+        t.reserve(64)
+    homes = idx._views[0]._home(CROWD)
+    pool = [k for h in np.unique(homes)[:3].tolist() for k in CROWD[homes == h][:16].tolist()]
+    idx.apply("fill", KVEventBatch(0.0, [BlockStored(pool, None, [], PAGE, None, "GPU", None)]))  # 8 spill a bucket
+    chain = data.draw(st.permutations(pool))[: data.draw(st.integers(8, 48))]
+    for i in range(data.draw(st.integers(1, 6))):
+        lo = data.draw(st.sampled_from([0, 0, data.draw(st.integers(0, len(chain)))]))
+        held = chain[lo : data.draw(st.integers(lo, len(chain)))]
+        medium, lora = data.draw(st.sampled_from(["GPU", "CPU_PINNED"])), data.draw(st.sampled_from([None, "a"]))
+        idx.apply(f"w{i % 4}", KVEventBatch(0.0, [BlockStored(held, None, [], PAGE, None, medium, lora)]))
+    assert len(idx._views[0].spill) == 24
+    q = np.array(chain, np.int64)
+    for strict in (True, False):
+        r = PrefixRouter(idx, PAGE, lora_strict=strict, seed=1)
+        for lora in (None, "a"):
+            for detail in (False, True):
+                assert r._walk(q, lora, want_detail=detail) == r._walk(q, lora, want_detail=detail, exact=True)
