@@ -101,8 +101,9 @@ _sub_collector = _StatsCollector(SUBSCRIBER_METRICS, ("subscriber",))
 _registered = False
 
 
-def _acquire(obj: Any, port: int) -> None:
-    """Register the collectors once, start the port's server unless running, count `obj` as a user.
+def _acquire(obj: Any, port: int) -> int:
+    """Register the collectors once, start the port's server unless running, count `obj` as a user;
+    returns the port served. Port 0 starts a server of its own on a free port.
 
     OSError (port busy, ...) leaves nothing started and `obj` not counted.
     """
@@ -113,14 +114,19 @@ def _acquire(obj: Any, port: int) -> None:
             REGISTRY.register(_sub_collector)
             _registered = True
         if obj in _ports:
-            return
-        entry = _servers.get(port)
+            return _ports[obj]
+        entry = _servers.get(port) if port else None
         if entry is None:
             started = start_http_server(port, addr="127.0.0.1")  # (server, thread) since prometheus-client 0.20
             server, thread = started if isinstance(started, tuple) else (None, None)
+            if not port:
+                if server is None:  # pragma: no cover - prometheus-client < 0.20 cannot say which port
+                    raise OSError("metrics port 0 needs prometheus-client >= 0.20")
+                port = int(server.server_port)
             entry = _servers[port] = [server, thread, 0]
         entry[2] += 1
         _ports[obj] = port
+        return port
 
 
 def _release(obj: Any) -> None:
@@ -141,13 +147,14 @@ def _release(obj: Any) -> None:
         thread.join(5.0)
 
 
-def serve_publisher(pub: Any, port: int) -> None:
-    """Expose `pub.stats()` on http://127.0.0.1:port/metrics (one server per port, shared).
-
-    OSError when the port cannot be bound; `forget_publisher(pub)` stops the server with its last user.
+def serve_publisher(pub: Any, port: int) -> int:
+    """Expose `pub.stats()` on http://127.0.0.1:port/metrics (one server per port, shared; port 0:
+    a free one); returns the port. OSError when the port cannot be bound; `forget_publisher(pub)`
+    stops the server with its last user.
     """
-    _acquire(pub, port)
+    port = _acquire(pub, port)
     _pub_collector.members[pub] = (pub.endpoint, str(pub.config.dp_rank))
+    return port
 
 
 def forget_publisher(pub: Any) -> None:
@@ -156,10 +163,12 @@ def forget_publisher(pub: Any) -> None:
     _release(pub)
 
 
-def serve_subscriber(sub: Any, port: int, name: str = "default") -> None:
-    """Expose `sub.counters()` on http://127.0.0.1:port/metrics (OSError when the port is busy)."""
-    _acquire(sub, port)
+def serve_subscriber(sub: Any, port: int, name: str = "default") -> int:
+    """Expose `sub.counters()` on http://127.0.0.1:port/metrics (port 0: a free one); returns the
+    port. OSError when the port is busy."""
+    port = _acquire(sub, port)
     _sub_collector.members[sub] = (name,)
+    return port
 
 
 def forget_subscriber(sub: Any) -> None:

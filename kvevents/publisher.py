@@ -72,7 +72,7 @@ class PublisherConfig(BaseModel):
     heartbeat_interval_s: float = Field(1.0, ge=0)
     dp_rank: int = Field(0, ge=0)
     event_encoding: Literal["map", "array"] = "map"
-    metrics_port: int | None = Field(None, ge=0, le=65535)
+    metrics_port: int | None = Field(None, ge=0, le=65535)  # 0: a free port (Publisher.metrics_port)
     epoch: int | None = Field(None, ge=0, le=2**63 - 1)  # None: random; set it to continue a stream
     snapshots: bool = True  # keep the live view for KVE/SNAPSHOT (needs replay_endpoint); see above
 
@@ -178,6 +178,7 @@ class Publisher:
         self._drop_live = 0
         self._force_drop = 0
         self._closed = False
+        self._metrics_port: int | None = None  # the port serving /metrics (config's, or the free one for 0)
         # queue mode: batches enqueued and not yet emitted or lost (under the lock), and the flag
         # close() sets under the lock so that the sender never touches a socket close() closes
         self._pending = 0
@@ -228,7 +229,7 @@ class Publisher:
             from kvevents import metrics
 
             try:
-                metrics.serve_publisher(self, config.metrics_port)
+                self._metrics_port = metrics.serve_publisher(self, config.metrics_port)
             except (OSError, ValueError) as exc:  # a busy port: release the thread and both ports first
                 self.close(0)
                 raise ValueError(f"metrics port {config.metrics_port}: {exc}") from None
@@ -238,6 +239,11 @@ class Publisher:
     def epoch(self) -> int:
         """This publisher's epoch (PublisherConfig.epoch, or random); fixed for its lifetime."""
         return self._epoch
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The port serving /metrics: PublisherConfig.metrics_port, or the free one it picked for 0."""
+        return self._metrics_port
 
     def publish(self, events: Sequence[Event], ts: float | None = None) -> int:
         """Publish one batch (one engine step); returns its seq. Never waits on a consumer.

@@ -178,11 +178,16 @@ class Subscriber(RepairMixin):
             from kvevents import metrics
 
             try:
-                metrics.serve_subscriber(self, metrics_port, ",".join(names))  # type: ignore[arg-type]
+                self._metrics_port = metrics.serve_subscriber(self, metrics_port, ",".join(names))  # type: ignore[arg-type]
             except OSError as exc:  # nothing is open yet: no socket or thread to release
                 raise ValueError(f"metrics port {metrics_port}: {exc}") from None
 
     # ------------------------------------------------------------------ public API
+    @property
+    def metrics_port(self) -> int | None:
+        """The port serving /metrics: the metrics_port given, or the free one picked for 0."""
+        return self._metrics_port
+
     def start(self) -> "Subscriber":
         """Run on a background thread, calling on_delivery / on_reset (on_delivery is required).
 

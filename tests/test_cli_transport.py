@@ -89,6 +89,23 @@ def test_serve_stops_cleanly_on_ctrl_c():
             proc.wait()
 
 
+def test_serve_metrics_port_0_picks_one_free_port_for_every_rank():
+    import urllib.request
+
+    proc, lines = _start_serve("--workers", "2", "--duration", "5", "--metrics-port", "0")
+    try:
+        urls = {ln.split(" metrics ")[1].strip() for ln in lines if ln.startswith("kvevents serve: worker")}
+        assert len(urls) == 1  # both ranks on the one server
+        url = urls.pop()
+        assert not url.endswith(":0/metrics")
+        body = urllib.request.urlopen(url, timeout=5).read().decode()
+        live = {_endpoints(ln)[0] for ln in lines if ln.startswith("kvevents serve: worker")}
+        assert all(f'endpoint="{ep}"' in body for ep in live)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_tail_reports_heartbeats_and_bad_endpoint():
     proc, lines = _start_serve("--rate", "0.5", "--duration", "3", "--heartbeat", "0.1")
     try:

@@ -555,14 +555,12 @@ def test_bad_endpoint_is_a_value_error():
 
 
 def test_metrics_port_exposes_counters(pub):
-    import socket
     import urllib.request
 
-    with socket.socket() as sk:
-        sk.bind(("127.0.0.1", 0))
-        port = sk.getsockname()[1]
-    p = Publisher(endpoint=EPH, heartbeat_interval_s=0, metrics_port=port)
+    p = Publisher(endpoint=EPH, heartbeat_interval_s=0, metrics_port=0)  # 0: a free port
+    port = p.metrics_port
     try:
+        assert port
         p.publish([stored(1), stored(2)])
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
         assert "kvevents_publisher_batches_total" in body and "kvevents_publisher_events_total" in body

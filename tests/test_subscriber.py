@@ -330,10 +330,11 @@ def test_source_and_subscriber_validation():
 def test_subscriber_metrics_port():
     import urllib.request
 
-    port = int(free_tcp_endpoint().rsplit(":", 1)[1])
     pub = _pub()
-    sub = _sub(pub, metrics_port=port)
+    sub = _sub(pub, metrics_port=0)  # 0: a free port, which sub.metrics_port names
+    port = sub.metrics_port
     try:
+        assert port
         collect(sub, lambda it: len(_seqs(it)) >= 2)
         body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
         assert "kvevents_subscriber_heartbeats_total" in body and "kvevents_subscriber_live_batches_total" in body

@@ -22,15 +22,12 @@ from kvevents.transport.testing import EPH, apply, collect, free_tcp_endpoint, r
 from kvevents.transport.wire import SNAPSHOT_REQUEST, check_endpoint, pack_seq
 
 
-def _free_port() -> int:
-    return int(free_tcp_endpoint().rsplit(":", 1)[1])
-
-
-def _listening(port: int) -> socket.socket:
+def _listening() -> tuple[socket.socket, int]:
+    """A socket listening on a free port (held: nothing else can take it), and that port."""
     s = socket.socket()
-    s.bind(("127.0.0.1", port))
+    s.bind(("127.0.0.1", 0))
     s.listen(1)
-    return s
+    return s, s.getsockname()[1]
 
 
 def _can_listen(port: int) -> bool:
@@ -67,9 +64,9 @@ def _cli(args: list[str], capsys) -> tuple[int, str, str]:
 
 def test_busy_metrics_port_releases_the_thread_and_both_ports():
     live, replay = free_tcp_endpoint(), free_tcp_endpoint()
-    port = _free_port()
+    busy, port = _listening()
     before = _threads("kvevents-pub")
-    with closing(_listening(port)):
+    with closing(busy):
         with pytest.raises(ValueError, match=f"metrics port {port}"):
             Publisher(endpoint=live, replay_endpoint=replay, bind=True, heartbeat_interval_s=0.05, metrics_port=port)
         time.sleep(0.1)
@@ -87,8 +84,8 @@ def test_busy_metrics_port_releases_the_thread_and_both_ports():
 
 
 def test_busy_metrics_port_of_a_subscriber_is_a_value_error():
-    port = _free_port()
-    with closing(_listening(port)):
+    busy, port = _listening()
+    with closing(busy):
         with pytest.raises(ValueError, match=f"metrics port {port}"):
             Subscriber([free_tcp_endpoint()], metrics_port=port)
         assert port not in metrics.serving_ports()
@@ -224,8 +221,9 @@ def _value(body: str, name: str, endpoint: str) -> float:
 
 
 def test_metrics_export_every_publisher_counter():
-    port = _free_port()
-    p = Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0, metrics_port=port)
+    p = Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0, metrics_port=0)  # 0: a free port
+    port = p.metrics_port
+    assert port
     d = zmq.Context.instance().socket(zmq.DEALER)
     d.setsockopt(zmq.LINGER, 0)
     try:
@@ -256,13 +254,13 @@ def test_metrics_export_every_publisher_counter():
 
 
 def test_metrics_server_stops_with_its_last_user():
-    port = _free_port()
     before = _threads("serve_forever")
-    a = Publisher(endpoint=EPH, heartbeat_interval_s=0, metrics_port=port)
+    a = Publisher(endpoint=EPH, heartbeat_interval_s=0, metrics_port=0)
+    port = a.metrics_port
     b = Publisher(endpoint=EPH, heartbeat_interval_s=0, metrics_port=port)
     started = _threads("serve_forever") - before
     try:
-        assert len(started) == 1  # one server per port, shared
+        assert len(started) == 1 and b.metrics_port == port  # one server per port, shared
         a.close()
         assert "kvevents_publisher_batches_total" in _scrape(port)  # b still uses it
     finally:
@@ -280,9 +278,10 @@ def test_metrics_server_stops_with_its_last_user():
 
 
 def test_subscriber_metrics_server_stops_with_the_subscriber():
-    port = _free_port()
     before = _threads("serve_forever")
-    sub = Subscriber([free_tcp_endpoint()], metrics_port=port)
+    sub = Subscriber([free_tcp_endpoint()], metrics_port=0)
+    port = sub.metrics_port
+    assert port
     started = _threads("serve_forever") - before
     try:
         assert "kvevents_subscriber_live_batches_total" in _scrape(port)

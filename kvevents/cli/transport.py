@@ -36,7 +36,7 @@ def serve(
     capacity_pages: int = typer.Option(4096, min=1, help="Device pages per worker (eviction beyond)."),
     heartbeat: float = typer.Option(1.0, min=0.0, help="Heartbeat interval in seconds (0: none)."),
     bind: bool = typer.Option(True, help="Bind the live endpoint (the project default: loopback, bound)."),
-    metrics_port: Optional[int] = typer.Option(None, help="Serve Prometheus metrics on 127.0.0.1:PORT."),
+    metrics_port: Optional[int] = typer.Option(None, help="Serve Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed)."),
 ) -> None:
     """Run simulated engine workers, each publishing its KV events; a status line per second."""
     from kvevents.publisher import Publisher, publish_steps
@@ -81,6 +81,7 @@ def serve(
                     metrics_port=metrics_port,
                 )
             )
+            metrics_port = pubs[0].metrics_port  # 0 picked a free port: the other ranks share it
             sims.append(SimWorker(f"w{i}", page_size=page_size, capacity_pages=capacity_pages))
             loads.append(iter(Workload(seed + i, page_size=page_size)))
     except BaseException:
@@ -88,7 +89,9 @@ def serve(
             p.close(0)
         raise
     for i, p in enumerate(pubs):
-        _out(f"{_STARTED} worker w{i} dp_rank {i} live {p.endpoint} replay {p.replay_endpoint or '-'} epoch {p.epoch}")
+        metrics = f" metrics http://127.0.0.1:{p.metrics_port}/metrics" if p.metrics_port is not None else ""
+        _out(f"{_STARTED} worker w{i} dp_rank {i} live {p.endpoint} replay {p.replay_endpoint or '-'} "
+             f"epoch {p.epoch}{metrics}")
     stop = {"flag": False}
 
     def _on_term(signum: int, frame: Any) -> None:
