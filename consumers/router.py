@@ -207,10 +207,11 @@ class PrefixRouter:
         word's medium columns and take a running AND down the pages. It only loses bits, so
         Python runs once per change (a worker's prefix ending), not per page. Several media:
         each prefix page is credited once, at the best-weighted medium holding it.
-        The lookup first skips the table's spill (the few keys off their home bucket read as
-        absent): a misread page matters only where a running AND changes (with one view, where
-        it drops to zero, as the page's row reads all-zero), so just those pages are checked,
-        and the walk is redone exactly if one of them is spilled.
+        With one view (the usual plan) the lookup first skips the table's spill: the few keys off
+        their home bucket read as absent, an all-zero row. Such a misread page drops every running
+        AND to zero, so only the page where a word's AND drops to zero is checked, and the walk is
+        redone exactly if it is spilled. Several views are OR'd (a misread there only loses some
+        bits, anywhere), so they are read exactly from the start.
         """
         idx = self.index
         plan = idx._lookup_plan(lora_name, self.lora_strict)
@@ -223,9 +224,9 @@ class PrefixRouter:
             return matched, scores, detail, unit
         weights, layout = self._layout(idx)
         per_medium: dict[int, dict[int, np.ndarray]] = {}  # word -> medium -> prefix pages per bit
+        exact = exact or len(plan) > 1
         m = idx._page_masks(plan, q, exact=exact)
-        check = [0]  # pages a misread could explain: page 0, then where a running AND changed
-        any_change = len(plan) > 1  # several views OR their rows: a misread one only loses bits
+        check: list[int] = []  # where a word's running AND drops to zero: what a misread would look like
         for word, cols, alive in layout:
             if len(cols) == 1:
                 held = m[:, cols[0][0]]
@@ -240,11 +241,10 @@ class PrefixRouter:
             going = alive & acc.item(0)  # the others match no page: not recorded
             after = acc[1:]
             starts = (after != acc[:-1]).nonzero()[0]  # the running AND lost bits after page i
-            for i, now in zip(starts.tolist(), after.take(starts).tolist()):
+            ends = starts.tolist()
+            for i, now in zip(ends, after.take(starts).tolist()):
                 ended = going & ~now  # these workers' prefixes are pages 0..i
                 going &= now
-                if any_change or not now:
-                    check.append(i + 1)
                 while ended:
                     low = ended & -ended
                     matched[base + low.bit_length() - 1] = i + 1
@@ -253,7 +253,9 @@ class PrefixRouter:
                 low = going & -going
                 matched[base + low.bit_length() - 1] = n
                 going ^= low
-        if not exact and idx._spilled(plan, map(q.item, check)):  # rare: redo it exactly
+            if not exact and not acc.item(n - 1):  # zero sticks: it dropped at its last change, or page 0
+                check.append(ends[-1] + 1 if ends else 0)
+        if check and idx._spilled(plan, map(q.item, check)):  # rare: redo it exactly
             return self._walk(q, lora_name, want_detail=want_detail, exact=True)
         for word, media in per_medium.items():
             for b in range(WORD):
