@@ -5,8 +5,8 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -83,22 +83,19 @@ def test_route_rejects_a_bad_publisher_spec():
     assert proc.returncode == 2 and "--http" in proc.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_route_serves_scores_from_a_live_publisher():
     pub = Publisher(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", bind=True, heartbeat_interval_s=0.1)
     worker = SimWorker("w", page_size=4)
-    port = _free_port()
     proc = subprocess.Popen(
         [*KVEVENTS, "route", "--publisher", f"engine-0={pub.endpoint},{pub.replay_endpoint}",
-         "--http", f"127.0.0.1:{port}", "--page-size", "4"],
+         "--http", "127.0.0.1:0", "--page-size", "4"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
+        banner = proc.stderr.readline()  # port 0: the service names the port it bound
+        found = re.search(r"http://127\.0\.0\.1:(\d+) ", banner)
+        assert found, banner
+        port = int(found.group(1))
         tokens = list(range(40))
         worker.serve(Request(tokens))
         pub.publish(worker.take_events())
