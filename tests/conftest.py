@@ -1,4 +1,5 @@
-"""Shared test set-up: a deterministic, bounded hypothesis profile and the golden vectors."""
+"""Shared test set-up: a deterministic, bounded hypothesis profile, the golden vectors, a ZeroMQ
+context and a loopback publisher with a replay endpoint."""
 
 from __future__ import annotations
 
@@ -7,7 +8,11 @@ import os
 from pathlib import Path
 
 import pytest
+import zmq
 from hypothesis import HealthCheck, settings
+
+from kvevents.publisher import Publisher
+from kvevents.transport.testing import EPH
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN_PATH = REPO / "schemas" / "golden" / "sglang-0.5.20.json"
@@ -28,3 +33,16 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 def golden() -> dict:
     """The golden vectors computed by running SGLang 0.5.20 (never edited)."""
     return json.loads(GOLDEN_PATH.read_text())
+
+
+@pytest.fixture
+def ctx() -> zmq.Context:
+    return zmq.Context.instance()
+
+
+@pytest.fixture
+def pub():
+    """A publisher on ephemeral loopback ports with a replay endpoint, no heartbeats; closed after."""
+    p = Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0)
+    yield p
+    p.close()

@@ -1,4 +1,5 @@
-"""Publisher: wire shape, replay ROUTER, snapshot, describe, malformed requests, heartbeats, rules."""
+"""Publisher: endpoint rules, replay ROUTER, snapshot, describe, malformed requests, heartbeats,
+epochs. Wire compatibility (live frames, strict external decoders) is in test_publisher_wire."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 import zmq
 
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
-from kvevents.publisher import Publisher, PublisherConfig, publish_steps
-from kvevents.transport.testing import EPH, chain_events, recv_all, stored
+from kvevents.publisher import Publisher, PublisherConfig
+from kvevents.transport.testing import EPH, chain_events, dealer_socket, recv_all, stored, sub_socket, wait_joined
 from kvevents.transport.wire import (
     DESCRIBE_REQUEST,
     END_SEQ,
@@ -21,44 +22,6 @@ from kvevents.transport.wire import (
     pack_seq,
     should_bind,
 )
-
-
-@pytest.fixture
-def ctx():
-    return zmq.Context.instance()
-
-
-@pytest.fixture
-def pub():
-    p = Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0)
-    yield p
-    p.close()
-
-
-def _sub(ctx, endpoint):
-    s = ctx.socket(zmq.SUB)
-    s.setsockopt(zmq.SUBSCRIBE, b"")
-    s.setsockopt(zmq.LINGER, 0)
-    s.connect(endpoint)
-    return s
-
-
-def _dealer(ctx, endpoint):
-    d = ctx.socket(zmq.DEALER)
-    d.setsockopt(zmq.LINGER, 0)
-    d.connect(endpoint)
-    return d
-
-
-def _wait_joined(pub, sub):
-    """PUB drops until the subscription arrives: publish heartbeats until one is received."""
-    for _ in range(200):
-        pub.publish([])
-        if sub.poll(20):
-            while sub.poll(50):
-                sub.recv_multipart()
-            return
-    raise AssertionError("subscriber never joined")
 
 
 # ------------------------------------------------------------------ config and endpoint rules
@@ -110,8 +73,8 @@ def test_dp_rank_binds_offset_port_and_tags_batches(ctx):
         pytest.skip("port raced")
     try:
         assert p.endpoint == f"tcp://127.0.0.1:{port}"
-        s = _sub(ctx, p.endpoint)
-        _wait_joined(p, s)
+        s = sub_socket(ctx, p.endpoint)
+        wait_joined(p, s)
         p.publish([stored(1)])
         batch = decode_batch(s.recv_multipart()[2])
         assert batch.data_parallel_rank == 2 and batch.epoch == p.epoch
@@ -129,7 +92,7 @@ def test_connect_mode_reaches_a_binding_consumer(ctx):
     port = s.bind_to_random_port("tcp://127.0.0.1")
     p = Publisher(endpoint=f"tcp://127.0.0.1:{port}", heartbeat_interval_s=0)  # vLLM rule: connect
     try:
-        _wait_joined(p, s)
+        wait_joined(p, s)
         seq = p.publish([stored(5)])
         topic, seq_b, payload = s.recv_multipart()
         assert seq_b == pack_seq(seq)
@@ -138,200 +101,12 @@ def test_connect_mode_reaches_a_binding_consumer(ctx):
         s.close(0)
 
 
-# ------------------------------------------------------------------ live wire
-
-
-def test_live_frames_seq_epoch_and_topic(ctx):
-    p = Publisher(endpoint=EPH, topic="kv@w0", heartbeat_interval_s=0)
-    s = _sub(ctx, p.endpoint)
-    try:
-        _wait_joined(p, s)
-        first = p.stats()["next_seq"]
-        seqs = [p.publish(evs, ts=1700000000.5) for evs in chain_events(10, 3)]
-        assert seqs == [first, first + 1, first + 2]
-        for seq in seqs:
-            topic, seq_b, payload = s.recv_multipart()
-            assert topic == b"kv@w0" and len(seq_b) == 8 and int.from_bytes(seq_b, "big") == seq
-            raw = msgspec.msgpack.decode(payload)
-            assert raw[0] == 1700000000.5 and raw[2] == 0 and raw[3] == p.epoch
-            assert 0 <= p.epoch < 2**63
-    finally:
-        s.close(0)
-        p.close()
-
-
-def test_seq_starts_at_zero_and_epochs_differ():
-    a = Publisher(endpoint=EPH, heartbeat_interval_s=0)
-    b = Publisher(endpoint=EPH, heartbeat_interval_s=0)
-    try:
-        assert a.publish([]) == 0 and a.publish([stored(1)]) == 1
-        assert a.epoch != b.epoch
-    finally:
-        a.close()
-        b.close()
-
-
-class _StoredV033(msgspec.Struct, tag="BlockStored", forbid_unknown_fields=False):
-    """vLLM 0.33's required BlockStored fields (no defaults: absent keys are errors)."""
-
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-
-
-class _RemovedV033(msgspec.Struct, tag="BlockRemoved"):
-    block_hashes: list[int]
-    medium: str | None
-
-
-class _ClearedV033(msgspec.Struct, tag="AllBlocksCleared"):
-    pass
-
-
-class _BatchV033(msgspec.Struct, array_like=True):
-    ts: float
-    events: list[_StoredV033 | _RemovedV033 | _ClearedV033]
-    data_parallel_rank: int | None
-
-
-class _LegacyStored(msgspec.Struct, array_like=True, tag="BlockStored"):
-    """vLLM <= 0.23's positional BlockStored: lora_name at [7] (later elements ignored)."""
-
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None = None
-
-
-class _SGLangStored(msgspec.Struct, array_like=True, tag="BlockStored"):
-    """SGLang <= 0.5.19's positional BlockStored: an optional map {"cache_salt": ...} at [7]."""
-
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    extras: dict[str, str] | None = None
-
-
-class _LegacyRemoved(msgspec.Struct, array_like=True, tag="BlockRemoved"):
-    block_hashes: list[int]
-    medium: str | None = None
-
-
-class _LegacyCleared(msgspec.Struct, array_like=True, tag="AllBlocksCleared"):
-    pass
-
-
-class _LegacyBatch(msgspec.Struct, array_like=True):
-    ts: float
-    events: list[_LegacyStored | _LegacyRemoved | _LegacyCleared]
-    data_parallel_rank: int | None = None
-
-
-class _SGLangBatch(msgspec.Struct, array_like=True):
-    ts: float
-    events: list[_SGLangStored | _LegacyRemoved | _LegacyCleared]
-    data_parallel_rank: int | None = None
-
-
-EVENTS = [
-    AllBlocksCleared(),
-    BlockStored([-(2**63), 2**63 - 1], None, [1, 2, 3, 4], 2, None, None, None, cache_salt="t"),
-    BlockRemoved([5], "GPU"),
-]
-
-
-@pytest.mark.parametrize("encoding", ["map", "array"])
-def test_payloads_decode_with_strict_external_decoders(ctx, encoding):
-    p = Publisher(endpoint=EPH, heartbeat_interval_s=0, event_encoding=encoding)
-    s = _sub(ctx, p.endpoint)
-    try:
-        _wait_joined(p, s)
-        p.publish(EVENTS)
-        payload = s.recv_multipart()[2]
-    finally:
-        s.close(0)
-        p.close()
-    if encoding == "map":
-        b = msgspec.msgpack.decode(payload, type=_BatchV033)
-        assert isinstance(b.events[1], _StoredV033) and b.events[1].medium is None and b.events[1].lora_name is None
-    else:  # the salted store takes SGLang's legacy layout
-        b = msgspec.msgpack.decode(payload, type=_SGLangBatch)
-        assert isinstance(b.events[1], _SGLangStored) and b.events[1].extras == {"cache_salt": "t"}
-    assert b.events[1].block_hashes == [-(2**63), 2**63 - 1]
-    assert [type(e).__name__.strip("_").replace("V033", "").replace("Legacy", "").replace("SGLang", "") for e in b.events] == [
-        "ClearedV033".replace("V033", "") if encoding == "map" else "Cleared",
-        "Stored",
-        "Removed",
-    ]
-    assert decode_batch(payload).events == EVENTS
-
-
-def test_unsalted_array_payloads_decode_with_a_strict_vllm_legacy_decoder(ctx):
-    p = Publisher(endpoint=EPH, heartbeat_interval_s=0, event_encoding="array")
-    s = _sub(ctx, p.endpoint)
-    events = [BlockStored([1, 2], None, [1, 2], 1, None, "GPU", "adapter-1"), BlockRemoved([2], "GPU")]
-    try:
-        _wait_joined(p, s)
-        p.publish(events)
-        payload = s.recv_multipart()[2]
-    finally:
-        s.close(0)
-        p.close()
-    b = msgspec.msgpack.decode(payload, type=_LegacyBatch)
-    assert isinstance(b.events[0], _LegacyStored) and b.events[0].lora_name == "adapter-1"
-    assert decode_batch(payload).events == events
-
-
-def test_publish_rejects_non_events_without_consuming_a_seq(pub):
-    with pytest.raises(ValueError):
-        pub.publish([object()])  # type: ignore[list-item]
-    assert pub.publish([]) == 0
-
-
-def test_publish_payload_republishes_bytes_and_updates_view(ctx, pub):
-    from kvevents.events import encode_batch, KVEventBatch
-
-    raw = encode_batch(KVEventBatch(1.0, [stored(7)], 0, 123))
-    seq = pub.publish_payload(raw)
-    assert seq == 0 and pub.stats()["live_blocks"] == 1
-    d = _dealer(ctx, pub.replay_endpoint)
-    d.send_multipart([b"", pack_seq(0)])
-    msgs = recv_all(d)
-    assert msgs[0][3] == raw  # exact bytes kept
-    d.close(0)
-    with pytest.raises(ValueError):
-        pub.publish_payload(b"\xc1garbage")
-
-
-def test_publish_steps_helper(pub):
-    class Engine:
-        def __init__(self):
-            self.q = [[stored(1)], []]
-
-        def take_events(self):
-            return self.q.pop(0)
-
-    e = Engine()
-    assert publish_steps(e, pub) == 0
-    assert publish_steps(e, pub) is None
-
-
 # ------------------------------------------------------------------ replay ROUTER
 
 
 def test_replay_reply_shape_exact(ctx, pub):
     payload_seqs = [pub.publish(evs) for evs in chain_events(1, 5)]
-    d = _dealer(ctx, pub.replay_endpoint)
+    d = dealer_socket(ctx, pub.replay_endpoint)
     d.send_multipart([b"", pack_seq(2)])
     msgs = recv_all(d)
     assert [m[2] for m in msgs] == [pack_seq(s) for s in payload_seqs[2:]] + [END_SEQ]
@@ -362,7 +137,7 @@ def test_replay_start_older_than_oldest_starts_at_oldest(ctx):
     try:
         for evs in chain_events(1, 6):
             p.publish(evs)
-        d = _dealer(ctx, p.replay_endpoint)
+        d = dealer_socket(ctx, p.replay_endpoint)
         d.send_multipart([b"", pack_seq(0)])
         msgs = recv_all(d)
         assert [m[2] for m in msgs] == [pack_seq(3), pack_seq(4), pack_seq(5), END_SEQ]
@@ -382,7 +157,7 @@ def test_snapshot_parents_first_copies_and_end_seq(ctx, pub):
     pub.publish([BlockRemoved([3], "GPU")])
     pub.publish([BlockStored([3], 2, [3, 3], 2, None, "GPU", None)])  # re-added after its children? fine
     last = pub.publish([BlockStored([4], 3, [4, 4], 2, None, "GPU", None, cache_salt="s")])
-    d = _dealer(ctx, pub.replay_endpoint)
+    d = dealer_socket(ctx, pub.replay_endpoint)
     d.send_multipart([b"", SNAPSHOT_REQUEST])
     msgs = recv_all(d)
     assert msgs[-1] == [b"", b"", END_SEQ, pack_seq(last)]
@@ -409,7 +184,7 @@ def test_snapshot_includes_batches_dropped_by_force_drop(ctx, pub):
     pub.force_drop(1)
     pub.publish([stored(2, 1)])
     assert pub.stats()["dropped_queue_full"] == 1
-    d = _dealer(ctx, pub.replay_endpoint)
+    d = dealer_socket(ctx, pub.replay_endpoint)
     d.send_multipart([b"", pack_seq(0)])
     assert [m[2] for m in recv_all(d)] == [pack_seq(0), END_SEQ]  # seq 1 is not replayable
     d.send_multipart([b"", SNAPSHOT_REQUEST])
@@ -420,7 +195,7 @@ def test_snapshot_includes_batches_dropped_by_force_drop(ctx, pub):
 
 
 def test_describe(ctx, pub):
-    d = _dealer(ctx, pub.replay_endpoint)
+    d = dealer_socket(ctx, pub.replay_endpoint)
     d.send_multipart([b"", DESCRIBE_REQUEST])
     assert d.poll(2000)
     empty = msgspec.msgpack.decode(d.recv_multipart()[1])
@@ -440,9 +215,9 @@ def test_describe(ctx, pub):
 
 
 def test_malformed_requests_get_no_reply_and_live_continues(ctx, pub):
-    s = _sub(ctx, pub.endpoint)
-    _wait_joined(pub, s)
-    d = _dealer(ctx, pub.replay_endpoint)
+    s = sub_socket(ctx, pub.endpoint)
+    wait_joined(pub, s)
+    d = dealer_socket(ctx, pub.replay_endpoint)
     bad = [
         [b"", pack_seq(0), b"extra"],  # wrong frame count
         [b"", b"\x00\x00\x01"],  # 3-byte start
@@ -453,7 +228,7 @@ def test_malformed_requests_get_no_reply_and_live_continues(ctx, pub):
     before = pub.stats()["rejected_requests"]
     for msg in bad:
         d.send_multipart(msg)
-    huge = _dealer(ctx, pub.replay_endpoint)
+    huge = dealer_socket(ctx, pub.replay_endpoint)
     huge.send_multipart([b"", b"\x00" * 2000])  # over MAXMSGSIZE: ZeroMQ drops that peer
     for i in range(50):
         pub.publish([stored(100 + i)])
@@ -466,7 +241,7 @@ def test_malformed_requests_get_no_reply_and_live_continues(ctx, pub):
     huge.close(0)
     assert pub.stats()["rejected_requests"] - before >= 5
     d.close(0)
-    d2 = _dealer(ctx, pub.replay_endpoint)  # the ROUTER still serves well-formed requests
+    d2 = dealer_socket(ctx, pub.replay_endpoint)  # the ROUTER still serves well-formed requests
     d2.send_multipart([b"", DESCRIBE_REQUEST])
     assert d2.poll(2000)
     d2.close(0)
@@ -475,13 +250,13 @@ def test_malformed_requests_get_no_reply_and_live_continues(ctx, pub):
 
 def test_replay_served_in_slices_while_live_flows(ctx):
     p = Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0, buffer_steps=20000)
-    s = _sub(ctx, p.endpoint)
+    s = sub_socket(ctx, p.endpoint)
     try:
-        _wait_joined(p, s)
+        wait_joined(p, s)
         big = [stored(i) for i in range(32)]
         for _ in range(20000):
             p.publish(big)
-        d = _dealer(ctx, p.replay_endpoint)
+        d = dealer_socket(ctx, p.replay_endpoint)
         d.send_multipart([b"", pack_seq(0)])
         t0 = time.perf_counter()
         live_lat = []
@@ -504,9 +279,9 @@ def test_replay_served_in_slices_while_live_flows(ctx):
 
 def test_heartbeats_take_the_next_seq_when_idle(ctx):
     p = Publisher(endpoint=EPH, heartbeat_interval_s=0.05)
-    s = _sub(ctx, p.endpoint)
+    s = sub_socket(ctx, p.endpoint)
     try:
-        _wait_joined(p, s)
+        wait_joined(p, s)
         seq = p.publish([stored(1)])
         seqs = []
         while len(seqs) < 3 and s.poll(1000):
@@ -573,7 +348,7 @@ def test_large_snapshot_does_not_stall_live_publishing(ctx):
     try:
         for b in range(500):  # 50k live blocks in chains of 100
             p.publish([BlockStored(list(range(b * 100 + 1, b * 100 + 101)), None, [1] * 200, 2, None, "GPU", None)])
-        d = _dealer(ctx, p.replay_endpoint)
+        d = dealer_socket(ctx, p.replay_endpoint)
         d.send_multipart([b"", SNAPSHOT_REQUEST])
         worst = 0.0
         for i in range(200):
@@ -607,7 +382,7 @@ def test_config_epoch_is_validated_and_used(ctx):
         with pytest.raises(AttributeError):
             p.epoch = 5  # type: ignore[misc]  # fixed for the publisher's lifetime: set it in the config
         p.publish([stored(1)])
-        d = _dealer(ctx, p.replay_endpoint)
+        d = dealer_socket(ctx, p.replay_endpoint)
         d.send_multipart([b"", pack_seq(0)])
         assert decode_batch(recv_all(d)[0][3]).epoch == 2**63 - 1
         d.close(0)
@@ -622,7 +397,7 @@ def test_close_releases_ports_at_once(ctx):
     from kvevents.transport.testing import free_tcp_endpoint
 
     ep, rep = free_tcp_endpoint(), free_tcp_endpoint()
-    s = _sub(ctx, ep)  # a connected peer must not keep the port busy
+    s = sub_socket(ctx, ep)  # a connected peer must not keep the port busy
     try:
         for i in range(20):
             p = Publisher(endpoint=ep, replay_endpoint=rep, bind=True, heartbeat_interval_s=0)  # no retry
@@ -644,29 +419,13 @@ def test_any_eight_byte_request_is_a_replay_start(ctx, pub):
 
     assert all(len(c) != 8 for c in COMMANDS) and all(c.startswith(b"KVE/") for c in COMMANDS)
     pub.publish([stored(1)])
-    d = _dealer(ctx, pub.replay_endpoint)
+    d = dealer_socket(ctx, pub.replay_endpoint)
     d.send_multipart([b"", b"KVE/SNAP"])  # 8 bytes: a (huge) start, never a command
     assert recv_all(d) == [[b"", b"", END_SEQ, b""]]
     d.send_multipart([b"", b"\x00" * 8])
     assert [m[2] for m in recv_all(d)] == [pack_seq(0), END_SEQ]
     assert pub.stats()["replay_requests"] == 2 and pub.stats()["snapshot_requests"] == 0
     d.close(0)
-
-
-@pytest.mark.parametrize("encoding", ["map", "array"])
-def test_live_payload_bytes_equal_encode_batch(ctx, encoding):
-    from kvevents.events import KVEventBatch, encode_batch
-
-    p = Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0, event_encoding=encoding, epoch=77)
-    try:
-        p.publish(EVENTS, ts=5)  # an int ts is still a float64 on the wire
-        d = _dealer(ctx, p.replay_endpoint)
-        d.send_multipart([b"", pack_seq(0)])
-        got = recv_all(d)[0][3]
-        assert got == encode_batch(KVEventBatch(5.0, EVENTS, 0, 77), event_encoding=encoding)
-        d.close(0)
-    finally:
-        p.close()
 
 
 def test_view_counts_copies_repeated_inside_one_event(ctx, pub):
@@ -678,65 +437,3 @@ def test_view_counts_copies_repeated_inside_one_event(ctx, pub):
     assert view_counts(pub) == {("GPU", 1): 1, ("GPU", 2): 1}
     pub.publish([BlockRemoved([1, 1, 2], "GPU")])
     assert view_counts(pub) == {}
-
-
-# ------------------------------------------------------------------ snapshots=False (vLLM feature parity)
-
-
-def test_snapshots_config_defaults_on_and_no_view_without_a_replay_endpoint():
-    assert PublisherConfig().snapshots is True and PublisherConfig(snapshots=False).snapshots is False
-    for snapshots in (True, False):
-        p = Publisher(endpoint=EPH, heartbeat_interval_s=0, snapshots=snapshots)  # no replay endpoint
-        try:
-            p.publish([stored(1), stored(2, 1)])
-            assert not p._keep_view and p.stats()["live_blocks"] == 0
-        finally:
-            p.close()
-
-
-def test_snapshots_off_replay_and_describe_answer_snapshot_is_rejected(ctx):
-    p = Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0, snapshots=False)
-    d = _dealer(ctx, p.replay_endpoint)
-    try:
-        seqs = [p.publish(evs) for evs in chain_events(1, 5, page=16)]
-        p.publish([BlockRemoved([1], "GPU")])
-        assert p.stats()["live_blocks"] == 0  # no view is kept
-        d.send_multipart([b"", pack_seq(1)])
-        msgs = recv_all(d)
-        assert [m[2] for m in msgs] == [pack_seq(s) for s in seqs[1:]] + [pack_seq(5), END_SEQ]
-        assert decode_batch(msgs[0][3]).events == chain_events(1, 5, page=16)[1]
-        before = p.stats()["rejected_requests"]
-        d.send_multipart([b"", SNAPSHOT_REQUEST])
-        assert not d.poll(300)  # no reply at all
-        st = p.stats()
-        assert st["rejected_requests"] == before + 1 and st["snapshot_requests"] == 0
-        d.send_multipart([b"", DESCRIBE_REQUEST])  # the ROUTER still serves the others
-        assert d.poll(2000)
-        info = msgspec.msgpack.decode(d.recv_multipart()[1])
-        assert info["page_size"] == 16 and info["newest_seq"] == 5 and info["oldest_replayable_seq"] == 0
-        d.send_multipart([b"", pack_seq(5)])
-        assert [m[2] for m in recv_all(d)] == [pack_seq(5), END_SEQ]
-    finally:
-        d.close(0)
-        p.close()
-
-
-def test_snapshots_off_live_frames_are_the_same_bytes(ctx):
-    """snapshots=False changes nothing on the live stream: same frames as with the view."""
-    got = {}
-    for snapshots in (True, False):
-        p = Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0, epoch=9, snapshots=snapshots)
-        s = _sub(ctx, p.endpoint)
-        try:
-            _wait_joined(p, s)
-            first = p.stats()["next_seq"]
-            batches = [EVENTS, *chain_events(1, 20), [BlockRemoved([3, 4], "GPU")], []]
-            seqs = [p.publish(evs, ts=2.5) for evs in batches]
-            frames = [s.recv_multipart() for _ in batches if s.poll(2000)]
-            assert [f[1] for f in frames] == [pack_seq(q) for q in seqs]
-            got[snapshots] = [(f[0], int.from_bytes(f[1], "big") - first, f[2]) for f in frames]
-            assert p.stats()["live_blocks"] == (2 + 20 - 2 if snapshots else 0)
-        finally:
-            s.close(0)
-            p.close()
-    assert got[True] == got[False] and len(got[True]) == 23

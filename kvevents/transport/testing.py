@@ -32,6 +32,34 @@ def collect(sub, until: Callable[[list], bool], timeout: float = 5.0) -> list:
     raise AssertionError(f"timed out; got {len(items)} items, counters {sub.counters()}")
 
 
+def sub_socket(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+    """A raw SUB socket subscribed to every topic, connected to `endpoint` (closes at once)."""
+    s = ctx.socket(zmq.SUB)
+    s.setsockopt(zmq.SUBSCRIBE, b"")
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(endpoint)
+    return s
+
+
+def dealer_socket(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
+    """A raw DEALER socket connected to a replay endpoint (closes at once)."""
+    d = ctx.socket(zmq.DEALER)
+    d.setsockopt(zmq.LINGER, 0)
+    d.connect(endpoint)
+    return d
+
+
+def wait_joined(pub, sub: zmq.Socket) -> None:
+    """PUB drops until the subscription arrives: publish heartbeats until one is received, then drain."""
+    for _ in range(200):
+        pub.publish([])
+        if sub.poll(20):
+            while sub.poll(50):
+                sub.recv_multipart()
+            return
+    raise AssertionError("subscriber never joined")
+
+
 def recv_all(sock: zmq.Socket, timeout_ms: int = 2000) -> list[list[bytes]]:
     """Every message a socket receives until the end marker (seq frame ff*8) or a timeout."""
     out = []
