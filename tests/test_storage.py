@@ -302,3 +302,44 @@ def test_storage_pages_are_announced_again_after_a_reset() -> None:
     quiet = RadixCache(4, store=store)
     quiet.storage_remove(tokens, Namespace())
     assert quiet.take_events()[1:] == []
+
+
+# ---------------------------------------------------------------- pages that cannot be served under the wrong key
+OTHER = "cd" * 32
+
+
+def test_a_valid_page_under_another_keys_name_is_a_counted_miss(tmp_path: Path) -> None:
+    """A copy, rename or restore mix-up: the header binds the key, so the page is never served."""
+    s = FileStore(tmp_path)
+    s.put(KEY, b"bytes of page A")
+    s.put(OTHER, b"bytes of page B")
+    a, b = s.path_for(KEY), s.path_for(OTHER)
+    raw_a, raw_b = a.read_bytes(), b.read_bytes()
+    a.write_bytes(raw_b)  # swap the two files
+    b.write_bytes(raw_a)
+    assert s.get(KEY) is None and not s.contains(OTHER)
+    st = s.stats()
+    assert st["misplaced"] == 2 and st["hits"] == 0 and st["misses"] == 1
+    assert not a.exists() and not b.exists()  # dropped, like a corrupt page: the next write repairs it
+    s.put(KEY, b"bytes of page A")
+    assert s.get(KEY) == b"bytes of page A"
+
+
+def test_the_key_is_in_the_page_file(tmp_path: Path) -> None:
+    s = FileStore(tmp_path)
+    s.put(KEY, b"x")
+    assert bytes.fromhex(KEY) in s.path_for(KEY).read_bytes()
+
+
+def test_a_directory_at_a_page_path_is_a_miss(tmp_path: Path) -> None:
+    s = FileStore(tmp_path)
+    s.path_for(KEY).mkdir(parents=True)
+    assert s.get(KEY) is None and not s.contains(KEY)
+    assert s.stats()["misses"] == 1 and s.stats()["corrupt"] == 2
+    assert s.keys() == [] and not s.delete(KEY)
+    with pytest.raises(ValueError, match="not a page file"):
+        s.put(KEY, b"x")
+    # a file where the two-character fan-out directory should be: a miss too
+    t = FileStore(tmp_path / "t")
+    (tmp_path / "t" / KEY[:2]).write_bytes(b"x")
+    assert t.get(KEY) is None and not t.delete(KEY)

@@ -2,8 +2,9 @@
 
 Keys are 64-char lowercase hex storage hashes, which already include the whole namespace, so a
 store never needs to know about namespaces to keep them apart. `FileStore` writes each page
-atomically (temp file, fsync, rename) with a checksum; a corrupt or truncated page is read as a
-counted miss, removed, and never returned. The cache writes through to the store (see
+atomically (temp file, fsync, rename) with its key and a checksum in the header; a corrupt or
+truncated page, or a valid page found under another key's name (a copy, rename or restore
+mix-up), is read as a counted miss, removed, and never returned. The cache writes through to the store (see
 kvevents/cache/tier.py for why), so a store outlives device resets and process restarts.
 """
 
@@ -119,17 +120,22 @@ class MemoryStore:
         }
 
 
-# FileStore page file: magic, payload length (u64 LE), BLAKE2b-128 of the payload, payload.
-_MAGIC = b"KVP1"
-_HEADER = struct.Struct("<4sQ16s")
+# FileStore page file: magic, payload length (u64 LE), the key (32 raw bytes), BLAKE2b-128 of
+# key || payload, payload. A "KVP1" page (no key) from an older build reads as a counted miss.
+_MAGIC = b"KVP2"
+_HEADER = struct.Struct("<4sQ32s16s")
 
 
-def _checksum(data: bytes) -> bytes:
-    return hashlib.blake2b(data, digest_size=16).digest()
+def _checksum(key_raw: bytes, data: bytes) -> bytes:
+    h = hashlib.blake2b(key_raw, digest_size=16)
+    h.update(data)
+    return h.digest()
 
 
 class FileStore:
-    """One file per page under `directory/<key[:2]>/<key>.page`, written atomically with a checksum."""
+    """One file per page under `directory/<key[:2]>/<key>.page`, written atomically with its key and
+    a checksum. stats(): `corrupt` counts damaged or unreadable pages (a directory at a page path
+    too), `misplaced` valid pages whose header names another key; both are misses."""
 
     def __init__(self, directory: str | os.PathLike[str], *, fsync: bool = True) -> None:
         if not isinstance(directory, (str, os.PathLike)):
@@ -142,6 +148,7 @@ class FileStore:
         self.hits = 0
         self.misses = 0
         self.corrupt = 0
+        self.misplaced = 0
         self.writes = 0
 
     def path_for(self, key: str) -> Path:
@@ -150,24 +157,35 @@ class FileStore:
         return self.directory / key[:2] / f"{key}.page"
 
     def _load(self, key: str) -> bytes | None:
-        """The verified page, or None; a corrupt or truncated file is counted and dropped."""
+        """The verified page, or None; a corrupt, truncated or misplaced file is counted and dropped."""
         path = self.path_for(key)
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
             return None
+        except (IsADirectoryError, NotADirectoryError):  # not a page file: a counted miss, left alone
+            self.corrupt += 1
+            return None
         if len(raw) >= _HEADER.size:
-            magic, length, digest = _HEADER.unpack_from(raw)
+            magic, length, key_raw, digest = _HEADER.unpack_from(raw)
             data = raw[_HEADER.size :]
-            if magic == _MAGIC and length == len(data) and _checksum(data) == digest:
-                return data
+            if magic == _MAGIC and length == len(data) and _checksum(key_raw, data) == digest:
+                if key_raw == bytes.fromhex(key):
+                    return data
+                self.misplaced += 1  # a valid page of another key: never served under this one
+                self._drop(path)
+                return None
         # Corrupt or truncated: never returned; drop the file so the next write repairs it.
         self.corrupt += 1
+        self._drop(path)
+        return None
+
+    @staticmethod
+    def _drop(path: Path) -> None:
         try:
             path.unlink()
         except FileNotFoundError:  # pragma: no cover - raced with another remover
             pass
-        return None
 
     def get(self, key: str) -> bytes | None:
         data = self._load(key)
@@ -180,11 +198,14 @@ class FileStore:
     def put(self, key: str, data: bytes) -> None:
         path = self.path_for(key)
         data = _check_data(data)
+        if path.is_dir() or path.parent.exists() and not path.parent.is_dir():
+            raise ValueError(f"FileStore: {str(path)!r} is in the way and is not a page file")
         path.parent.mkdir(exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=path.parent)
         try:
             with os.fdopen(fd, "wb") as fh:
-                fh.write(_HEADER.pack(_MAGIC, len(data), _checksum(data)))
+                key_raw = bytes.fromhex(key)
+                fh.write(_HEADER.pack(_MAGIC, len(data), key_raw, _checksum(key_raw, data)))
                 fh.write(data)
                 fh.flush()
                 if self.fsync:
@@ -209,15 +230,16 @@ class FileStore:
         return self._load(key) is not None
 
     def delete(self, key: str) -> bool:
+        """Remove one page file; False if none was there (a directory in the way is not a page)."""
         try:
             self.path_for(key).unlink()
-        except FileNotFoundError:
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return False
         return True
 
     def keys(self) -> list[str]:
-        """Stored keys (sorted)."""
-        return sorted(p.stem for p in self.directory.glob("??/*.page"))
+        """Stored keys (sorted): names of page files, not verified (get() verifies)."""
+        return sorted(p.stem for p in self.directory.glob("??/*.page") if p.is_file())
 
     def stats(self) -> dict[str, int]:
         return {
@@ -225,5 +247,6 @@ class FileStore:
             "hits": self.hits,
             "misses": self.misses,
             "corrupt": self.corrupt,
+            "misplaced": self.misplaced,
             "writes": self.writes,
         }
