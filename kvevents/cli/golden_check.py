@@ -397,6 +397,10 @@ def _wire(wire: dict[str, Any]) -> list[Item]:
 
 def check_golden(golden: dict[str, Any]) -> list[Item]:
     """Check every section of a golden file; returns one Item per golden item, in file order."""
+    from kvevents.cli.golden_vllm import check_vllm_golden, is_vllm_golden
+
+    if is_vllm_golden(golden):  # schemas/golden/vllm-*.json: vLLM's own hash chain
+        return check_vllm_golden(golden)
     items: list[Item] = []
     sections = {
         "cases": lambda v: [_case(c) for c in v],

@@ -1,0 +1,6 @@
+"""Other engines' hashing and event fields, read as they are (kvevents' own contract is kvevents.hashing).
+
+`kvevents.engines.vllm`: vLLM 0.33's block-hash chain (sha256 / sha256_cbor), its extra keys, the
+uint64 form it publishes, and a decoder that keeps the fields kvevents' contract structs drop
+(`extra_keys`, `group_idx`, raw bytes hashes).
+"""
