@@ -1,0 +1,127 @@
+"""Shared pieces of the JetStream tests: a simulated engine, a router fed from JetStream, waiting."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Callable
+
+from consumers.indexer import BlockIndex
+from kvevents.publisher import Publisher, publish_steps
+from kvevents.sim import SimWorker, Workload
+from kvevents.subscriber import Delivery, Reset, Source
+from kvevents.transport.jetstream_source import JetStreamSource
+from kvevents.transport.nats_link import NatsOptions
+from kvevents.transport.testing import EPH
+
+
+class Engine:
+    """A SimWorker publishing through a real Publisher with a replay endpoint (ephemeral ports)."""
+
+    def __init__(self, name: str, seed: int, *, endpoint: str = EPH, replay: str = EPH) -> None:
+        self.name = name
+        self.worker = SimWorker(name, page_size=4, capacity_pages=64)
+        self.load = iter(Workload(seed, page_size=4, system_prompt_pages=(1, 4), user_tokens=(4, 40), answer_tokens=(4, 40)))
+        self.pub = Publisher(endpoint=endpoint, replay_endpoint=replay, bind=True, heartbeat_interval_s=0.1)
+
+    @property
+    def source(self) -> Source:
+        return Source(self.pub.endpoint, self.pub.replay_endpoint, self.name)
+
+    def step(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.worker.serve(next(self.load))
+            publish_steps(self.worker, self.pub)
+
+    def last_seq(self) -> int:
+        return self.pub.stats()["next_seq"] - 1
+
+    def truth(self) -> Counter:
+        return +self.worker.cache.published_copies()
+
+    def close(self) -> None:
+        self.pub.close()
+
+
+class JSRouter:
+    """A JetStreamSource driving a BlockIndex (what RouterService does, without HTTP)."""
+
+    def __init__(self, url: str, stream: str = "KV", **options: object) -> None:
+        self.index = BlockIndex()
+        self.applied: dict[str, int] = {}
+        self.resets: list[Reset] = []
+        self.kinds: Counter = Counter()
+        self.src = JetStreamSource(NatsOptions(url), stream, reorder_wait_s=0.3, **options)  # type: ignore[arg-type]
+
+    def pump(self, timeout: float = 0.05) -> None:
+        for it in self.src.poll(timeout):
+            if isinstance(it, Delivery):
+                self.index.apply(it.source, it.batch)
+                self.applied[it.source] = it.seq
+                self.kinds[it.kind] += 1
+            else:
+                self.index.drop_source(it.source, it.dp_rank)
+                self.applied.pop(it.source, None)
+                self.resets.append(it)
+
+    def state(self, source: str) -> Counter:
+        return +self.index.copies(source)
+
+    def stop(self) -> None:
+        self.src.stop()
+
+
+def wait_until(what: str, cond: Callable[[], bool], pump: Callable[[], object] | None = None, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pump is not None:
+            pump()
+        else:
+            time.sleep(0.02)
+        if cond():
+            return
+    raise AssertionError(f"timed out waiting for: {what}")
+
+
+def caught_up(routers: list[JSRouter], engines: list[Engine]) -> Callable[[], bool]:
+    """Every router applied each engine's seq as of now (or later) and holds exactly its true cache."""
+    targets = {e.name: e.last_seq() for e in engines}
+
+    def cond() -> bool:
+        return all(r.applied.get(e.name, -1) >= targets[e.name] and r.state(e.name) == e.truth()
+                   for r in routers for e in engines)
+    return cond
+
+
+def stored_seqs(url: str, subject: str, stream: str = "KV") -> list[int]:
+    """The engine seq header of every message stored on `subject`, in stream order."""
+    import asyncio
+
+    from nats.js.api import DeliverPolicy
+
+    from kvevents.transport.nats_link import H_SEQ, close, connect
+
+    async def main() -> list[int]:
+        nc = await connect(NatsOptions(url), give_up_after_s=5.0)
+        try:
+            js = nc.jetstream()
+            info = await js.stream_info(stream, subjects_filter=subject)
+            total = int((info.state.subjects or {}).get(subject, 0))
+            out: list[int] = []
+            if not total:
+                return out
+            done = asyncio.Event()
+
+            async def cb(msg) -> None:
+                out.append(int(msg.headers[H_SEQ]))
+                if len(out) >= total:
+                    done.set()
+
+            sub = await js.subscribe(subject, cb=cb, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+            await asyncio.wait_for(done.wait(), 10.0)
+            await sub.unsubscribe()
+            return out
+        finally:
+            await close(nc)
+
+    return asyncio.run(main())

