@@ -16,22 +16,23 @@ from __future__ import annotations
 
 import hashlib
 import pickle
-from typing import Any, Callable, Literal, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
 __all__ = [
-    "HASH_ALGOS",
-    "HashAlgo",
     "DEFAULT_SEED",
+    "HASH_ALGOS",
     "PROFILES",
+    "HashAlgo",
+    "event_extra_keys",
+    "hash_block",
     "hash_function",
     "none_hash",
-    "hash_block",
+    "tagged_extra_keys",
+    "to_event_hash",
+    "untag_extra_keys",
     "vllm_block_hashes",
     "vllm_event_hashes",
-    "to_event_hash",
-    "tagged_extra_keys",
-    "untag_extra_keys",
-    "event_extra_keys",
 ]
 
 HashAlgo = Literal["sha256", "sha256_cbor"]

@@ -10,24 +10,25 @@ writes: the strict 3-element batch, map events with the required keys always pre
 
 from __future__ import annotations
 
-from typing import Any, Sequence, Union
+from collections.abc import Sequence
+from typing import Any, Union
 
 import msgspec
 
 from kvevents.errors import DecodeError
 
 __all__ = [
-    "VllmBlockStored",
-    "VllmBlockRemoved",
+    "REMOVED_FIELDS",
+    "STORED_FIELDS",
     "VllmAllBlocksCleared",
-    "VllmEvent",
     "VllmBatch",
+    "VllmBlockRemoved",
+    "VllmBlockStored",
+    "VllmEvent",
     "decode_vllm_batch",
     "encode_vllm_batch",
-    "stored_event",
     "removed_event",
-    "STORED_FIELDS",
-    "REMOVED_FIELDS",
+    "stored_event",
 ]
 
 #: BlockStored fields in vLLM 0.33's order (the first seven are required keys, even when nil).
@@ -86,7 +87,7 @@ class VllmBatch(msgspec.Struct, array_like=True, gc=False):
 
     ts: float
     events: list[VllmEvent]
-    data_parallel_rank: Union[int, None] = None
+    data_parallel_rank: int | None = None
 
 
 _decoder = msgspec.msgpack.Decoder(VllmBatch)

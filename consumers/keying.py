@@ -1,0 +1,540 @@
+"""Token-derived keys: index any engine's stream (vLLM, SGLang, ...) by the contract's event hashes.
+
+A `SourceKeyer` sits between the subscriber and `BlockIndex`. Per source it runs in one mode:
+- `contract`: published hash == the contract's event hash; batches pass through untouched.
+- `tokens`: engine hashes are opaque ids. Each stored block's key is the contract event hash of
+  its `token_ids`, chained from the parent block's key (a head is seeded by the salt, as in the
+  contract), so a request hashed by `PrefixRouter` finds it whatever the engine. A per-(source,
+  dp_rank) map from engine hash to key digest serves parents and removes and loses the entry with
+  the block's last copy (digests are shared between maps: one bytes object per distinct key).
+- `auto` (default): batches wait (bounded) until a head store shows whether the published hashes
+  recompute under the contract; then `contract` or `tokens`.
+
+vLLM's fields (schemas/README.md, "Reading vLLM streams"): the lora name stays the event's
+`lora_name` (adapter-aware lookups); the cache salt (first block's extra keys, or the contract's
+`cache_salt`) seeds the head; multimodal `(identifier, offset)` pairs and prompt-embeds digests
+are mixed into the key (`mix_extra_keys`) so such a block never matches a text-only request;
+only KV-cache group `group_idx` (default 0, the full-attention group of vLLM's hybrid models) is
+indexed, other groups are counted and skipped. Input that cannot be keyed exactly (token count
+not matching the hashes, e.g. spans over skipped null blocks; an unknown or unkeyed parent; a hash
+of a type the map cannot hold; a block size other than the router's page size) is counted per
+source and never indexed: a missed block, never a wrong key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal, cast
+
+import msgspec
+import numpy as np
+
+from kvevents.engines.vllm_wire import (
+    VllmBlockRemoved,
+    VllmBlockStored,
+    decode_vllm_batch,
+)
+from kvevents.errors import DecodeError
+from kvevents.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    decode_batch,
+)
+from kvevents.hashing import (
+    Namespace,
+    digest_chain,
+    event_hashes_int64,
+    event_seed,
+    pack_tokens,
+    split_pages,
+)
+
+__all__ = [
+    "KEY_MODES",
+    "KeyMode",
+    "SourceKeyer",
+    "mix_extra_keys",
+    "parse_key_mode",
+    "request_keys",
+]
+
+KeyMode = Literal["contract", "tokens", "auto"]
+KEY_MODES: tuple[str, ...] = ("contract", "tokens", "auto")
+_MIX_DOMAIN = b"kvevents-page-extra-keys-v1\x00"
+_U64 = (1 << 64) - 1
+_UNKEYED = b""  # map value of a block that could not be keyed exactly (its children cannot either)
+_REMOVED_HAS_LORA = "lora_name" in BlockRemoved.__struct_fields__
+_sha256 = hashlib.sha256
+_mp = msgspec.msgpack.Encoder()
+
+
+def parse_key_mode(spec: str) -> tuple[str, str]:
+    """`NAME=MODE` (MODE one of contract, tokens, auto) -> (name, mode); ValueError otherwise."""
+    name, sep, mode = spec.partition("=")
+    if not sep or not name.strip() or mode.strip() not in KEY_MODES:
+        raise ValueError(f"key mode {spec!r}: expected NAME=MODE with MODE one of {', '.join(KEY_MODES)}")
+    return name.strip(), mode.strip()
+
+
+def _mixables(keys: Any) -> list[Any]:
+    """The extra keys that change a block's content identity: everything but strings (lora name, salt)."""
+    if keys is None:
+        return []
+    if not isinstance(keys, (list, tuple)):
+        raise ValueError(f"a block's extra keys must be an array or nil, got {type(keys).__name__}")
+    return [k for k in keys if not isinstance(k, str)]
+
+
+def mix_extra_keys(digest: bytes, extras: Sequence[Any]) -> bytes:
+    """A page digest with multimodal pairs / prompt-embeds digests mixed in (unchanged if none):
+    SHA-256(domain || digest || SHA-256(msgpack(extras))). The next page chains from the result."""
+    if not extras:
+        return digest
+    try:
+        blob = _mp.encode(list(extras))
+    except (TypeError, OverflowError) as exc:
+        raise ValueError(f"extra keys cannot be encoded: {exc}") from None
+    return _sha256(_MIX_DOMAIN + digest + _sha256(blob).digest()).digest()
+
+
+def _block_extras(extras: list[Any], lora: str | None, head: bool) -> list[list[Any]]:
+    """Per block, the extra keys mixed into its key; ValueError for a string that is neither the
+    lora name nor (on a head's first block, already taken as the seed) the salt."""
+    out: list[list[Any]] = []
+    for i, ks in enumerate(extras):
+        if ks is None:
+            out.append([])
+            continue
+        if not isinstance(ks, list):
+            raise ValueError(f"block {i}: extra keys must be an array or nil")
+        if not (head and i == 0) and any(isinstance(k, str) and k != lora for k in ks):
+            raise ValueError(f"block {i}: a string extra key that is neither the lora name nor the head's salt")
+        out.append([k for k in ks if not isinstance(k, str)])
+    return out
+
+
+def _i64(d: bytes) -> int:
+    return int.from_bytes(d[:8], "big", signed=True)
+
+
+def request_keys(
+    token_ids: Sequence[int],
+    page_size: int,
+    cache_salt: str | None = None,
+    page_extra_keys: Sequence[Sequence[Any] | None] | None = None,
+) -> np.ndarray:
+    """A request's int64 keys as tokens-mode sources index them: the contract event hashes of its
+    whole pages, with page i's extra keys (vLLM's untagged form: (identifier, offset) pairs, embeds
+    digests; strings are ignored) mixed in. Feed them to `PrefixRouter.score_hashes`."""
+    if not page_extra_keys or not any(_mixables(k) for k in page_extra_keys):
+        usable = len(token_ids) - len(token_ids) % page_size
+        return np.asarray(event_hashes_int64(token_ids[:usable], page_size, Namespace(cache_salt=cache_salt)), np.int64)
+    packed = pack_tokens(token_ids)
+    step = 4 * page_size
+    pages = split_pages(packed[: len(packed) - len(packed) % step], page_size)
+    seed = event_seed(Namespace(cache_salt=cache_salt))
+    prior = None if seed is None else bytes.fromhex(seed)
+    out: list[int] = []
+    for i, page in enumerate(pages):
+        d = _sha256(page if prior is None else prior + page).digest()
+        if i < len(page_extra_keys):
+            d = mix_extra_keys(d, _mixables(page_extra_keys[i]))
+        out.append(_i64(d))
+        prior = d
+    return np.asarray(out, np.int64)
+
+
+def _ehash(h: Any) -> int | bytes | None:
+    """An engine hash as a map key (uint64 int or non-empty bytes), None if the map cannot hold it."""
+    t = type(h)
+    if t is int:
+        if 0 <= h <= _U64:
+            return h
+        if -(1 << 63) <= h < 0:
+            return h & _U64  # the same 64 bits as a uint64
+        return None
+    if t is bytes and h:
+        return h
+    return None
+
+
+class _Chain:
+    """One (source, dp_rank)'s engine-hash map: digest per hash, extra copies, lora per lora block."""
+
+    __slots__ = ("digests", "dups", "loras")
+
+    def __init__(self) -> None:
+        self.digests: dict[int | bytes, bytes] = {}
+        self.dups: dict[int | bytes, int] = {}
+        self.loras: dict[int | bytes, str] = {}
+
+
+def _refs_when_only_interned() -> int:
+    probe = bytes(bytearray(32))
+    canon = {probe: probe}
+    n = sys.getrefcount(probe)
+    del canon
+    return n
+
+
+class SourceKeyer:
+    """Translates each source's batches into contract-keyed batches for `BlockIndex.apply`.
+
+    `translate(source, batch, payload)` returns the batches to apply (none while `auto` waits,
+    several when it decides); `apply(index, ...)` does both. `reset(source, dp_rank)` drops the
+    maps with the index's copies (subscriber resets). Counters per source: `stats()`. Not
+    thread-safe (the service calls it under its index lock).
+    """
+
+    def __init__(
+        self,
+        page_size: int,
+        *,
+        default_mode: str = "auto",
+        modes: Mapping[str, str] | None = None,
+        group_idx: int = 0,
+        auto_max_batches: int = 1024,
+    ) -> None:
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+            raise ValueError(f"page_size must be an integer >= 1, got {page_size!r}")
+        if default_mode not in KEY_MODES:
+            raise ValueError(f"default_mode must be one of {', '.join(KEY_MODES)}, got {default_mode!r}")
+        self.page_size = page_size
+        self.default_mode = default_mode
+        self.group_idx = group_idx
+        self.auto_max_batches = auto_max_batches
+        self._modes: dict[str, str] = {}
+        self._configured: dict[str, str] = {}
+        self._pending: dict[str, list[tuple[KVEventBatch | None, bytes | None]]] = {}
+        self._chains: dict[tuple[str, int], _Chain] = {}
+        self._canon: dict[bytes, bytes] = {}
+        self._counters: dict[str, Counter[str]] = {}
+        self._only_interned = _refs_when_only_interned()
+        for name, mode in (modes or {}).items():
+            self.set_mode(name, mode)
+
+    # ---------------------------------------------------------------- modes and counters
+
+    def set_mode(self, source: str, mode: str) -> None:
+        """Fix a source's mode (`auto` re-detects from its next head store); its maps are dropped."""
+        if mode not in KEY_MODES:
+            raise ValueError(f"key mode for {source!r} must be one of {', '.join(KEY_MODES)}, got {mode!r}")
+        self._configured[source] = mode
+        self._modes[source] = mode
+        self.reset(source)
+
+    def mode(self, source: str) -> str:
+        """The mode a source runs in now: contract, tokens, or auto (still detecting)."""
+        return self._modes.get(source) or self._configured.get(source) or self.default_mode
+
+    def _count(self, source: str) -> Counter[str]:
+        c = self._counters.get(source)
+        if c is None:
+            c = self._counters[source] = Counter()
+        return c
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        """Per source: its mode, the configured mode, blocks in its maps, and its counters."""
+        out: dict[str, dict[str, Any]] = {}
+        for source in sorted(set(self._counters) | set(self._modes) | set(self._configured)):
+            row: dict[str, Any] = {
+                "mode": self.mode(source),
+                "configured": self._configured.get(source, self.default_mode),
+                "mapped_blocks": self.mapped_blocks(source),
+            }
+            row.update(sorted(self._counters.get(source, Counter()).items()))
+            out[source] = row
+        return out
+
+    def mapped_blocks(self, source: str | None = None) -> int:
+        """Engine hashes held in the maps (all sources, or one)."""
+        return sum(len(c.digests) for (s, _), c in self._chains.items() if source is None or s == source)
+
+    def interned_digests(self) -> int:
+        """Distinct key digests held (shared by every map)."""
+        return len(self._canon)
+
+    # ---------------------------------------------------------------- feed
+
+    def apply(self, index: Any, source: str, batch: KVEventBatch | None = None, payload: bytes | None = None) -> int:
+        """Translate and apply to `index` (a BlockIndex); returns the number of batches applied."""
+        out = self.translate(source, batch, payload)
+        for b in out:
+            index.apply(source, b)
+        return len(out)
+
+    def translate(self, source: str, batch: KVEventBatch | None = None, payload: bytes | None = None) -> list[KVEventBatch]:
+        """The contract-keyed batches for one delivered batch (decoded, raw payload, or both).
+
+        In tokens mode the raw payload is read again with every vLLM field (extra_keys, group_idx,
+        raw hashes); without it the decoded batch's fields are used (no extra keys, group 0).
+        """
+        mode = self.mode(source)
+        if mode == "contract":
+            if batch is None:
+                b = self._decode(source, payload)
+                return [] if b is None else [b]
+            return [batch]
+        if mode == "tokens":
+            out = self._tokens(source, batch, payload)
+            return [] if out is None else [out]
+        return self._auto(source, batch, payload)
+
+    def _decode(self, source: str, payload: bytes | None) -> KVEventBatch | None:
+        if payload is None:
+            raise ValueError("translate needs a decoded batch or its payload")
+        try:
+            return decode_batch(payload)
+        except DecodeError:
+            self._count(source)["undecodable"] += 1
+            return None
+
+    # ---------------------------------------------------------------- auto detection
+
+    def _auto(self, source: str, batch: KVEventBatch | None, payload: bytes | None) -> list[KVEventBatch]:
+        pending = self._pending.setdefault(source, [])
+        pending.append((batch, payload))
+        self._count(source)["auto_held_batches"] += 1
+        decided = None
+        b = batch if batch is not None else self._decode(source, payload)
+        if b is not None:
+            decided = self._detect(b)
+        if decided is None and len(pending) >= self.auto_max_batches:
+            decided = "tokens"  # tokens mode keys any engine exactly; only costlier
+            self._count(source)["auto_undecided"] += 1
+        if decided is None:
+            return []
+        self._modes[source] = decided
+        self._count(source)[f"auto_detected_{decided}"] += 1
+        del self._pending[source]
+        out: list[KVEventBatch] = []
+        for pb, pp in pending:
+            out.extend(self.translate(source, pb, pp))
+        return out
+
+    def _detect(self, batch: KVEventBatch) -> str | None:
+        """contract / tokens from the first head store of whole pages; None if the batch has none."""
+        ps = self.page_size
+        for ev in batch.events:
+            if type(ev) is not BlockStored or ev.parent_block_hash is not None or not ev.block_hashes:
+                continue
+            n = len(ev.block_hashes)
+            if ev.block_size != ps or len(ev.token_ids) != n * ps:
+                continue  # inconclusive: another page size, or a span over skipped blocks
+            want = event_hashes_int64(ev.token_ids, ps, Namespace(cache_salt=ev.cache_salt))
+            return "contract" if want == list(ev.block_hashes) else "tokens"
+        return None
+
+    # ---------------------------------------------------------------- tokens mode
+
+    def _tokens(self, source: str, batch: KVEventBatch | None, payload: bytes | None) -> KVEventBatch | None:
+        c = self._count(source)
+        if payload is not None:
+            try:
+                vb = decode_vllm_batch(payload)
+            except DecodeError:
+                c["undecodable"] += 1
+                return None
+            events: list[Any] = vb.events
+            rank = vb.data_parallel_rank
+            ts = vb.ts
+        elif batch is not None:
+            events, rank, ts = batch.events, batch.data_parallel_rank, batch.ts
+        else:
+            raise ValueError("translate needs a decoded batch or its payload")
+        r = rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 else 0
+        chain = self._chains.get((source, r))
+        if chain is None:
+            chain = self._chains[(source, r)] = _Chain()
+        out: list[Any] = []
+        c["batches"] += 1
+        for ev in events:
+            t = type(ev)
+            if t is VllmBlockStored or t is BlockStored:
+                if getattr(ev, "group_idx", None) not in (None, self.group_idx):
+                    c["other_group_events"] += 1
+                    continue
+                st = self._store(c, chain, ev)
+                if st is not None:
+                    out.append(st)
+            elif t is VllmBlockRemoved or t is BlockRemoved:
+                if getattr(ev, "group_idx", None) not in (None, self.group_idx):
+                    c["other_group_events"] += 1
+                    continue
+                self._remove(c, chain, ev, out)
+            else:  # AllBlocksCleared (either decoder)
+                c["cleared"] += 1
+                self._drop_chain(chain)
+                out.append(AllBlocksCleared())
+        return KVEventBatch(ts, out, rank)
+
+    def _intern(self, d: bytes) -> bytes:
+        return self._canon.setdefault(d, d)
+
+    def _release(self, d: bytes) -> None:
+        """Forget an interned digest once no map holds it (its refcount is the intern dict's own)."""
+        if d and sys.getrefcount(d) <= self._only_interned + 1:  # +1: the caller's reference
+            self._canon.pop(d, None)
+
+    def _unkeyed(self, c: Counter[str], chain: _Chain, ev: Any, hashes: list[Any], reason: str) -> BlockStored | None:
+        """A store that cannot be keyed from its own fields: counted; its hashes stay in the map
+        (unkeyed) for their removes and children. A hash already keyed names the same block (same
+        engine hash, same content): that copy is stored under the known key."""
+        c[reason] += 1
+        digests, dups, loras = chain.digests, chain.dups, chain.loras
+        known: list[int] = []
+        lora = None
+        for h in hashes:
+            old = digests.get(h)
+            if old is None:
+                digests[h] = _UNKEYED
+                c["unkeyed_blocks"] += 1
+                continue
+            dups[h] = dups.get(h, 0) + 1
+            if old is _UNKEYED:
+                c["unkeyed_blocks"] += 1
+            elif not known or loras.get(h) == lora:
+                lora = loras.get(h)
+                known.append(_i64(old))
+            else:
+                c["unkeyed_blocks"] += 1  # pragma: no cover - one event's blocks share an adapter
+        if not known:
+            return None
+        c["stored_blocks"] += len(known)
+        return BlockStored(known, None, [], ev.block_size if isinstance(ev.block_size, int) and ev.block_size > 0 else self.page_size, ev.lora_id, ev.medium, lora)
+
+    def _store(self, c: Counter[str], chain: _Chain, ev: Any) -> BlockStored | None:
+        raw = ev.block_hashes
+        maybe = [_ehash(h) for h in raw] if isinstance(raw, list) else [None]
+        if not maybe:
+            c["empty_store"] += 1
+            return None
+        if None in maybe:
+            c["bad_hash"] += 1  # the block could never be removed: not indexed at all
+            return None
+        hashes = cast("list[int | bytes]", maybe)
+        n, ps = len(hashes), self.page_size
+        tokens, lora = ev.token_ids, ev.lora_name
+        if not isinstance(lora, str):
+            lora = None
+        if ev.block_size != ps:
+            return self._unkeyed(c, chain, ev, hashes, "block_size_mismatch")
+        if not isinstance(tokens, list) or len(tokens) != n * ps:
+            return self._unkeyed(c, chain, ev, hashes, "token_count_mismatch")
+        extras = getattr(ev, "extra_keys", None)
+        if extras is not None and (not isinstance(extras, list) or len(extras) != n):
+            return self._unkeyed(c, chain, ev, hashes, "bad_extra_keys")
+        parent = ev.parent_block_hash
+        salt = ev.cache_salt if isinstance(ev.cache_salt, str) else None
+        prior: bytes | None
+        if parent is None:
+            if extras is not None and extras[0] is not None:
+                strings = [k for k in extras[0] if isinstance(k, str)] if isinstance(extras[0], list) else None
+                if strings is None:
+                    return self._unkeyed(c, chain, ev, hashes, "bad_extra_keys")
+                if lora is not None and lora in strings:
+                    strings.remove(lora)
+                if len(strings) > 1 or (strings and salt is not None and strings[0] != salt):
+                    return self._unkeyed(c, chain, ev, hashes, "bad_extra_keys")
+                if strings:
+                    salt = strings[0]
+            seed = event_seed(Namespace(cache_salt=salt)) if salt else None
+            prior = None if seed is None else bytes.fromhex(seed)
+            if salt:
+                c["salted_heads"] += 1
+            parent_key = None
+        else:
+            ph = _ehash(parent)
+            got = None if ph is None else chain.digests.get(ph)
+            if got is None:
+                return self._unkeyed(c, chain, ev, hashes, "bad_hash" if ph is None else "unknown_parent")
+            if got is _UNKEYED:
+                return self._unkeyed(c, chain, ev, hashes, "unkeyed_parent")
+            prior = got
+            parent_key = _i64(got)
+        try:
+            mixed = _block_extras(extras, lora, parent is None) if extras is not None else None
+            pages = split_pages(pack_tokens(tokens), ps)
+            if mixed is None or not any(mixed):
+                digests = digest_chain(pages, prior)
+            else:
+                c["mixed_blocks"] += sum(1 for m in mixed if m)
+                digests = []
+                for page, m in zip(pages, mixed):
+                    d = _sha256(page if prior is None else prior + page).digest()
+                    prior = mix_extra_keys(d, m)
+                    digests.append(prior)
+        except ValueError:
+            return self._unkeyed(c, chain, ev, hashes, "bad_extra_keys" if extras is not None else "bad_tokens")
+        keys: list[int] = []
+        cmap, dups, loras = chain.digests, chain.dups, chain.loras
+        for h, d in zip(hashes, digests):
+            old = cmap.get(h)
+            if old is None:
+                cmap[h] = self._intern(d)
+                if lora is not None:
+                    loras[h] = lora
+            elif old == d:
+                dups[h] = dups.get(h, 0) + 1
+            else:  # the same engine hash keyed differently (or unkeyed before): skip, never a wrong key
+                c["hash_conflict"] += 1
+                continue
+            keys.append(_i64(d))
+        if not keys:
+            return None
+        c["stored_blocks"] += len(keys)
+        return BlockStored(keys, parent_key, tokens, ps, ev.lora_id, ev.medium, lora)
+
+    def _remove(self, c: Counter[str], chain: _Chain, ev: Any, out: list[Any]) -> None:
+        raw = ev.block_hashes if isinstance(ev.block_hashes, list) else [None]
+        cmap, dups, loras = chain.digests, chain.dups, chain.loras
+        medium = ev.medium
+        for h in raw:
+            eh = _ehash(h)
+            if eh is None:
+                c["bad_hash"] += 1
+                continue
+            d = cmap.get(eh)
+            if d is None:
+                c["unknown_remove"] += 1
+                continue
+            extra = dups.get(eh)
+            if extra:
+                lora = loras.get(eh)
+                if extra == 1:
+                    del dups[eh]
+                else:
+                    dups[eh] = extra - 1
+            else:
+                del cmap[eh]
+                lora = loras.pop(eh, None) if loras else None
+                self._release(d)
+            if d is _UNKEYED:
+                c["unkeyed_removes"] += 1
+                continue
+            c["removed_blocks"] += 1
+            key = [_i64(d)]
+            out.append(BlockRemoved(key, medium, lora_name=lora) if _REMOVED_HAS_LORA and lora else BlockRemoved(key, medium))
+
+    def _drop_chain(self, chain: _Chain) -> None:
+        chain.dups.clear()
+        chain.loras.clear()
+        digests = chain.digests
+        while digests:  # one digest at a time: no list keeps them alive past _release
+            d = digests.popitem()[1]
+            self._release(d)
+
+    def reset(self, source: str, dp_rank: int | None = None) -> None:
+        """Drop the maps of a source (one dp rank, or all) and any batches `auto` still holds."""
+        for key in [k for k in self._chains if k[0] == source and (dp_rank is None or k[1] == dp_rank)]:
+            chain = self._chains.pop(key)
+            self._drop_chain(chain)
+        if dp_rank is None:
+            self._pending.pop(source, None)
+
+
