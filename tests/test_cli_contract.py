@@ -94,7 +94,8 @@ def test_golden_passes() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "FAIL" not in proc.stdout
     assert "C13_ps4_chain_child_namespaced" in proc.stdout and "BlockStored_minimal" in proc.stdout
-    assert "35 of 35 golden items pass" in proc.stdout
+    assert "V01_cbor_plain" in proc.stdout  # schemas/golden/vllm-0.33.json is checked too
+    assert "40 of 40 golden items pass" in proc.stdout
 
 
 def test_golden_mismatch_exits_1(tmp_path: Path, golden: dict) -> None:
@@ -142,3 +143,34 @@ def test_golden_deeply_nested_json_is_a_user_error(tmp_path: Path) -> None:
     f = tmp_path / "deep.json"
     f.write_text("[" * 100_000)
     assert_user_error(kve("golden", "--golden", str(f)), code=2, needle="not valid JSON")
+
+
+VLLM_GOLDEN = REPO / "schemas" / "golden" / "vllm-0.33.json"
+
+
+@pytest.mark.parametrize("name", ["V02_pickle_plain", "V04_cbor_salt_lora", "V05_cbor_seed0"])
+def test_hash_vllm_profile_prints_vllms_values(name: str) -> None:
+    case = next(c for c in json.loads(VLLM_GOLDEN.read_text())["cases"] if c["name"] == name)
+    args = ["hash", *map(str, case["tokens"]), "-p", str(case["block_size"]), "--profile", f"vllm-{case['algo']}", "--json"]
+    if case["PYTHONHASHSEED"] is not None:
+        args += ["--hash-seed", case["PYTHONHASHSEED"]]
+    if name == "V04_cbor_salt_lora":
+        args += ["--extra-key", "adapter-a", "--lora-path", "/adapters/a", "--cache-salt", "tenant-a"]
+    proc = kve(*args)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["none_hash"] == case["none_hash"] and out["digests"] == case["digests"]
+    assert out["event_block_hashes"] == case["event_block_hashes"]
+    if case["event_extra_keys"] is not None:
+        assert out["extra_keys"] == case["event_extra_keys"]
+
+
+def test_hash_unknown_profile_and_bad_prior_are_user_errors() -> None:
+    assert_user_error(kve("hash", "1", "-p", "1", "--profile", "vllm-xxhash"), 2, "--profile")
+    assert_user_error(kve("hash", "1", "-p", "1", "--profile", "vllm-sha256", "--prior", "abcd"), 2, "prior")
+
+
+def test_golden_checks_the_vllm_file_too() -> None:
+    proc = kve("golden", "--golden", str(VLLM_GOLDEN))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "V05_cbor_seed0" in proc.stdout and "5 of 5 golden items pass" in proc.stdout
