@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import REPO
 
-from kvevents.cli.golden_check import check_golden
 from kvevents.engines.vllm import (
     DEFAULT_SEED,
     event_extra_keys,
@@ -18,10 +18,13 @@ from kvevents.engines.vllm import (
     vllm_block_hashes,
     vllm_event_hashes,
 )
-from kvevents.engines.vllm_wire import decode_vllm_batch, encode_vllm_batch, removed_event, stored_event
+from kvevents.engines.vllm_wire import (
+    decode_vllm_batch,
+    encode_vllm_batch,
+    removed_event,
+    stored_event,
+)
 from kvevents.events import decode_batch
-
-from conftest import REPO
 
 VLLM_GOLDEN = REPO / "schemas" / "golden" / "vllm-0.33.json"
 CASES = json.loads(VLLM_GOLDEN.read_text())["cases"]

@@ -9,11 +9,20 @@ from __future__ import annotations
 from typing import Any
 
 from kvevents.cli.golden_check import Item
-from kvevents.engines.vllm import event_extra_keys, none_hash, to_event_hash, vllm_block_hashes
-from kvevents.engines.vllm_wire import decode_vllm_batch, encode_vllm_batch, stored_event
+from kvevents.engines.vllm import (
+    event_extra_keys,
+    none_hash,
+    to_event_hash,
+    vllm_block_hashes,
+)
+from kvevents.engines.vllm_wire import (
+    decode_vllm_batch,
+    encode_vllm_batch,
+    stored_event,
+)
 from kvevents.events import decode_batch
 
-__all__ = ["is_vllm_golden", "check_vllm_golden"]
+__all__ = ["check_vllm_golden", "is_vllm_golden"]
 
 _I64 = 2**63
 
