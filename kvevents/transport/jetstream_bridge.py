@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 from kvevents.doctor import ProbeError, request_describe, request_snapshot
 from kvevents.subscriber import Delivery, Reset, Source, Subscriber
 from kvevents.transport.nats_link import (
-    H_EPOCH, H_FROM, H_KIND, H_PART, H_PARTS, H_RANK, H_SEQ, H_SNAP, H_SOURCE, LoopThread, NatsOptions,
+    H_EPOCH, H_FROM, H_KIND, H_PART, H_PARTS, H_RANK, H_SEQ, H_SNAP, H_SOURCE, LoopThread, NatsOptions, NatsUnavailable,
     StreamOptions, check_token, close, connect, ensure_stream, epoch_text, live_subject, retry, snap_subject,
 )
 
@@ -176,7 +176,7 @@ class Bridge:
             pass
         except Exception as exc:  # noqa: BLE001 - reported through .error; the CLI prints one line
             self._error = exc
-            log.warning("bridge stopped: %s", exc)
+            (log.debug if isinstance(exc, NatsUnavailable) else log.warning)("bridge stopped: %s", exc)
         finally:
             for t in self._snap_tasks.values():
                 t.cancel()

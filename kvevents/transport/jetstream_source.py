@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 from kvevents.subscriber import Delivery, Reset, SourceStatus
 from kvevents.transport.jetstream_order import LiveMsg, Snapshot, SnapshotAssembler, StreamOrder
 from kvevents.transport.nats_link import (
-    H_EPOCH, H_FROM, H_KIND, H_PART, H_PARTS, H_SEQ, H_SNAP, ROOT, LoopThread, NatsOptions, check_token, close, connect,
+    H_EPOCH, H_FROM, H_KIND, H_PART, H_PARTS, H_SEQ, H_SNAP, ROOT, LoopThread, NatsOptions, NatsUnavailable, check_token, close, connect,
     parse_epoch, parse_subject, stream_filter,
 )
 
@@ -301,7 +301,7 @@ class JetStreamSource:
             pass
         except Exception as exc:  # noqa: BLE001 - reported through .error
             self._error = exc
-            log.warning("jetstream source stopped: %s", exc)
+            (log.debug if isinstance(exc, NatsUnavailable) else log.warning)("jetstream source stopped: %s", exc)
         finally:
             if nc is not None:
                 await close(nc)

@@ -220,7 +220,10 @@ async def connect(
     delay = 0.2
     reported = False
 
+    last_error: list[str] = []
+
     async def _quiet_error(exc: Exception) -> None:
+        last_error[:] = [" ".join(str(exc).split()) or type(exc).__name__]
         log.debug("nats: %s", exc)
 
     holder: list[Any] = []
@@ -237,19 +240,22 @@ async def connect(
             nc = await nats.connect(
                 **kw,
                 allow_reconnect=True,
-                max_reconnect_attempts=-1,
+                max_reconnect_attempts=1,  # the first connect: our loop below retries, with backoff
                 reconnect_time_wait=0.5,
                 connect_timeout=opts.connect_timeout_s,
                 error_cb=_quiet_error,
                 disconnected_cb=_disconnected,
                 reconnected_cb=_reconnected,
             )
+            nc.options["max_reconnect_attempts"] = -1  # connected once: nats-py reconnects by itself, forever
             holder.append(nc)
             return nc
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - any connect failure is "unreachable": retry
             why = " ".join(str(exc).split()) or type(exc).__name__
+            if type(exc).__name__ == "NoServersError" and last_error:
+                why = last_error[-1]
             msg = f"NATS unreachable at {opts.redacted()} ({why}); retrying with backoff up to 5s"
             if not reported:
                 reported = True

@@ -1,0 +1,136 @@
+"""`kvevents bridge`: engines' ZeroMQ streams into a NATS JetStream stream (kvevents.transport.jetstream_bridge).
+
+Also the NATS connection flags the other commands share (`route --nats`, `record --nats`,
+`replay --from-nats`, `doctor --nats`): `nats_options(...)` turns them into NatsOptions.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from typing import List, Optional
+
+import typer
+
+from kvevents.cli.app import app, user_error
+
+
+def nats_options(url: str, creds: Optional[str] = None, tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
+                 tls_key: Optional[str] = None, name: str = "kvevents"):  # -> NatsOptions
+    """NatsOptions from the command line; a malformed URL or a missing file is a user error (exit 2)."""
+    import os
+
+    from kvevents.transport.nats_link import NatsOptions
+
+    for flag, path in (("--creds", creds), ("--tls-ca", tls_ca), ("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+        if path is not None and not os.path.isfile(path):
+            user_error(f"{flag} {path!r}: no such file")
+    if tls_key and not tls_cert:
+        user_error("--tls-key needs --tls-cert")
+    opts = NatsOptions(url, creds=creds, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, name=name)
+    try:
+        opts.servers()
+    except ValueError as exc:
+        user_error(str(exc))
+    return opts
+
+
+def say(prog: str, message: str) -> None:
+    """One line on stderr, prefixed with the command."""
+    sys.stderr.write(f"kvevents {prog}: {' '.join(str(message).split())}\n")
+    sys.stderr.flush()
+
+
+def log_to_stderr() -> None:
+    """Library warnings (NATS disconnects, losses) as one-line `kvevents: WARNING:` messages."""
+    logger = logging.getLogger("kvevents")
+    if not logger.handlers and not logging.getLogger().handlers:
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("kvevents: %(levelname)s: %(message)s"))
+        logger.addHandler(h)
+        logger.setLevel(logging.WARNING)
+        logger.propagate = False
+
+
+CREDS_HELP = "NATS credentials file (JWT + NKey seed, decentralized auth)."
+TLS_CA_HELP = "PEM file of the CA that signed the NATS server's certificate."
+TLS_CERT_HELP = "PEM client certificate (mutual TLS)."
+TLS_KEY_HELP = "PEM key of --tls-cert."
+GIVE_UP_HELP = "Exit 2 if NATS is still unreachable after S seconds (default: retry forever)."
+
+
+@app.command("bridge")
+def bridge_cmd(
+    publisher: List[str] = typer.Option(..., "--publisher", help="NAME=ENDPOINT[,REPLAY_ENDPOINT]; repeat for every engine."),
+    nats_url: str = typer.Option("nats://127.0.0.1:4222", "--nats", help="NATS server URL(s), comma-separated."),
+    stream: str = typer.Option("kvevents", "--stream", help="JetStream stream name (subjects kvevents.<stream>.>)."),
+    snapshot_every: float = typer.Option(30.0, "--snapshot-every", help="Seconds between snapshots stored per engine."),
+    max_age: float = typer.Option(3600.0, "--max-age", help="Seconds live batches are kept (when creating the stream)."),
+    max_bytes: Optional[int] = typer.Option(None, "--max-bytes", help="Stream size cap in bytes (when creating it)."),
+    replicas: int = typer.Option(1, "--replicas", help="Stream replicas in a NATS cluster (when creating it)."),
+    storage: str = typer.Option("file", "--storage", help="file or memory (when creating the stream)."),
+    create: bool = typer.Option(True, "--create/--no-create", help="Create the stream if it is missing."),
+    creds: Optional[str] = typer.Option(None, "--creds", help=CREDS_HELP),
+    tls_ca: Optional[str] = typer.Option(None, "--tls-ca", help=TLS_CA_HELP),
+    tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help=TLS_CERT_HELP),
+    tls_key: Optional[str] = typer.Option(None, "--tls-key", help=TLS_KEY_HELP),
+    give_up_after: Optional[float] = typer.Option(None, "--give-up-after", help=GIVE_UP_HELP),
+    duration: Optional[float] = typer.Option(None, "--duration", help="Stop after S seconds (default: until Ctrl-C)."),
+    status_every: float = typer.Option(5.0, "--status-every", help="Seconds between status lines on stderr (0: none)."),
+) -> None:
+    """Forward engines' KV events (gap-repaired) into NATS JetStream, with periodic snapshots.
+
+    Run two bridges for one engine for high availability: JetStream stores each batch once.
+    Exit 0 on Ctrl-C or --duration, 2 on a usage error or NATS unreachable past --give-up-after.
+    """
+    from kvevents.subscriber import parse_source
+    from kvevents.transport.jetstream_bridge import Bridge
+    from kvevents.transport.nats_link import StreamOptions
+
+    if snapshot_every <= 0:
+        user_error(f"--snapshot-every must be > 0, got {snapshot_every:g}")
+    if snapshot_every >= max_age:
+        user_error(f"--snapshot-every ({snapshot_every:g}s) must be below --max-age ({max_age:g}s): "
+                   "otherwise a cold start can find no snapshot")
+    if storage not in ("file", "memory"):
+        user_error(f"--storage must be file or memory, got {storage!r}")
+    if replicas < 1:
+        user_error(f"--replicas must be >= 1, got {replicas}")
+    sources = [parse_source(spec, require_name=True) for spec in publisher]
+    opts = nats_options(nats_url, creds, tls_ca, tls_cert, tls_key, name="kvevents-bridge")
+    log_to_stderr()
+    bridge = Bridge(sources, stream, opts, snapshot_every_s=snapshot_every,
+                    stream_options=StreamOptions(max_age, max_bytes, replicas, storage), create_stream=create,
+                    on_unreachable=lambda m: say("bridge", m), give_up_after_s=give_up_after)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    t0 = time.monotonic()
+    announced = False
+    next_status = t0 + status_every
+    try:
+        bridge.start()
+        while not stop.wait(0.1):
+            now = time.monotonic()
+            if bridge.done:
+                break
+            if not announced and bridge.wait_connected(0):
+                announced = True
+                say("bridge", f"{len(sources)} engine(s) -> {opts.redacted()} stream {stream} "
+                              f"(snapshots every {snapshot_every:g}s); Ctrl-C to stop")
+            if status_every > 0 and now >= next_status and announced:
+                next_status = now + status_every
+                c = bridge.counters()
+                say("bridge", f"published {c.get('live_published', 0)} batches ({c.get('duplicates_dropped', 0)} "
+                              f"already stored), snapshots {c.get('snapshots_stored', 0)}, publish retries "
+                              f"{c.get('publish_retries', 0)}, engine gaps repaired {c.get('subscriber_replayed', 0)}, "
+                              f"losses {c.get('subscriber_losses', 0)}")
+            if duration is not None and now - t0 >= duration:
+                break
+    finally:
+        bridge.stop()
+    if bridge.error is not None:
+        raise bridge.error  # NatsUnavailable / ValueError: one line, exit 2

