@@ -1,0 +1,292 @@
+"""`conformance hash`: check any implementation of the event chain through a JSON-lines adapter.
+
+Protocol: the kit starts COMMAND once and writes one request per line on its stdin,
+`{"id", "token_ids", "page_size", "extra_key", "cache_salt", "prior"}` (prior: 64 hex chars of
+the previous page's event digest, or null for a chain head). The adapter answers each with one
+line `{"id": ..., "hashes": [...]}` (each hash 64 hex chars, or the published int64) or
+`{"id": ..., "error": "..."}` for input the contract rejects (a token id outside 0..2^32-1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import random
+import shlex
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from kvevents.conformance.report import Report, RuleResult, Status
+from kvevents.hashing import Namespace, event_hashes, to_int64
+
+__all__ = ["HashCase", "golden_cases", "property_cases", "all_cases", "run_adapter", "check_answer", "GOLDEN_PATH"]
+
+GOLDEN_PATH = Path(__file__).resolve().parents[2] / "schemas" / "golden" / "sglang-0.5.20.json"
+
+
+@dataclass(frozen=True)
+class HashCase:
+    """One request to the adapter and the event hashes it must answer (None: it must refuse)."""
+
+    id: str
+    group: str  # "golden", "direct", "property", "chunked", "reject"
+    token_ids: list[int]
+    page_size: int
+    extra_key: str | None = None
+    cache_salt: str | None = None
+    prior: str | None = None
+    expected: list[str] | None = field(default=None, compare=False)
+
+    def request(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "token_ids": self.token_ids,
+            "page_size": self.page_size,
+            "extra_key": self.extra_key,
+            "cache_salt": self.cache_salt,
+            "prior": self.prior,
+        }
+
+
+def golden_cases(path: Path | str = GOLDEN_PATH) -> list[HashCase]:
+    """The public vectors: every golden case (whole and as a child after its parent), the direct ones."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"golden file {path}: {exc}") from None
+    out: list[HashCase] = []
+    for case in data.get("cases", []):
+        inp, ev = case["inputs"], case["events"]
+        ps, ek, salt = inp["page_size"], inp["extra_key"], inp["cache_salt"]
+        parent_tokens, parent_hex = inp.get("parent_tokens"), ev.get("parent_event_hashes_hex")
+        if parent_tokens:
+            out.append(HashCase(f"{case['id']}/parent", "golden", list(parent_tokens), ps, ek, salt, None, list(parent_hex)))
+            out.append(HashCase(f"{case['id']}/child", "golden", list(inp["tokens"]), ps, ek, salt, parent_hex[-1], list(ev["event_hashes_hex"])))
+            out.append(HashCase(f"{case['id']}/whole", "golden", list(parent_tokens) + list(inp["tokens"]), ps, ek, salt,
+                                None, list(parent_hex) + list(ev["event_hashes_hex"])))
+        else:
+            out.append(HashCase(case["id"], "golden", list(inp["tokens"]), ps, ek, salt, None, list(ev["event_hashes_hex"])))
+    d = data.get("direct", {})
+    if "get_hash_str_[1,2,3]_page_size_4" in d:
+        out.append(HashCase("direct/[1,2,3]_ps4", "direct", [1, 2, 3], 4, expected=list(d["get_hash_str_[1,2,3]_page_size_4"])))
+    if "get_hash_str_empty_page_size_4" in d:
+        out.append(HashCase("direct/empty_ps4", "direct", [], 4, expected=list(d["get_hash_str_empty_page_size_4"])))
+    if "partial_page_plain_ps4_tokens_5..10" in d:
+        out.append(HashCase("direct/partial_ps4_5..10", "direct", list(range(5, 11)), 4,
+                            expected=list(d["partial_page_plain_ps4_tokens_5..10"])))
+    ep = d.get("explicit_prior")
+    if ep:
+        ek, salt = ep["namespace"]
+        out.append(HashCase("direct/explicit_prior", "direct", list(ep["tokens"]), 4, ek, salt, ep["prior_hex"],
+                            list(ep["get_hash_str_with_prior"])))
+    if "token_u32_max" in d:
+        out.append(HashCase("direct/token_u32_max", "direct", [2**32 - 1], 4, expected=list(d["token_u32_max"]["list"])))
+    out.append(HashCase("reject/token_u32_max_plus_1", "reject", [1, 2**32], 4))
+    out.append(HashCase("reject/token_negative", "reject", [1, -1], 4))
+    return out
+
+
+_NAMES = ("lora-a", "lora-b", "", "a", "ab", "tenant-a", "tenant-b", "ünïcode-ключ", "x" * 40)
+
+
+def property_cases(seed: int = 20, n: int = 120) -> list[HashCase]:
+    """Generated cases (fixed seed): random tokens, page sizes and namespaces, and chunked
+    continuations whose prior is the last event hash of the chunk before (expected from kvevents)."""
+    rng = random.Random(seed)
+    out: list[HashCase] = []
+    for i in range(n):
+        ps = rng.choice((1, 2, 3, 4, 5, 8, 16, 32, 64))
+        ntok = rng.randint(0, 6 * ps + ps - 1)
+        top = rng.choice((100, 32000, 2**32 - 1))
+        toks = [rng.randint(0, top) for _ in range(ntok)]
+        ek = rng.choice((None, None) + _NAMES)
+        salt = rng.choice((None, None, "") + _NAMES)
+        ns = Namespace(ek, salt)
+        out.append(HashCase(f"property/{i:03d}", "property", toks, ps, ek, salt, None, event_hashes(toks, ps, ns)))
+        full = len(toks) // ps
+        if full >= 2:  # chunked continuation: a head chunk, then the rest from its last hash
+            cut = rng.randint(1, full - 1) * ps
+            head = event_hashes(toks[:cut], ps, ns)
+            out.append(HashCase(f"chunked/{i:03d}", "chunked", toks[cut:], ps, ek, salt, head[-1],
+                                event_hashes(toks[cut:], ps, ns, prior=head[-1])))
+    return out
+
+
+def all_cases(seed: int = 20, n: int = 120, golden: Path | str = GOLDEN_PATH) -> list[HashCase]:
+    return golden_cases(golden) + property_cases(seed, n)
+
+
+def _norm(h: Any) -> Any:
+    return h.lower() if isinstance(h, str) else h
+
+
+def check_answer(case: HashCase, answer: dict[str, Any]) -> str | None:
+    """None when the answer is right, else one line saying what differs (the first differing page)."""
+    if case.expected is None:
+        if "error" in answer:
+            return None
+        return f"token ids outside 0..2^32-1 must be refused with an error, got hashes {str(answer.get('hashes'))[:60]}"
+    if "error" in answer:
+        return f"adapter refused a valid input: {str(answer['error'])[:120]}"
+    got = answer.get("hashes")
+    if not isinstance(got, list):
+        return f"answer has no 'hashes' list: {json.dumps(answer)[:120]}"
+    want = case.expected
+    for page, (g, w) in enumerate(zip(got, want)):
+        if isinstance(g, bool) or not isinstance(g, (str, int)):
+            return f"page {page}: hash must be 64 hex chars or an int64, got {g!r}"
+        if isinstance(g, int):
+            if g != to_int64(w):
+                return f"page {page}: got int64 {g}, want {to_int64(w)} ({w[:16]}...)"
+        elif _norm(g) != w:
+            return f"page {page}: got {g[:16]}..., want {w[:16]}..."
+    if len(got) != len(want):
+        return f"{len(got)} hashes for {len(want)} pages"
+    return None
+
+
+class _Adapter:
+    """The adapter process: one JSON line in, one out; a reader thread so reads can time out."""
+
+    def __init__(self, command: str, cwd: str | None = None) -> None:
+        try:
+            argv = shlex.split(command)
+        except ValueError as exc:
+            raise ValueError(f"--cmd {command!r}: {exc}") from None
+        if not argv:
+            raise ValueError("--cmd is empty")
+        try:
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, encoding="utf-8", bufsize=1, cwd=cwd,
+            )
+        except OSError as exc:
+            raise ValueError(f"--cmd {command!r} cannot be started: {exc}") from None
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.stderr_tail: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read_err, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.stderr_tail = (self.stderr_tail + [line.rstrip()])[-5:]
+
+    def send(self, obj: dict[str, Any]) -> bool:
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(json.dumps(obj, separators=(",", ":")) + "\n")
+            self.proc.stdin.flush()
+            return True
+        except (BrokenPipeError, OSError, ValueError):
+            return False
+
+    def receive(self, case_id: str, timeout: float) -> tuple[str, Any]:
+        """("ok", answer) / ("timeout", None) / ("exited", code) / ("garbled", line)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return "timeout", None
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                return "timeout", None
+            if line is None:
+                try:
+                    return "exited", self.proc.wait(1.0)
+                except subprocess.TimeoutExpired:
+                    return "exited", None
+            try:
+                answer = json.loads(line)
+            except ValueError:
+                return "garbled", line.strip()[:120]
+            if not isinstance(answer, dict):
+                return "garbled", line.strip()[:120]
+            if answer.get("id") == case_id:
+                return "ok", answer
+            # an answer to an earlier, timed-out case: skip it
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(1.0)
+
+
+def _iter_results(adapter: _Adapter, cases: list[HashCase], timeout: float) -> Iterator[tuple[HashCase, str | None]]:
+    dead: str | None = None
+    for case in cases:
+        if dead is not None:
+            yield case, f"not run: {dead}"
+            continue
+        if not adapter.send(case.request()):
+            code = adapter.proc.poll()
+            dead = f"adapter exited (code {code}) before this case" + _tail(adapter)
+            yield case, dead
+            continue
+        kind, value = adapter.receive(case.id, timeout)
+        if kind == "ok":
+            yield case, check_answer(case, value)
+        elif kind == "timeout":
+            yield case, f"no answer within {timeout:g} s"
+        elif kind == "garbled":
+            yield case, f"answer is not a JSON object line: {value!r}"
+        else:
+            dead = f"adapter exited (code {value})" + _tail(adapter)
+            yield case, dead
+
+
+def _tail(adapter: _Adapter) -> str:
+    time.sleep(0.05)  # let the stderr reader catch the last lines of a crash
+    tail = " | ".join(adapter.stderr_tail[-2:])
+    return f"; stderr: {tail[:200]}" if tail else ""
+
+
+def run_adapter(
+    command: str,
+    cases: list[HashCase] | None = None,
+    *,
+    timeout: float = 5.0,
+    cwd: str | None = None,
+) -> Report:
+    """Run every case through the adapter; one rule per case group, each case's failure as an example."""
+    if cases is None:
+        cases = all_cases()
+    adapter = _Adapter(command, cwd=cwd or os.getcwd())
+    groups: dict[str, RuleResult] = {}
+    t0 = time.monotonic()
+    failed = 0
+    try:
+        for case, problem in _iter_results(adapter, cases, timeout):
+            rule = groups.setdefault(case.group, RuleResult(f"hash-{case.group}", Status.PASS))
+            rule.checked += 1
+            if problem is not None:
+                failed += 1
+                rule.status = Status.FAIL
+                rule.examples.append(f"{case.id}: {problem}")
+    finally:
+        adapter.close()
+    for rule in groups.values():
+        bad = len(rule.examples)
+        rule.detail = f"{rule.checked - bad}/{rule.checked} cases right" + (f"; first: {rule.examples[0]}" if bad else "")
+    report = Report("conformance hash", list(groups.values()))
+    report.figures = {"cases": len(cases), "failed": failed, "seconds": round(time.monotonic() - t0, 2)}
+    return report
