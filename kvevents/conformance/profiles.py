@@ -8,20 +8,24 @@ profile in `kvevents.engines.vllm` when it is installed and report "profile not 
 from __future__ import annotations
 
 import importlib
-import inspect
 from typing import Any, Callable, Protocol, Sequence
 
 from kvevents.hashing import (
     Namespace,
     digest_chain,
     digests_to_int64,
+    event_hashes_int64,
     event_seed,
     pack_tokens,
     split_pages,
 )
 from kvevents.transport.wire import HASH_SCHEME
 
-__all__ = ["Profile", "ContractProfile", "ProfileUnavailable", "PROFILES", "get_profile"]
+__all__ = ["Profile", "ContractProfile", "VllmProfile", "NotCheckable", "ProfileUnavailable", "PROFILES", "get_profile"]
+
+
+class NotCheckable(ValueError):
+    """This block cannot be recomputed from what the event carries (not a failure)."""
 
 
 class ProfileUnavailable(ValueError):
@@ -39,6 +43,8 @@ class Profile(Protocol):
     def digests(self, fields: dict[str, Any], prior: bytes | None) -> list[bytes]: ...
 
     def published(self, digests: Sequence[bytes]) -> list[int]: ...
+
+    def prompt_hashes(self, tokens: Sequence[int], page_size: int, *, salt: str | None, lora: str | None) -> list[int]: ...
 
 
 class ContractProfile:
@@ -59,6 +65,11 @@ class ContractProfile:
     def published(self, digests: Sequence[bytes]) -> list[int]:
         return digests_to_int64(list(digests))
 
+    def prompt_hashes(self, tokens: Sequence[int], page_size: int, *, salt: str | None, lora: str | None) -> list[int]:
+        """What a fresh prompt's full pages publish (for `conformance drive`): lora never counts."""
+        full = list(tokens)[: len(tokens) // page_size * page_size]
+        return event_hashes_int64(full, page_size, Namespace(None, salt))
+
 
 def _signed_tail(d: bytes) -> int:
     """vLLM publishes the last 8 digest bytes as uint64; our decoder reads that as signed int64."""
@@ -66,65 +77,114 @@ def _signed_tail(d: bytes) -> int:
 
 
 class VllmProfile:
-    """vLLM 0.33's block-hash chain through `kvevents.engines.vllm` (imported on first use)."""
+    """vLLM 0.33's block-hash chain through `kvevents.engines.vllm` (imported on first use).
+
+    Events carry extra_keys untagged; they are re-tagged here (the lora name, (mm id, offset)
+    pairs, the salt, an embeds digest). The LoRA path is hashed but never published: LoRA blocks
+    are checkable only with `lora_path` (a template, `{name}` replaced by the lora name).
+    """
 
     hash_scheme: str | None = None
 
-    def __init__(self, hash_algo: str) -> None:
+    def __init__(self, hash_algo: str, *, seed: str | None = None, lora_path: str | None = None) -> None:
         self.hash_algo = hash_algo
         self.name = f"vllm-{hash_algo}"
-        self._fn: Callable[..., Any] | None = None
-        self._params: set[str] = set()
+        self.seed = seed
+        self.lora_path = lora_path
+        self._mod: Any = None
 
-    def _load(self) -> Callable[..., Any]:
-        if self._fn is None:
+    def _load(self) -> Any:
+        if self._mod is None:
             try:
                 mod = importlib.import_module("kvevents.engines.vllm")
             except ImportError as exc:
                 raise ProfileUnavailable(f"profile {self.name} not available: kvevents.engines.vllm ({exc})") from None
-            fn = getattr(mod, "vllm_block_hashes", None)
-            if not callable(fn):
+            if not callable(getattr(mod, "vllm_block_hashes", None)):
                 raise ProfileUnavailable(f"profile {self.name} not available: kvevents.engines.vllm has no vllm_block_hashes")
-            self._fn = fn
-            self._params = set(inspect.signature(fn).parameters)
-        return self._fn
+            self._mod = mod
+        return self._mod
 
     def check_available(self) -> None:
         """Raise ProfileUnavailable now rather than on the first event."""
         self._load()
 
     def head_prior(self, fields: dict[str, Any]) -> bytes | None:
-        return None  # the function seeds heads with NONE_HASH itself
+        return None  # vllm_block_hashes starts from NONE_HASH itself
+
+    def _lora_key(self, name: str) -> tuple[str, str, str]:
+        if self.lora_path is None:
+            raise NotCheckable("a LoRA block's hash includes the adapter path, which events do not carry (give --lora-path)")
+        return ("lora", name, self.lora_path.replace("{name}", name))
+
+    def _tagged(self, fields: dict[str, Any], n: int) -> list[Any] | None:
+        extra = fields.get("extra_keys")
+        if extra is None:
+            return None
+        if not isinstance(extra, list) or len(extra) < n:
+            raise NotCheckable(f"extra_keys has {len(extra) if isinstance(extra, list) else 0} entries for {n} blocks")
+        lora = fields.get("lora_name")
+        out: list[Any] = []
+        for keys in extra[:n]:
+            if keys is None:
+                out.append(None)
+                continue
+            tagged: list[Any] = []
+            for k in keys:
+                if isinstance(k, str) and k == lora:
+                    tagged.append(self._lora_key(k))
+                elif isinstance(k, (list, tuple)) and len(k) == 2:
+                    tagged.append(("mm", k[0], k[1]))
+                elif isinstance(k, str):
+                    tagged.append(("cache_salt", k))
+                elif isinstance(k, bytes):
+                    tagged.append(("prompt_embeds", k))
+                else:
+                    raise NotCheckable(f"unknown extra key {k!r}")
+            out.append(tuple(tagged) if tagged else None)
+        return out
 
     def digests(self, fields: dict[str, Any], prior: bytes | None) -> list[bytes]:
-        fn = self._load()
-        kwargs: dict[str, Any] = {"hash_algo": self.hash_algo}
-        for name in ("parent", "parent_hash", "prior"):
-            if name in self._params:
-                kwargs[name] = prior
-                break
-        extra = fields.get("extra_keys")
-        if extra is not None and "extra_keys" in self._params:
-            kwargs["extra_keys"] = extra
-        out = fn(fields["token_ids"], fields["block_size"], **kwargs)
-        return [d if isinstance(d, bytes) else bytes(d) for d in out]
+        mod = self._load()
+        tokens, bs = fields["token_ids"], fields["block_size"]
+        hashes = fields.get("block_hashes") or []
+        n = len(tokens) // bs if isinstance(bs, int) and bs > 0 else 0
+        if n != len(hashes):
+            raise NotCheckable(f"{len(hashes)} hashes for {n} full blocks (skipped null blocks?)")
+        if fields.get("lora_name") and fields.get("extra_keys") is None:
+            self._lora_key(fields["lora_name"])  # not checkable without the path
+        tagged = self._tagged(fields, n)
+        return list(mod.vllm_block_hashes(tokens, bs, hash_algo=self.hash_algo, extra_keys_per_block=tagged,
+                                          seed=self.seed, parent=prior))
 
     def published(self, digests: Sequence[bytes]) -> list[int]:
         return [_signed_tail(d) for d in digests]
 
+    def prompt_hashes(self, tokens: Sequence[int], page_size: int, *, salt: str | None, lora: str | None) -> list[int]:
+        """What a fresh prompt's full blocks publish (for `conformance drive`)."""
+        mod = self._load()
+        n = len(tokens) // page_size
+        path = None if lora is None else self._lora_key(lora)[2]
+        tagged = mod.tagged_extra_keys(n, lora_name=lora, lora_path=path, cache_salt=salt)
+        keys = tagged if any(t is not None for t in tagged) else None
+        return self.published(mod.vllm_block_hashes(list(tokens), page_size, hash_algo=self.hash_algo,
+                                                    extra_keys_per_block=keys, seed=self.seed))
 
-PROFILES: dict[str, Callable[[], Profile]] = {
-    "contract": ContractProfile,
-    "vllm-sha256": lambda: VllmProfile("sha256"),
-    "vllm-sha256_cbor": lambda: VllmProfile("sha256_cbor"),
+
+PROFILES: dict[str, Callable[..., Profile]] = {
+    "contract": lambda **_: ContractProfile(),
+    "vllm-sha256": lambda **kw: VllmProfile("sha256", **kw),
+    "vllm-sha256_cbor": lambda **kw: VllmProfile("sha256_cbor", **kw),
 }
 
 
-def get_profile(name: str) -> Profile:
-    """The named profile, ready to use; ValueError for an unknown name, ProfileUnavailable if missing."""
+def get_profile(name: str, *, seed: str | None = None, lora_path: str | None = None) -> Profile:
+    """The named profile, ready to use; ValueError for an unknown name, ProfileUnavailable if missing.
+
+    seed (PYTHONHASHSEED) and lora_path (template with `{name}`) matter to the vLLM profiles only.
+    """
     if name not in PROFILES:
         raise ValueError(f"unknown profile {name!r} (known: {', '.join(PROFILES)})")
-    prof = PROFILES[name]()
+    prof = PROFILES[name](seed=seed, lora_path=lora_path)
     check = getattr(prof, "check_available", None)
     if check is not None:
         check()

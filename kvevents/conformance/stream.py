@@ -34,6 +34,8 @@ class StreamOptions:
     reply_timeout: float = 2.0
     max_batches: int | None = None
     probes: bool = True  # replay from 0 and past the newest seq, DESCRIBE, SNAPSHOT at the end
+    hash_seed: str | None = None  # vLLM profiles: PYTHONHASHSEED
+    lora_path: str | None = None  # vLLM profiles: LoRA path template ({name})
 
     def validate(self) -> None:
         check_endpoint(self.endpoint)
@@ -51,7 +53,7 @@ class StreamObserver:
     def __init__(self, opts: StreamOptions, context: zmq.Context | None = None) -> None:
         opts.validate()
         self.opts = opts
-        self.checker = StreamChecker(get_profile(opts.profile), opts.page_size, allow_epoch=opts.allow_epoch)
+        self.checker = StreamChecker(get_profile(opts.profile, seed=opts.hash_seed, lora_path=opts.lora_path), opts.page_size, allow_epoch=opts.allow_epoch)
         self.checker.replay_offered = bool(opts.replay)
         self._own_ctx = context is None
         self.ctx = context or zmq.Context()

@@ -1,0 +1,129 @@
+"""`kvevents conformance hash|stream|drive`: the contract tests pointed at any engine.
+
+Thin: parse, call kvevents.conformance, render a table (or `--json`). Exit 0 when every
+applicable rule passes, 1 when one fails, 2 for a usage error (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+
+from kvevents.cli.app import app, user_error
+
+conformance_app = typer.Typer(
+    name="conformance",
+    help="Check an engine against the contract: its hash function, its live stream, its API end to end.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(conformance_app, name="conformance")
+
+_PROFILE_HELP = "Hash profile: contract (kvevents / SGLang 0.5.20), vllm-sha256, vllm-sha256_cbor."
+
+
+def _emit(report: object, as_json: bool) -> int:
+    text = report.to_json() if as_json else report.table()  # type: ignore[attr-defined]
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+    return int(report.exit_code)  # type: ignore[attr-defined]
+
+
+def _check_endpoint(what: str, ep: Optional[str]) -> None:
+    from kvevents.transport.wire import check_endpoint
+
+    if ep:
+        try:
+            check_endpoint(ep)
+        except ValueError as exc:
+            user_error(f"{what}: {exc}")
+
+
+@conformance_app.command("hash")
+def hash_cmd(
+    cmd: str = typer.Option(..., "--cmd", help="Adapter command: reads one JSON request per line, writes one answer per line."),
+    seed: int = typer.Option(20, help="Seed of the generated property cases."),
+    cases: int = typer.Option(120, min=0, help="Generated property cases (plus a chunked continuation of each)."),
+    timeout: float = typer.Option(5.0, min=0.01, help="Seconds to wait for each answer."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> int:
+    """Check a hash implementation through a JSON-lines adapter: golden vectors plus generated cases."""
+    from kvevents.conformance.hashkit import all_cases, run_adapter
+
+    try:
+        report = run_adapter(cmd, all_cases(seed, cases), timeout=timeout)
+    except ValueError as exc:
+        user_error(str(exc))
+    return _emit(report, as_json)
+
+
+@conformance_app.command("stream")
+def stream_cmd(
+    endpoint: str = typer.Argument(..., help="The engine's live PUB endpoint, e.g. tcp://127.0.0.1:5557."),
+    replay: Optional[str] = typer.Option(None, "--replay", help="Its replay ROUTER endpoint (replay, DESCRIBE, SNAPSHOT)."),
+    page_size: int = typer.Option(..., "--page-size", min=1, help="The engine's page (block) size."),
+    duration: float = typer.Option(10.0, min=0.0, help="Seconds to observe."),
+    profile: str = typer.Option("contract", "--profile", help=_PROFILE_HELP),
+    allow_epoch: bool = typer.Option(False, "--allow-epoch", help="Accept kvevents' opt-in 4th batch element (epoch)."),
+    count: Optional[int] = typer.Option(None, "--count", min=1, help="Stop after this many live batches."),
+    reply_timeout: float = typer.Option(2.0, min=0.05, help="Seconds to wait for a replay / DESCRIBE / SNAPSHOT reply."),
+    hash_seed: Optional[str] = typer.Option(None, "--hash-seed", help="vLLM profiles: the engine's PYTHONHASHSEED."),
+    lora_path: Optional[str] = typer.Option(None, "--lora-path", help="vLLM profiles: LoRA path template, {name} = lora name."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> int:
+    """Observe a live publisher and judge every named rule (pass / fail / not offered / not checkable)."""
+    from kvevents.conformance.profiles import ProfileUnavailable
+    from kvevents.conformance.stream import StreamOptions, observe
+
+    _check_endpoint("ENDPOINT", endpoint)
+    _check_endpoint("--replay", replay)
+    opts = StreamOptions(endpoint, replay, page_size, duration, profile, allow_epoch, reply_timeout, count,
+                         hash_seed=hash_seed, lora_path=lora_path)
+    try:
+        report = observe(opts)
+    except ProfileUnavailable as exc:
+        user_error(str(exc))
+    except ValueError as exc:
+        user_error(str(exc))
+    return _emit(report, as_json)
+
+
+@conformance_app.command("drive")
+def drive_cmd(
+    http: str = typer.Option(..., "--http", help="Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000."),
+    endpoint: str = typer.Option(..., "--endpoint", help="The live PUB endpoint that server's worker publishes on."),
+    replay: Optional[str] = typer.Option(None, "--replay", help="Its replay ROUTER endpoint."),
+    page_size: int = typer.Option(..., "--page-size", min=1, help="The engine's page (block) size."),
+    profile: str = typer.Option("contract", "--profile", help=_PROFILE_HELP),
+    model: Optional[str] = typer.Option(None, "--model", help="Base model name (default: the first of /v1/models)."),
+    adapter: List[str] = typer.Option(["lora-a", "lora-b"], "--adapter", help="Two LoRA adapter (model) names."),
+    salt: List[str] = typer.Option(["tenant-a", "tenant-b"], "--salt", help="Two cache salts."),
+    pages: int = typer.Option(4, min=1, help="Pages per prompt."),
+    seed: int = typer.Option(20, help="Prompt seed."),
+    timeout: float = typer.Option(5.0, min=0.1, help="Seconds to wait for a response or a prompt's events."),
+    hash_seed: Optional[str] = typer.Option(None, "--hash-seed", help="vLLM profiles: the engine's PYTHONHASHSEED."),
+    lora_path: Optional[str] = typer.Option(None, "--lora-path", help="vLLM profiles: LoRA path template, {name} = lora name."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> int:
+    """Send token-id prompts under two adapters and two salts; check the hashes the engine publishes."""
+    from kvevents.conformance.drive import DriveOptions, drive
+    from kvevents.conformance.profiles import ProfileUnavailable
+
+    if len(adapter) != 2 or len(salt) != 2 or adapter[0] == adapter[1] or salt[0] == salt[1]:
+        user_error("give exactly two different --adapter and two different --salt values")
+    if not http.startswith(("http://", "https://")):
+        user_error(f"--http must be a URL (http://HOST:PORT), got {http!r}")
+    _check_endpoint("--endpoint", endpoint)
+    _check_endpoint("--replay", replay)
+    opts = DriveOptions(http, endpoint, replay, page_size, profile, model, (adapter[0], adapter[1]), (salt[0], salt[1]),
+                        pages, seed, timeout, hash_seed=hash_seed, lora_path=lora_path)
+    try:
+        report = drive(opts)
+    except ProfileUnavailable as exc:
+        user_error(str(exc))
+    except ValueError as exc:
+        user_error(str(exc))
+    return _emit(report, as_json)
