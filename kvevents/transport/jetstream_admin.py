@@ -64,11 +64,16 @@ async def _with_js(nats: NatsOptions, timeout: float, fn: Any) -> Any:
 
 
 def subject_counts(nats: NatsOptions, stream: str, *, timeout: float = 5.0) -> dict[str, int]:
-    """Messages stored per subject of the stream (NatsUnavailable if NATS does not answer)."""
+    """Messages stored per subject of the stream ({} if there is no such stream; NatsUnavailable
+    if NATS does not answer)."""
     check_token("stream", stream)
+    from nats.js.errors import NotFoundError
 
     async def fn(js: Any) -> dict[str, int]:
-        info = await js.stream_info(stream, subjects_filter=stream_filter(stream))
+        try:
+            info = await js.stream_info(stream, subjects_filter=stream_filter(stream))
+        except NotFoundError:
+            return {}
         return dict(info.state.subjects or {})
 
     try:

@@ -15,7 +15,7 @@ import logging
 import secrets
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
@@ -30,7 +30,8 @@ __all__ = ["Bridge", "msg_id"]
 
 log = logging.getLogger("kvevents.bridge")
 
-_PUBLISH_CHUNK = 512  # batches in flight per round of acks
+_PUBLISH_CHUNK = 512  # batches in flight per round of acks when republishing
+_MAX_INFLIGHT = 2048  # live batches published and not yet acknowledged
 
 
 def msg_id(source: str, rank: int, seq: int, epoch: int | None, payload: bytes) -> str:
@@ -90,6 +91,7 @@ class Bridge:
         self._snap_tasks: dict[str, asyncio.Task] = {}
         self._snap_n = 0
         self._max_ack = 0
+        self._inflight: deque[tuple[asyncio.Future, tuple[str, bytes, dict[str, str]], float]] = deque()
         self._counters: Counter[str] = Counter()
         self._stop = threading.Event()
         self._connected = threading.Event()
@@ -187,15 +189,19 @@ class Bridge:
     async def _forward_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._stop.is_set():
-            items = await loop.run_in_executor(self._poll_exec, self._sub.poll, 0.02)
+            items = await loop.run_in_executor(self._poll_exec, self._sub.poll, 0.0 if self._inflight else 0.02)
             if items:
                 await self._forward(items)
+            await self._settle(wait=not items and bool(self._inflight))
             now = time.monotonic()
             for name, due in self._next_snap.items():
                 task = self._snap_tasks.get(name)
                 if now >= due and (task is None or task.done()):
                     self._next_snap[name] = now + self.snapshot_every_s
                     self._snap_tasks[name] = asyncio.create_task(self._snapshot(name))
+        deadline = time.monotonic() + 2.0  # stopping: let the acks of what was sent come in
+        while self._inflight and time.monotonic() < deadline:
+            await self._settle(wait=True)
 
     async def _describe(self, name: str) -> dict[str, Any] | None:
         src = self._sources[name]
@@ -231,7 +237,7 @@ class Bridge:
             if isinstance(it, Reset):
                 self._counters[f"resets_{it.reason}"] += 1
                 if out:  # what came before the reset keeps the old epoch
-                    await self._publish_all(out)
+                    await self._send(out)
                     out = []
                 self._epochs.pop(it.source, None)
                 if it.epoch is not None:
@@ -251,7 +257,60 @@ class Bridge:
             }
             out.append((live_subject(self.stream, it.source, rank), it.payload, headers))
         if out:
-            await self._publish_all(out)
+            await self._send(out)
+
+    async def _send(self, msgs: list[tuple[str, bytes, dict[str, str]]]) -> None:
+        """Publish live batches without waiting for their acks (`_settle` checks them, in order)."""
+        for m in msgs:
+            if len(self._inflight) >= _MAX_INFLIGHT:
+                await self._settle(wait=True)
+            subject, payload, headers = m
+            try:
+                fut = await self._js.publish_async(subject, payload, headers=dict(headers))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - NATS away: this and the rest go the slow, sure way
+                self._note_publish_failure("live", exc, 0)
+                rest = [x for _, x, _ in self._inflight] + msgs[msgs.index(m):]
+                self._drop_inflight()
+                await self._publish_all(rest)
+                return
+            self._inflight.append((fut, m, time.monotonic()))
+
+    def _drop_inflight(self) -> None:
+        for fut, _, _ in self._inflight:
+            if not fut.done():
+                fut.cancel()
+        self._inflight.clear()
+
+    async def _settle(self, wait: bool) -> None:
+        """Count the acks that came, in order; a failed or overdue one republishes the rest in order.
+
+        Republishing what may be stored already is safe: Nats-Msg-Id drops it (and consumers
+        order by engine seq anyway).
+        """
+        q = self._inflight
+        if wait and q and not q[0][0].done():
+            try:
+                await asyncio.wait_for(asyncio.shield(q[0][0]), min(0.02, max(0.0, q[0][2] + self.publish_timeout_s - time.monotonic())))
+            except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - judged below
+                pass
+        now = time.monotonic()
+        while q:
+            fut, _, sent = q[0]
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                ack = fut.result()
+                self._max_ack = max(self._max_ack, ack.seq)
+                self._counters["duplicates_dropped" if ack.duplicate else "live_published"] += 1
+                q.popleft()
+                continue
+            if fut.done() or now - sent >= self.publish_timeout_s:
+                exc = fut.exception() if fut.done() and not fut.cancelled() else TimeoutError("no ack in time")
+                self._note_publish_failure("live", exc or TimeoutError("cancelled"), 0)
+                rest = [m for _, m, _ in q]
+                self._drop_inflight()
+                await self._publish_all(rest)
+            return
 
     async def _publish_all(self, msgs: list[tuple[str, bytes, dict[str, str]]], what: str = "live") -> list[int]:
         """Publish in order, pipelined, until every message is acknowledged; the stream seqs acked.
@@ -268,7 +327,7 @@ class Bridge:
             futs: list[asyncio.Future] = []
             try:
                 for subject, payload, headers in chunk:
-                    futs.append(await self._js.publish_async(subject, payload, headers=dict(headers), wait_stall=self.publish_timeout_s))
+                    futs.append(await self._js.publish_async(subject, payload, headers=dict(headers)))
                 await asyncio.wait_for(asyncio.gather(*futs, return_exceptions=True), self.publish_timeout_s)
             except asyncio.CancelledError:
                 raise
