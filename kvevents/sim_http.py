@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 from kvevents.hashing import Namespace
 from kvevents.sim import Request
@@ -80,7 +81,7 @@ class CompletionsServer:
         class _Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet, like the CLI
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
             def _reply(self, code: int, obj: dict[str, Any]) -> None:
@@ -94,7 +95,7 @@ class CompletionsServer:
             def _error(self, code: int, message: str) -> None:
                 self._reply(code, {"error": {"message": message, "type": "invalid_request_error", "code": code}})
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            def do_GET(self) -> None:
                 if self.path == "/v1/models":
                     self._reply(200, {"object": "list", "data": [{"id": server.base_model, "object": "model"}]})
                 elif self.path == "/health":
@@ -102,7 +103,7 @@ class CompletionsServer:
                 else:
                     self._error(404, f"no route {self.path}")
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 if self.path != "/v1/completions":
                     return self._error(404, f"no route {self.path}")
                 try:
@@ -164,7 +165,7 @@ class CompletionsServer:
         self._httpd.server_close()
         self._thread.join(2.0)
 
-    def __enter__(self) -> "CompletionsServer":
+    def __enter__(self) -> CompletionsServer:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -7,7 +7,6 @@ applicable rule passes, 1 when one fails, 2 for a usage error (one line on stder
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
 
 import typer
 
@@ -32,7 +31,7 @@ def _emit(report: object, as_json: bool) -> int:
     return int(report.exit_code)  # type: ignore[attr-defined]
 
 
-def _check_endpoint(what: str, ep: Optional[str]) -> None:
+def _check_endpoint(what: str, ep: str | None) -> None:
     from kvevents.transport.wire import check_endpoint
 
     if ep:
@@ -63,15 +62,15 @@ def hash_cmd(
 @conformance_app.command("stream")
 def stream_cmd(
     endpoint: str = typer.Argument(..., help="The engine's live PUB endpoint, e.g. tcp://127.0.0.1:5557."),
-    replay: Optional[str] = typer.Option(None, "--replay", help="Its replay ROUTER endpoint (replay, DESCRIBE, SNAPSHOT)."),
+    replay: str | None = typer.Option(None, "--replay", help="Its replay ROUTER endpoint (replay, DESCRIBE, SNAPSHOT)."),
     page_size: int = typer.Option(..., "--page-size", min=1, help="The engine's page (block) size."),
     duration: float = typer.Option(10.0, min=0.0, help="Seconds to observe."),
     profile: str = typer.Option("contract", "--profile", help=_PROFILE_HELP),
     allow_epoch: bool = typer.Option(False, "--allow-epoch", help="Accept kvevents' opt-in 4th batch element (epoch)."),
-    count: Optional[int] = typer.Option(None, "--count", min=1, help="Stop after this many live batches."),
+    count: int | None = typer.Option(None, "--count", min=1, help="Stop after this many live batches."),
     reply_timeout: float = typer.Option(2.0, min=0.05, help="Seconds to wait for a replay / DESCRIBE / SNAPSHOT reply."),
-    hash_seed: Optional[str] = typer.Option(None, "--hash-seed", help="vLLM profiles: the engine's PYTHONHASHSEED."),
-    lora_path: Optional[str] = typer.Option(None, "--lora-path", help="vLLM profiles: LoRA path template, {name} = lora name."),
+    hash_seed: str | None = typer.Option(None, "--hash-seed", help="vLLM profiles: the engine's PYTHONHASHSEED."),
+    lora_path: str | None = typer.Option(None, "--lora-path", help="vLLM profiles: LoRA path template, {name} = lora name."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> int:
     """Observe a live publisher and judge every named rule (pass / fail / not offered / not checkable)."""
@@ -95,17 +94,17 @@ def stream_cmd(
 def drive_cmd(
     http: str = typer.Option(..., "--http", help="Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000."),
     endpoint: str = typer.Option(..., "--endpoint", help="The live PUB endpoint that server's worker publishes on."),
-    replay: Optional[str] = typer.Option(None, "--replay", help="Its replay ROUTER endpoint."),
+    replay: str | None = typer.Option(None, "--replay", help="Its replay ROUTER endpoint."),
     page_size: int = typer.Option(..., "--page-size", min=1, help="The engine's page (block) size."),
     profile: str = typer.Option("contract", "--profile", help=_PROFILE_HELP),
-    model: Optional[str] = typer.Option(None, "--model", help="Base model name (default: the first of /v1/models)."),
-    adapter: List[str] = typer.Option(["lora-a", "lora-b"], "--adapter", help="Two LoRA adapter (model) names."),
-    salt: List[str] = typer.Option(["tenant-a", "tenant-b"], "--salt", help="Two cache salts."),
+    model: str | None = typer.Option(None, "--model", help="Base model name (default: the first of /v1/models)."),
+    adapter: list[str] = typer.Option(["lora-a", "lora-b"], "--adapter", help="Two LoRA adapter (model) names."),
+    salt: list[str] = typer.Option(["tenant-a", "tenant-b"], "--salt", help="Two cache salts."),
     pages: int = typer.Option(4, min=1, help="Pages per prompt."),
     seed: int = typer.Option(20, help="Prompt seed."),
     timeout: float = typer.Option(5.0, min=0.1, help="Seconds to wait for a response or a prompt's events."),
-    hash_seed: Optional[str] = typer.Option(None, "--hash-seed", help="vLLM profiles: the engine's PYTHONHASHSEED."),
-    lora_path: Optional[str] = typer.Option(None, "--lora-path", help="vLLM profiles: LoRA path template, {name} = lora name."),
+    hash_seed: str | None = typer.Option(None, "--hash-seed", help="vLLM profiles: the engine's PYTHONHASHSEED."),
+    lora_path: str | None = typer.Option(None, "--lora-path", help="vLLM profiles: LoRA path template, {name} = lora name."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> int:
     """Send token-id prompts under two adapters and two salts; check the hashes the engine publishes."""

@@ -17,14 +17,15 @@ import shlex
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from kvevents.conformance.report import Report, RuleResult, Status
 from kvevents.hashing import Namespace, event_hashes, to_int64
 
-__all__ = ["HashCase", "golden_cases", "property_cases", "all_cases", "run_adapter", "check_answer", "GOLDEN_PATH"]
+__all__ = ["GOLDEN_PATH", "HashCase", "all_cases", "check_answer", "golden_cases", "property_cases", "run_adapter"]
 
 GOLDEN_PATH = Path(__file__).resolve().parents[2] / "schemas" / "golden" / "sglang-0.5.20.json"
 

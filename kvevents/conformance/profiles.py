@@ -8,7 +8,8 @@ profile in `kvevents.engines.vllm` when it is installed and report "profile not 
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from kvevents.hashing import (
     Namespace,
@@ -21,7 +22,7 @@ from kvevents.hashing import (
 )
 from kvevents.transport.wire import HASH_SCHEME
 
-__all__ = ["Profile", "ContractProfile", "VllmProfile", "NotCheckable", "ProfileUnavailable", "PROFILES", "get_profile"]
+__all__ = ["PROFILES", "ContractProfile", "NotCheckable", "Profile", "ProfileUnavailable", "VllmProfile", "get_profile"]
 
 
 class NotCheckable(ValueError):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-__all__ = ["Status", "RuleResult", "Report"]
+__all__ = ["Report", "RuleResult", "Status"]
 
 
 class Status(str, Enum):

@@ -9,8 +9,9 @@ knowledge is complete from seq 0, or from an AllBlocksCleared, until a gap is le
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 

@@ -15,7 +15,7 @@ from kvevents.errors import DecodeError
 from kvevents.events import KVEventBatch, decode_batch
 from kvevents.transport.wire import END_SEQ
 
-__all__ = ["EVENT_TYPES", "live_frames_problem", "batch_problem", "raw_events", "is_end_marker", "decode"]
+__all__ = ["EVENT_TYPES", "batch_problem", "decode", "is_end_marker", "live_frames_problem", "raw_events"]
 
 EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 _REQUIRED = {"BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size"), "BlockRemoved": ("block_hashes",)}

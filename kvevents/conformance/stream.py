@@ -16,9 +16,14 @@ from kvevents.conformance import shape
 from kvevents.conformance.profiles import get_profile
 from kvevents.conformance.report import Report
 from kvevents.conformance.rules import StreamChecker
-from kvevents.transport.wire import DESCRIBE_REQUEST, SNAPSHOT_REQUEST, check_endpoint, pack_seq
+from kvevents.transport.wire import (
+    DESCRIBE_REQUEST,
+    SNAPSHOT_REQUEST,
+    check_endpoint,
+    pack_seq,
+)
 
-__all__ = ["StreamOptions", "StreamObserver", "observe"]
+__all__ = ["StreamObserver", "StreamOptions", "observe"]
 
 
 @dataclass
@@ -175,7 +180,7 @@ class StreamObserver:
         if self._own_ctx:
             self.ctx.term()
 
-    def __enter__(self) -> "StreamObserver":
+    def __enter__(self) -> StreamObserver:
         return self
 
     def __exit__(self, *exc: object) -> None:
