@@ -12,7 +12,8 @@ from rich.table import Table
 
 from kvevents.cli.app import CheckFailed, user_error
 from kvevents.cli.logtools_common import out_console, warn_damage
-from kvevents.recordlog import ContractVerifier, LogStats, RecordReader, StatsCollector, VerifyReport, iter_jsonl, repair_log
+from kvevents.recordlog.verify import make_verifier
+from kvevents.recordlog import LogStats, RecordReader, StatsCollector, VerifyReport, iter_jsonl, repair_log
 
 log_app = typer.Typer(help="Inspect, verify, repair and export record logs.", no_args_is_help=True)
 
@@ -26,17 +27,21 @@ def inspect_cmd(
     verify: bool = typer.Option(False, "--verify", help="Check the contract over the whole log (needs --page-size)."),
     page_size: Optional[int] = typer.Option(None, "--page-size", "-p", help="Tokens per page, for --verify."),
     salt: List[str] = typer.Option([], "--salt", help="A cache_salt a chain head may be seeded with (repeatable)."),
+    profile: str = typer.Option("contract", "--profile", help="--verify against: contract, or a vLLM 0.33 stream: vllm "
+                                "(structure, links), vllm-sha256 | vllm-sha256_cbor (hashes too; PYTHONHASHSEED if set)."),
+    lora_path: List[str] = typer.Option([], "--lora-path", help="vLLM profiles: NAME=PATH of a LoRA adapter (repeatable)."),
 ) -> None:
     """Counts by event type, medium and source; seq gaps and epochs; time span and rates.
 
     With --verify: parents before children, removes only of live copies, hashes recomputed
     from token_ids; every violation is listed with its record index; exit 1 if any.
     """
-    if verify and page_size is None:
-        user_error("--verify needs --page-size N")
     if page_size is not None and page_size < 1:
         user_error(f"--page-size must be >= 1, got {page_size}")
-    verifier = ContractVerifier(page_size, salt) if verify and page_size else None
+    try:
+        verifier = make_verifier(profile, page_size, salt, lora_path) if verify else None
+    except ValueError as exc:
+        user_error(str(exc))
     reader = RecordReader(file, on_damage=warn_damage)
     col = StatsCollector(reader.path, reader.size)
     try:
