@@ -116,6 +116,16 @@ class StreamOrder:
             st.waiting_since = self.clock()
         return st
 
+    def resume(self, source: str, rank: int, epoch: int | None, next_seq: int) -> None:
+        """Continue (source, rank) at `next_seq` (a recorder restarting on its own log): earlier seqs are duplicates."""
+        st = self._stream(source, rank)
+        st.epoch, st.next_seq, st.waiting_since, st.dirty = epoch, next_seq, None, True
+
+    def lowest_pending_stream_seq(self) -> int | None:
+        """The stream position of the oldest batch held back for ordering (None: nothing held)."""
+        low = [m.stream_seq for st in self.streams.values() for m in st.pending.values()]
+        return min(low) if low else None
+
     # ---------------------------------------------------------------- inputs
     def live(self, m: LiveMsg) -> None:
         st = self._stream(m.source, m.rank)

@@ -14,7 +14,8 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections import deque
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from kvevents.subscriber import Delivery, Reset, SourceStatus
 from kvevents.transport.jetstream_order import LiveMsg, Snapshot, SnapshotAssembler, StreamOrder
@@ -23,7 +24,7 @@ from kvevents.transport.nats_link import (
     parse_epoch, parse_subject, stream_filter,
 )
 
-__all__ = ["JetStreamSource"]
+__all__ = ["JetStreamSource", "pick_snapshots", "positions_from_records"]
 
 log = logging.getLogger("kvevents.jetstream")
 
@@ -75,9 +76,13 @@ class JetStreamSource:
         resync_timeout_s: float = 60.0,
         on_unreachable: Callable[[str], object] | None = None,
         give_up_after_s: float | None = None,
+        durable: str | None = None,
+        resume: Mapping[tuple[str, int], tuple[int | None, int]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         check_token("stream", stream)
+        if durable is not None:
+            check_token("durable consumer name", durable)
         nats.servers()
         self.nats = nats
         self.stream = stream
@@ -89,6 +94,10 @@ class JetStreamSource:
         self.give_up_after_s = give_up_after_s
         self.clock = clock
         self.order = StreamOrder(reorder_wait_s=reorder_wait_s, resync_timeout_s=resync_timeout_s, clock=clock)
+        self.durable = durable
+        for (source, rank), (epoch, next_seq) in (resume or {}).items():
+            self.order.resume(source, rank, epoch, next_seq)
+        self._handled: deque[tuple[int, Any]] = deque()  # durable mode: (stream seq, msg) not yet acknowledged
         self._asm = SnapshotAssembler()
         self._q: queue.Queue = queue.Queue()
         self._lt: LoopThread | None = None
@@ -116,6 +125,11 @@ class JetStreamSource:
         self._q.put(_STOP)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        if self._lt is not None and self._handled:
+            try:
+                self._ack_consumed(wait=True)
+            except Exception:  # noqa: BLE001 - unacknowledged: redelivered and dropped as duplicates
+                pass
         if self._lt is not None:
             self._lt.stop(timeout)
             self._lt = None
@@ -131,6 +145,7 @@ class JetStreamSource:
         if self._stop.is_set():
             raise ValueError("JetStreamSource.poll: the source is stopped")
         self._open()
+        self._ack_consumed()
         deadline = time.monotonic() + timeout_s
         got = 0
         while True:
@@ -215,8 +230,10 @@ class JetStreamSource:
             if item[2] == 0 or item[3]:
                 self._mark_synced()
             return
-        _, subject, headers, data, sseq = item
+        _, subject, headers, data, sseq, ackable = item
         self._counters_extra["messages"] += 1
+        if ackable is not None:
+            self._handled.append((sseq, ackable))
         parsed = parse_subject(subject)
         meta = _meta(subject, headers, sseq) if parsed else None
         if meta is None:
@@ -234,6 +251,23 @@ class JetStreamSource:
                     self.order.snapshot(snap)
         if self._sync_target is not None and sseq >= self._sync_target:
             self._mark_synced()
+
+    def _ack_consumed(self, wait: bool = False) -> None:
+        """Durable mode: acknowledge every handled message whose batches were handed out.
+
+        Called when the previous poll's output is consumed (the next poll, or stop); a message
+        still held for ordering (or any after it) stays unacknowledged, so a restart re-reads it.
+        """
+        if not self._handled or self._lt is None:
+            return
+        floor = self.order.lowest_pending_stream_seq()
+        futs = []
+        while self._handled and (floor is None or self._handled[0][0] < floor):
+            _, msg = self._handled.popleft()
+            futs.append(self._lt.submit(msg.ack()))
+        if wait:
+            for f in futs:
+                f.result(2.0)
 
     def _mark_synced(self) -> None:
         if not self._synced.is_set():
@@ -271,7 +305,16 @@ class JetStreamSource:
             self._connected.set()
             subjects = info.state.subjects or {}
             last = int(info.state.last_seq or 0)
-            chosen = await self._read_snapshots(js, subjects) if any(s.endswith(".snap") for s in subjects) else {}
+            resumed = False
+            if self.durable is not None:
+                try:
+                    await js.consumer_info(self.stream, self.durable)
+                    resumed = True  # our own position survives: no snapshot, go on after the last ack
+                except NotFoundError:
+                    pass
+            chosen = {}
+            if not resumed and any(s.endswith(".snap") for s in subjects):
+                chosen = await self._read_snapshots(js, subjects)
             live = {(p[0], p[1]) for p in map(parse_subject, subjects) if p is not None and not p[2]}
             if self.only is not None:
                 live = {k for k in live if k[0] in self.only}
@@ -282,10 +325,12 @@ class JetStreamSource:
             else:  # a source without a stored snapshot: read all that is kept (it may start at seq 0)
                 start = int(info.state.first_seq or 1)
                 cfg = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
-            self._q.put(("snapshots", chosen, last, last < start))
+            self._q.put(("snapshots", chosen, last, last < start or resumed))
+            if self.durable is not None:
+                return await self._pull(js, cfg)
 
             async def on_msg(msg: Any) -> None:
-                self._q.put(("msg", msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream))
+                self._q.put(("msg", msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream, None))
 
             sub = await js.subscribe(stream_filter(self.stream), cb=on_msg, ordered_consumer=True, config=cfg,
                                      idle_heartbeat=1.0, pending_bytes_limit=1 << 30, pending_msgs_limit=1 << 22)
@@ -305,6 +350,33 @@ class JetStreamSource:
         finally:
             if nc is not None:
                 await close(nc)
+
+    async def _pull(self, js: Any, cfg: Any) -> None:
+        """The durable mode: a pull consumer named `durable`, acknowledged once deliveries are consumed."""
+        from nats.errors import TimeoutError as NatsTimeout
+        from nats.js.api import AckPolicy
+
+        cfg.durable_name = self.durable
+        cfg.ack_policy = AckPolicy.EXPLICIT
+        cfg.ack_wait = 30.0
+        cfg.max_ack_pending = 1 << 20
+        psub = None
+        while not self._stop.is_set():
+            try:
+                if psub is None:
+                    psub = await js.pull_subscribe(stream_filter(self.stream), durable=self.durable, stream=self.stream,
+                                                   config=cfg, pending_bytes_limit=1 << 30, pending_msgs_limit=1 << 22)
+                msgs = await psub.fetch(512, timeout=0.5)
+            except (NatsTimeout, asyncio.TimeoutError):
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - NATS restarting: fetch again
+                log.debug("durable fetch: %s", exc)
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                self._q.put(("msg", msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream, msg))
 
     async def _read_snapshots(self, js: Any, subjects: dict[str, int]) -> dict[tuple[str, int], Snapshot]:
         """Every stored snapshot message (a few per source), then the newest complete one of each."""
@@ -333,3 +405,22 @@ class JetStreamSource:
         finally:
             await sub.unsubscribe()
         return pick_snapshots(msgs)
+
+
+def positions_from_records(records: Iterable[Any]) -> dict[tuple[str, int], tuple[int | None, int]]:
+    """Where a record log stands per (source, dp_rank): (epoch, next seq), for `resume=`.
+
+    Records are duck-typed (kind, source, dp_rank, seq, epoch); a reset marker forgets the position.
+    """
+    out: dict[tuple[str, int], tuple[int | None, int]] = {}
+    for r in records:
+        rank = r.dp_rank if isinstance(r.dp_rank, int) and r.dp_rank >= 0 else 0
+        if r.kind == "reset":
+            if r.dp_rank is None:
+                for k in [k for k in out if k[0] == r.source]:
+                    del out[k]
+            else:
+                out.pop((r.source, rank), None)
+        elif isinstance(r.seq, int) and r.seq >= 0:
+            out[(r.source, rank)] = (r.epoch, r.seq + 1)
+    return out
