@@ -38,6 +38,7 @@ class Profile(Protocol):
 
     name: str
     hash_scheme: str | None  # what KVE/DESCRIBE should say, if anything
+    adapter_invariant: bool  # True: an adapter (extra_key) never moves a published hash
 
     def head_prior(self, fields: dict[str, Any]) -> bytes | None: ...
 
@@ -53,6 +54,7 @@ class ContractProfile:
 
     name = "contract"
     hash_scheme: str | None = HASH_SCHEME
+    adapter_invariant = True
 
     def head_prior(self, fields: dict[str, Any]) -> bytes | None:
         salt = fields.get("cache_salt")
@@ -86,6 +88,7 @@ class VllmProfile:
     """
 
     hash_scheme: str | None = None
+    adapter_invariant = False  # vLLM hashes ("lora", name, path) into every block of a LoRA request
 
     def __init__(self, hash_algo: str, *, seed: str | None = None, lora_path: str | None = None) -> None:
         self.hash_algo = hash_algo
