@@ -7,6 +7,7 @@ failure, a torn last record) is skipped with a RecordLogWarning.
 from kvevents.recordlog.export import iter_jsonl, record_to_dict
 from kvevents.recordlog.format import (
     HEADER_SIZE,
+    BadRecordError,
     KINDS,
     MAGIC,
     VERSION,
@@ -15,7 +16,7 @@ from kvevents.recordlog.format import (
     RecordLogWarning,
 )
 from kvevents.recordlog.reader import Damage, RecordReader, read_records
-from kvevents.recordlog.record import Recorder
+from kvevents.recordlog.record import START_MODES, Recorder
 from kvevents.recordlog.repair import RepairResult, repair_log
 from kvevents.recordlog.replay import ApplyResult, apply_log, count_records, paced, parse_speed, select_records
 from kvevents.recordlog.stats import LogStats, StatsCollector, inspect_log
@@ -29,12 +30,14 @@ __all__ = [
     "KINDS",
     "Record",
     "RecordLogError",
+    "BadRecordError",
     "RecordLogWarning",
     "RecordWriter",
     "RecordReader",
     "Damage",
     "read_records",
     "Recorder",
+    "START_MODES",
     "repair_log",
     "RepairResult",
     "inspect_log",

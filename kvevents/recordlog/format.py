@@ -2,6 +2,9 @@
 
 File:   header (16 bytes) then records, append-only.
 Header: magic b"KVEVLOG\\0", version u16 LE, flags u16 LE (0), CRC32 of the previous 12 bytes (u32 LE).
+        A damaged header (a few flipped bits, or any damage with an intact record right after it) is
+        reported and read past, since every record carries its own sync marker and CRC;
+        `repair` rewrites it.
 Record: sync b"\\xc3KVR" | crc32 u32 LE | length u32 LE | body (length bytes).
         The CRC covers the length field and the body, so a flipped bit anywhere but the sync
         marker fails the CRC, and a damaged length cannot make a reader accept garbage.
@@ -20,7 +23,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Any
+from typing import Any, Callable
 
 from kvevents.errors import KVEventsError
 
@@ -34,8 +37,10 @@ __all__ = [
     "KINDS",
     "Record",
     "RecordLogError",
+    "BadRecordError",
     "RecordLogWarning",
     "encode_header",
+    "HEADER_BYTES",
     "check_header",
     "encode_record",
     "decode_body",
@@ -61,6 +66,11 @@ _I64_MIN, _I64_MAX, _U64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
 
 class RecordLogError(KVEventsError, ValueError):
     """A file that is not a readable record log (missing, empty, wrong magic, truncated header...)."""
+
+
+class BadRecordError(RecordLogError):
+    """One record that cannot be stored (a field over its bound, a wrong type): nothing was written,
+    the log and the writer are fine, so a recorder counts it and goes on."""
 
 
 class RecordLogWarning(UserWarning):
@@ -120,27 +130,42 @@ def encode_header() -> bytes:
     return head + struct.pack("<I", zlib.crc32(head))
 
 
-def check_header(data: bytes, where: str) -> None:
-    """Raise RecordLogError unless `data` starts with a valid version-1 header."""
+HEADER_BYTES = encode_header()  # the version-1 header is one constant
+MAX_HEADER_FLIPS = 8  # a header this close to HEADER_BYTES is damage, not another kind of file
+
+
+def _flips(a: bytes, b: bytes) -> int:
+    return sum((x ^ y).bit_count() for x, y in zip(a, b))
+
+
+def check_header(data: bytes, where: str, record_follows: Callable[[], bool] | None = None) -> bool:
+    """True for a valid version-1 header; False for a damaged one that is still recognisable (at
+    most MAX_HEADER_FLIPS bits off, or `record_follows()` finds an intact record right after it):
+    records carry their own CRC, so readers warn and go on. RecordLogError for anything else."""
     if len(data) == 0:
         raise RecordLogError(f"{where}: empty file, not a kvevents record log")
-    n = min(len(data), len(MAGIC))
-    if data[:n] != MAGIC[:n]:
-        raise RecordLogError(f"{where}: wrong magic, not a kvevents record log")
     if len(data) < HEADER_SIZE:
+        n = min(len(data), len(MAGIC))
+        if data[:n] != MAGIC[:n]:
+            raise RecordLogError(f"{where}: wrong magic, not a kvevents record log")
         raise RecordLogError(f"{where}: truncated header ({len(data)} of {HEADER_SIZE} bytes)")
     magic, version, _flags, crc = HEADER.unpack_from(data)
-    if crc != zlib.crc32(data[:12]):
-        raise RecordLogError(f"{where}: header CRC mismatch, the file header is damaged")
-    if version != VERSION:
-        raise RecordLogError(f"{where}: record log version {version} is not supported (this build reads {VERSION})")
+    if magic == MAGIC and crc == zlib.crc32(data[:12]):
+        if version != VERSION:
+            raise RecordLogError(f"{where}: record log version {version} is not supported (this build reads {VERSION})")
+        return True
+    if _flips(data[:HEADER_SIZE], HEADER_BYTES) <= MAX_HEADER_FLIPS or (record_follows is not None and record_follows()):
+        return False
+    if magic != MAGIC:
+        raise RecordLogError(f"{where}: wrong magic, not a kvevents record log")
+    raise RecordLogError(f"{where}: header CRC mismatch, the file header is damaged and no intact record follows it")
 
 
 def _opt(value: Any, lo: int, hi: int, name: str) -> tuple[int, bool]:
     if value is None:
         return 0, False
     if isinstance(value, bool) or not isinstance(value, int):
-        raise RecordLogError(f"record {name} must be an int or None, got {type(value).__name__}")
+        raise BadRecordError(f"record {name} must be an int or None, got {type(value).__name__}")
     if not lo <= value <= hi:
         return 0, False  # out of the stored range: kept only inside the payload
     return value, True
@@ -153,10 +178,10 @@ def _utf8(s: str, name: str) -> bytes:
     raw = _str_cache.get(s)
     if raw is None:
         if not isinstance(s, str):
-            raise RecordLogError(f"record {name} must be a str, got {type(s).__name__}")
+            raise BadRecordError(f"record {name} must be a str, got {type(s).__name__}")
         raw = s.encode("utf-8")
         if len(raw) > 0xFFFF:
-            raise RecordLogError(f"record {name} is {len(raw)} bytes, at most 65535")
+            raise BadRecordError(f"record {name} is {len(raw)} bytes, at most 65535")
         if len(_str_cache) < 4096:
             _str_cache[s] = raw
     return raw
@@ -176,7 +201,7 @@ def encode_record(
     """The full framed bytes of one record."""
     code = KIND_CODES.get(kind)
     if code is None:
-        raise RecordLogError(f"record kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        raise BadRecordError(f"record kind must be one of {', '.join(KINDS)}, got {kind!r}")
     s, fs = _opt(seq, 0, _U64_MAX, "seq")
     e, fe = _opt(epoch, _I64_MIN, _I64_MAX, "epoch")
     r, fr = _opt(dp_rank, _I64_MIN, _I64_MAX, "dp_rank")
@@ -186,7 +211,7 @@ def encode_record(
         (FIXED.pack(float(recv_time), s, e, r, code, flags, len(src), len(ep), len(tp)), src, ep, tp, payload)
     )
     if len(body) > MAX_BODY:
-        raise RecordLogError(f"record of {len(body)} bytes exceeds the {MAX_BODY}-byte limit")
+        raise BadRecordError(f"record of {len(body)} bytes exceeds the {MAX_BODY}-byte limit")
     n = struct.pack("<I", len(body))
     return SYNC + struct.pack("<I", zlib.crc32(body, zlib.crc32(n))) + n + body
 

@@ -6,6 +6,7 @@ Memory stays bounded by the chunk size plus the largest record; the file is neve
 from __future__ import annotations
 
 import os
+import stat
 import warnings
 import zlib
 from typing import Callable, Iterator, NamedTuple
@@ -24,13 +25,14 @@ from kvevents.recordlog.format import (
     decode_body,
 )
 
-__all__ = ["Damage", "RecordReader", "read_records", "feed_log", "open_log_file"]
+__all__ = ["Damage", "RecordReader", "read_records", "feed_log", "open_log", "open_log_file", "open_regular_file"]
 
 CHUNK = 1 << 20
 
 
 class Damage(NamedTuple):
-    """Bytes a reader skipped: `kind` is "corrupt" (a valid record follows) or "torn" (up to EOF)."""
+    """Bytes a reader skipped: `kind` is "corrupt" (a valid record follows), "torn" (up to EOF) or
+    "header" (a damaged file header, read past: the records carry their own CRC)."""
 
     offset: int
     length: int
@@ -39,14 +41,20 @@ class Damage(NamedTuple):
     path: str
 
     def message(self) -> str:
+        where = "before the first record" if self.after_index == 0 else f"after record {self.after_index - 1}"
+        if self.kind == "header":
+            return (
+                f"{self.path}: damaged file header ({self.length} bytes at offset {self.offset}) read past, "
+                "every record carries its own CRC; `kvevents log repair` rewrites it"
+            )
         if self.kind == "torn":
             return (
                 f"{self.path}: torn last record: {self.length} bytes at offset {self.offset} "
-                f"(after record {self.after_index - 1}) skipped; `kvevents log repair` truncates them"
+                f"({where}) skipped; `kvevents log repair` truncates them"
             )
         return (
             f"{self.path}: corrupt data: {self.length} bytes at offset {self.offset} failed the CRC check "
-            f"(after record {self.after_index - 1}), skipped; resynced at the next valid record"
+            f"({where}), skipped; resynced at the next valid record"
         )
 
 
@@ -54,23 +62,67 @@ def _warn(d: Damage) -> None:
     warnings.warn(d.message(), RecordLogWarning, stacklevel=3)
 
 
-def open_log_file(path: str | os.PathLike[str]) -> "tuple[object, int]":
-    """Open `path` for reading and validate its header; return (binary file, size)."""
+def open_regular_file(path: str | os.PathLike[str], mode: str = "rb") -> "tuple[object, int]":
+    """Open an existing regular file (never blocks on a FIFO or device); return (file, size)."""
     where = os.fspath(path)
+    flags = (os.O_RDWR if "+" in mode else os.O_RDONLY) | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        f = open(where, "rb")
+        fd = os.open(where, flags)
     except FileNotFoundError:
         raise RecordLogError(f"{where}: no such file") from None
     except IsADirectoryError:
         raise RecordLogError(f"{where}: is a directory, not a record log") from None
     except PermissionError:
         raise RecordLogError(f"{where}: permission denied") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (a FIFO, socket or device)"
+        raise RecordLogError(f"{where}: is {what}, not a record log")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, mode), st.st_size
+
+
+def _record_at(f: object, offset: int, size: int) -> bool:
+    """Is there an intact record (sync, length bound, CRC) at `offset`? The file position is restored."""
+    read, seek = f.read, f.seek  # type: ignore[attr-defined]
+    seek(offset)
     try:
-        size = os.fstat(f.fileno()).st_size
-        check_header(f.read(HEADER_SIZE), where)
+        head = read(FRAME_SIZE)
+        if len(head) < FRAME_SIZE:
+            return False
+        sync, crc, n = FRAME.unpack_from(head)
+        if sync != SYNC or not FIXED_SIZE <= n <= MAX_BODY or offset + FRAME_SIZE + n > size:
+            return False
+        acc = zlib.crc32(head[8:])
+        left = n
+        while left > 0:
+            part = read(min(left, CHUNK))
+            if not part:
+                return False
+            acc = zlib.crc32(part, acc)
+            left -= len(part)
+        return acc == crc
+    finally:
+        seek(offset)
+
+
+def open_log(path: str | os.PathLike[str]) -> "tuple[object, int, bool]":
+    """Open a log for reading past its header; return (binary file, size, header_intact)."""
+    where = os.fspath(path)
+    f, size = open_regular_file(path)
+    try:
+        head = f.read(HEADER_SIZE)  # type: ignore[attr-defined]
+        ok = check_header(head, where, lambda: _record_at(f, HEADER_SIZE, size))
     except BaseException:
-        f.close()
+        f.close()  # type: ignore[attr-defined]
         raise
+    return f, size, ok
+
+
+def open_log_file(path: str | os.PathLike[str]) -> "tuple[object, int]":
+    """Open `path` for reading and check its header; return (binary file, size)."""
+    f, size, _ok = open_log(path)
     return f, size
 
 
@@ -78,7 +130,8 @@ class RecordReader:
     """Iterate the valid records of a log; damage goes to `on_damage` (default: a RecordLogWarning).
 
     After a full iteration: `records` (count), `damage` (list), `valid_end` (offset just past the
-    last valid record, where `repair` truncates), `size` (file size when opened).
+    last valid record, where `repair` truncates), `size` (file size when opened); `header_ok` is
+    False for a damaged file header (reported as "header" damage when the iteration starts).
     """
 
     def __init__(
@@ -89,7 +142,7 @@ class RecordReader:
         chunk_size: int = CHUNK,
     ) -> None:
         self.path = os.fspath(path)
-        self._f, self.size = open_log_file(path)
+        self._f, self.size, self.header_ok = open_log(path)
         self._on_damage = on_damage if on_damage is not None else _warn
         self._chunk = max(int(chunk_size), 4096)
         self.records = 0
@@ -118,6 +171,8 @@ class RecordReader:
             self.close()
 
     def _scan(self) -> Iterator[Record]:
+        if not self.header_ok:
+            self._report(0, HEADER_SIZE, "header")
         f_read = self._f.read  # type: ignore[attr-defined]
         chunk = self._chunk
         size = self.size

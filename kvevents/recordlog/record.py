@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Literal, Sequence
 
+from kvevents.errors import DecodeError
+from kvevents.events import decode_batch
+from kvevents.recordlog.format import BadRecordError
 from kvevents.recordlog.writer import RecordWriter
 
-__all__ = ["Recorder"]
+__all__ = ["Recorder", "StartMode", "START_MODES"]
+
+StartMode = Literal["snapshot", "oldest", "now"]
+START_MODES: tuple[str, ...] = ("snapshot", "oldest", "now")
 
 
 class Recorder:
@@ -17,16 +23,35 @@ class Recorder:
     The subscriber hands deliveries over in repaired order (replayed gaps filled in seq order,
     resyncs as a Reset then "snapshot" deliveries), so the log keeps exactly that order.
     `done` is set once `count` batch records (heartbeats included) have been written.
+
+    `start` says where the log begins (the subscriber itself replays a joined stream from its
+    oldest kept batch):
+    - "oldest": everything the subscriber delivers (the publisher's kept history first);
+    - "now": per (source, dp_rank), nothing before its first live batch;
+    - "snapshot": a source given to `begin_with_snapshot` starts with a reset marker and the
+      snapshot, then only batches after the snapshot's seq S; other sources behave as "oldest".
+    A delivery that cannot be stored (a topic over 65,535 bytes...) is counted in `skipped` and
+    left out; only a failing write (disk full, closed writer) stops recording (`error`).
     """
 
-    def __init__(self, writer: RecordWriter, *, count: int | None = None) -> None:
+    def __init__(self, writer: RecordWriter, *, count: int | None = None, start: StartMode = "oldest") -> None:
+        if start not in START_MODES:
+            raise ValueError(f"start must be one of {', '.join(START_MODES)}, got {start!r}")
         self.writer = writer
         self.count = count
+        self.start = start
         self.batches = 0
         self.resets = 0
+        self.snapshot_batches = 0  # written by begin_with_snapshot (not part of `count`)
+        self.received = 0  # deliveries and resets handed over, written or not
+        self.history_dropped = 0  # left out because they precede the chosen start
+        self.skipped = 0  # could not be stored (see skip_reason)
+        self.skip_reason: str | None = None  # the first one
         self.done = threading.Event()
         self.error: Exception | None = None  # a failed write (disk full...): recording stops, done is set
         self._lock = threading.Lock()
+        self._live: set[tuple[str, Any]] = set()  # "now": streams whose first live batch was seen
+        self._after: dict[str, tuple[int, int | None]] = {}  # "snapshot": source -> (S, epoch)
 
     def stop(self) -> None:
         """Write nothing more (waits for a write in progress)."""
@@ -37,10 +62,69 @@ class Recorder:
         self.error = exc
         self.done.set()
 
+    def _skip(self, exc: Exception) -> None:
+        self.skipped += 1
+        if self.skip_reason is None:
+            self.skip_reason = str(exc)
+
+    def begin_with_snapshot(self, source: str, payloads: Sequence[bytes], seq: int | None, *,
+                            endpoint: str = "", topic: str = "") -> int:
+        """Write a reset marker and a publisher's KVE/SNAPSHOT batches (reflecting seqs <= `seq`; None:
+        nothing published yet); later deliveries of `source` with seq <= `seq` are left out.
+        Returns the number of snapshot batches written."""
+        epoch = rank = None
+        metas = []
+        for p in payloads:
+            try:
+                b = decode_batch(p)
+                metas.append((b.epoch, b.data_parallel_rank))
+            except DecodeError:
+                metas.append((None, None))
+        if metas:
+            epoch, rank = metas[0]
+        with self._lock:
+            if self.done.is_set():
+                return 0
+            n = 0
+            try:
+                self.writer.write_reset(source=source, reason="first", endpoint=endpoint, dp_rank=rank)
+                self.resets += 1
+                for p, (e, r) in zip(payloads, metas):
+                    self.writer.write(p, source=source, endpoint=endpoint, topic=topic, seq=seq, epoch=e,
+                                      dp_rank=r, kind="snapshot")
+                    self.snapshot_batches += 1
+                    n += 1
+            except BadRecordError as exc:
+                self._skip(exc)
+            except (OSError, ValueError) as exc:
+                self._fail(exc)
+                return n
+            if seq is not None:
+                self._after[source] = (seq, epoch)
+            return n
+
+    def _before_start(self, d: Any, rank: Any, epoch: Any) -> bool:
+        """Does this delivery precede where the log starts (and so stays out)?"""
+        source, kind = str(d.source), str(getattr(d, "kind", "live") or "live")
+        if self.start == "now":
+            if kind == "live":
+                self._live.add((source, rank))
+            return (source, rank) not in self._live
+        after = self._after.get(source)
+        if after is None or kind == "snapshot":
+            return False
+        seq, snap_epoch = after
+        d_seq = getattr(d, "seq", None)
+        if (epoch is not None and snap_epoch is not None and epoch != snap_epoch) or d_seq is None or d_seq > seq:
+            del self._after[source]  # past the snapshot (or another epoch): keep everything from here
+            return False
+        return True
+
     def on_delivery(self, d: Any) -> None:
         with self._lock:
             if self.done.is_set():
                 return
+            self.received += 1
             batch = getattr(d, "batch", None)
             epoch = getattr(d, "epoch", None)
             if epoch is None and batch is not None:
@@ -48,6 +132,9 @@ class Recorder:
             rank = getattr(d, "dp_rank", None)
             if rank is None and batch is not None:
                 rank = batch.data_parallel_rank
+            if self._before_start(d, rank, epoch):
+                self.history_dropped += 1
+                return
             try:
                 self.writer.write(
                     d.payload,
@@ -60,6 +147,8 @@ class Recorder:
                     kind=str(getattr(d, "kind", "live") or "live"),
                     recv_time=getattr(d, "received_at", None) or time.time(),
                 )
+            except BadRecordError as exc:
+                return self._skip(exc)
             except (OSError, ValueError) as exc:
                 return self._fail(exc)
             self.batches += 1
@@ -70,9 +159,16 @@ class Recorder:
         with self._lock:
             if self.done.is_set():
                 return
+            self.received += 1
+            source, rank = str(r.source), getattr(r, "dp_rank", None)
+            if self.start == "now" and (source, rank) not in self._live:
+                self.history_dropped += 1
+                return
+            self._after.pop(source, None)  # the subscriber resyncs: everything after it is kept
             try:
-                self.writer.write_reset(source=str(r.source), reason=str(getattr(r, "reason", "") or ""),
-                                        dp_rank=getattr(r, "dp_rank", None))
+                self.writer.write_reset(source=source, reason=str(getattr(r, "reason", "") or ""), dp_rank=rank)
+            except BadRecordError as exc:
+                return self._skip(exc)
             except (OSError, ValueError) as exc:
                 return self._fail(exc)
             self.resets += 1

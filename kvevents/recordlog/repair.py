@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import secrets
 from dataclasses import dataclass, field
 
+from kvevents.recordlog.format import HEADER_BYTES
 from kvevents.recordlog.reader import Damage, RecordReader
 from kvevents.recordlog.writer import RecordWriter
 
@@ -13,7 +15,8 @@ __all__ = ["RepairResult", "repair_log"]
 
 @dataclass
 class RepairResult:
-    """What repair found and did; `changed` is False for a clean log."""
+    """What repair found and did; `changed` is False for a clean log (`header_damaged`: the file
+    header was damaged and is rewritten, unless dry_run)."""
 
     path: str
     records: int
@@ -22,16 +25,19 @@ class RepairResult:
     torn_bytes: int = 0
     corrupt: list[Damage] = field(default_factory=list)
     rewritten: bool = False
+    header_damaged: bool = False
+    header_fixed: bool = False
 
     @property
     def changed(self) -> bool:
-        return self.size_after != self.size_before or self.rewritten
+        return self.size_after != self.size_before or self.rewritten or self.header_fixed
 
 
 def repair_log(path: str | os.PathLike[str], *, drop_corrupt: bool = False, dry_run: bool = False) -> RepairResult:
-    """Truncate the torn tail of `path` in place (fsynced); with drop_corrupt, also rewrite the file
-    keeping only valid records (atomic rename). Corrupt regions in the middle are otherwise kept:
-    readers skip them, and the bytes stay for forensics."""
+    """Truncate the torn tail of `path` in place (fsynced) and rewrite a damaged file header; with
+    drop_corrupt, rewrite the file keeping only valid records (a new temp file created exclusively
+    in the same directory, then an atomic rename). Corrupt regions in the middle are otherwise
+    kept: readers skip them, and the bytes stay for forensics."""
     found: list[Damage] = []
     reader = RecordReader(path, on_damage=found.append)
     try:
@@ -41,25 +47,43 @@ def repair_log(path: str | os.PathLike[str], *, drop_corrupt: bool = False, dry_
         reader.close()
     torn = sum(d.length for d in found if d.kind == "torn")
     corrupt = [d for d in found if d.kind == "corrupt"]
-    res = RepairResult(reader.path, reader.records, reader.size, reader.size, torn, corrupt)
+    res = RepairResult(reader.path, reader.records, reader.size, reader.size, torn, corrupt,
+                       header_damaged=not reader.header_ok)
     if dry_run:
         res.size_after = reader.valid_end
         return res
     if drop_corrupt and corrupt:
-        tmp = reader.path + ".repair-tmp"
-        with RecordWriter(tmp, durability="buffered") as w:
-            for rec in RecordReader(path, on_damage=lambda d: None):
-                w.write_record(rec)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, reader.path)
-        res.rewritten = True
+        _rewrite(reader.path)
+        res.rewritten = res.header_fixed = True
         res.size_after = os.path.getsize(reader.path)
         return res
-    if torn:
+    if torn or res.header_damaged:
         with open(reader.path, "r+b") as f:
+            if res.header_damaged:
+                f.write(HEADER_BYTES)
+                res.header_fixed = True
             f.truncate(reader.valid_end)
             f.flush()
             os.fsync(f.fileno())
         res.size_after = reader.valid_end
     return res
+
+
+def _rewrite(path: str) -> None:
+    """Copy the valid records into a fresh file beside `path` and rename it over `path`."""
+    tmp = f"{path}.{secrets.token_hex(8)}.repair-tmp"  # O_EXCL | O_NOFOLLOW: nothing planted is followed
+    w = RecordWriter(tmp, durability="buffered", exclusive=True)  # raises before creating anything
+    try:
+        with w:
+            for rec in RecordReader(path, on_damage=lambda d: None):
+                w.write_record(rec)
+            w.flush()
+            os.fsync(w.fileno())
+        os.chmod(tmp, os.stat(path).st_mode & 0o7777)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import time
-from typing import Callable, Literal
+from typing import BinaryIO, Callable, Literal
 
-from kvevents.recordlog.format import Record, RecordLogError, encode_header, encode_record
-from kvevents.recordlog.reader import Damage, RecordReader
+from kvevents.recordlog.format import HEADER_BYTES, BadRecordError, Record, RecordLogError, encode_header, encode_record
+from kvevents.recordlog.reader import Damage, RecordReader, open_regular_file
 
 __all__ = ["RecordWriter", "Durability"]
 
@@ -20,7 +22,10 @@ class RecordWriter:
     durability: "flush" (default) hands every record to the OS, so a killed process loses at most
     a torn last record; "fsync" also survives power loss (slow); "buffered" batches writes (bulk
     conversion: a crash can lose the unflushed buffer, readers still skip the torn end).
-    Appending to a log whose tail is torn truncates the torn bytes first (reported via on_damage).
+    Appending to a log whose tail is torn truncates the torn bytes first (reported via on_damage),
+    and a damaged file header is rewritten. Only regular files are written (a FIFO or a directory
+    is a RecordLogError, never a hang); `exclusive=True` creates a new file and never follows a
+    symlink (O_EXCL | O_NOFOLLOW), for temporary files.
     """
 
     def __init__(
@@ -31,6 +36,7 @@ class RecordWriter:
         durability: Durability = "flush",
         buffer_size: int = 1 << 20,
         on_damage: Callable[[Damage], None] | None = None,
+        exclusive: bool = False,
     ) -> None:
         if durability not in ("buffered", "flush", "fsync"):
             raise RecordLogError(f"durability must be buffered, flush or fsync, got {durability!r}")
@@ -38,7 +44,8 @@ class RecordWriter:
         self._durability = durability
         self.records = 0
         self.bytes_written = 0
-        exists = os.path.exists(self.path) and os.path.getsize(self.path) > 0
+        exists = not exclusive and os.path.exists(self.path) and not os.path.isdir(self.path) \
+            and os.path.getsize(self.path) > 0
         if append and exists:
             reader = RecordReader(self.path, on_damage=on_damage)
             try:
@@ -47,15 +54,14 @@ class RecordWriter:
             finally:
                 reader.close()
             self.records = reader.records
-            f = open(self.path, "r+b", buffering=buffer_size)
-            f.truncate(reader.valid_end)
-            f.seek(reader.valid_end)
-            self._f = f
+            f, _size = open_regular_file(self.path, "r+b")
+            if not reader.header_ok:
+                f.write(HEADER_BYTES)  # type: ignore[attr-defined]
+            f.truncate(reader.valid_end)  # type: ignore[attr-defined]
+            f.seek(reader.valid_end)  # type: ignore[attr-defined]
+            self._f: BinaryIO = f  # type: ignore[assignment]
         else:
-            try:
-                self._f = open(self.path, "wb", buffering=buffer_size)
-            except FileNotFoundError:
-                raise RecordLogError(f"{self.path}: directory does not exist") from None
+            self._f = _create(self.path, exclusive, buffer_size)
             self._f.write(encode_header())
             self._sync()
         self.closed = False
@@ -83,7 +89,7 @@ class RecordWriter:
         if self.closed:
             raise RecordLogError(f"{self.path}: writer is closed")
         if not isinstance(payload, (bytes, bytearray, memoryview)):
-            raise RecordLogError(f"payload must be bytes, got {type(payload).__name__}")
+            raise BadRecordError(f"payload must be bytes, got {type(payload).__name__}")
         data = encode_record(
             time.time() if recv_time is None else recv_time,
             source,
@@ -116,6 +122,10 @@ class RecordWriter:
     def flush(self) -> None:
         self._f.flush()
 
+    def fileno(self) -> int:
+        """The file descriptor (to fsync a "buffered" writer's file after flush())."""
+        return self._f.fileno()
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True
@@ -130,3 +140,31 @@ class RecordWriter:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+
+def _create(path: str, exclusive: bool, buffer_size: int) -> BinaryIO:
+    """A new, empty regular file at `path` (opened without blocking on a FIFO, truncated only once
+    it is known to be a regular file)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    if exclusive:
+        flags |= os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except FileNotFoundError:
+        raise RecordLogError(f"{path}: directory does not exist") from None
+    except IsADirectoryError:
+        raise RecordLogError(f"{path}: is a directory; give a file name") from None
+    except FileExistsError:
+        raise RecordLogError(f"{path}: exists (a new file was required)") from None
+    except PermissionError:
+        raise RecordLogError(f"{path}: permission denied") from None
+    except OSError as exc:
+        if exc.errno in (errno.ENXIO, errno.ELOOP):  # a FIFO with no reader; a symlink under O_NOFOLLOW
+            raise RecordLogError(f"{path}: not a regular file") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RecordLogError(f"{path}: not a regular file (a FIFO, socket or device); give a file name")
+    os.ftruncate(fd, 0)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "wb", buffering=buffer_size)
