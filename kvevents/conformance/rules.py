@@ -72,7 +72,7 @@ class StreamChecker:
         self.topic: bytes | None = None
         self.rank: Any = None
         self.complete = False  # every batch since seq 0 / the last AllBlocksCleared was applied
-        self.live: Counter[tuple[Any, int]] = Counter()
+        self.live: dict[tuple[Any, int], int] = {}
         self.digests: dict[int, bytes] = {}  # published int -> full digest (recomputed and matched)
         self.cleared: dict[int, int] = {}  # hash live before an AllBlocksCleared -> that clear's seq
         self.pending: dict[int, list[tuple[int, bool]]] = {}  # missing parent -> [(child seq, complete then)]
@@ -80,7 +80,7 @@ class StreamChecker:
         self.batches = self.events = self.pages = 0
         self.replay_offered = False  # set by the observer when it has a replay endpoint
         self._gap_reported: int | None = None
-        self._copies: Counter[int] = Counter()  # live copies per hash, over all media
+        self._copies: dict[int, int] = {}  # live copies per hash, over all media
         self._media: set[Any] = set()
         self._snapshot: Counter[tuple[Any, int]] = Counter()
         self.listeners: list[Callable[[int, KVEventBatch], None]] = []  # called with each applied batch
@@ -182,19 +182,18 @@ class StreamChecker:
     def _apply(self, seq: int, payload: bytes, how: str) -> None:
         self.expected = seq + 1
         self.batches += 1
-        problem = shape.batch_problem(payload, allow_epoch=self.allow_epoch)
+        problem, raw, batch = shape.inspect_batch(payload, allow_epoch=self.allow_epoch)
         if problem:
             self.t["batch-shape"].fail(f"seq {seq} ({how}): {problem}")
         else:
             self.t["batch-shape"].ok()
-        batch = shape.decode(payload)
         if batch is None:
             return
         if self.rank is None:
             self.rank = batch.data_parallel_rank
         for listener in self.listeners:
             listener(seq, batch)
-        raws = shape.raw_events(payload)
+        raws = shape.raw_events(raw)
         for i, ev in enumerate(batch.events):
             self.events += 1
             fields = raws[i] if i < len(raws) else {}
@@ -219,11 +218,13 @@ class StreamChecker:
             self.t["hash-recompute"].fail(f"seq {seq}: block_size {ev.block_size}, expected --page-size {self.page_size}")
         self._parent(seq, ev.parent_block_hash)
         self._media.add(ev.medium)
+        live, copies, m = self.live, self._copies, ev.medium
         for h in ev.block_hashes:
-            self.live[(ev.medium, h)] += 1
-            self._copies[h] += 1
-            self.cleared.pop(h, None)
-            for cseq, was_complete in self.pending.pop(h, []):
+            live[(m, h)] = live.get((m, h), 0) + 1
+            copies[h] = copies.get(h, 0) + 1
+            if self.cleared:
+                self.cleared.pop(h, None)
+            for cseq, was_complete in self.pending.pop(h, []) if self.pending else ():
                 msg = f"seq {cseq}: a child of {h}, which was stored only at seq {seq}"
                 if was_complete:
                     self.t["parents-first"].fail(msg)
@@ -248,11 +249,15 @@ class StreamChecker:
             keys = [(ev.medium, h)] if ev.medium is not None else [(m, h) for m in self._media]
             key = next((k for k in keys if self.live.get(k, 0) > 0), None)
             if key is not None:
-                self.live[key] -= 1
-                if not self.live[key]:
+                n = self.live[key] - 1
+                if n:
+                    self.live[key] = n
+                else:
                     del self.live[key]
-                self._copies[h] -= 1
-                if not self._copies[h]:
+                n = self._copies[h] - 1
+                if n:
+                    self._copies[h] = n
+                else:
                     del self._copies[h]
                 t.ok()
             elif h in self.cleared:
@@ -376,7 +381,7 @@ class StreamChecker:
             t.note = "live state at S unknown (batches before the window or a gap)"
             return
         snap = self._snapshot
-        live = +self.live
+        live = Counter(self.live)
         if snap != live:
             extra, lost = snap - live, live - snap
             return t.fail(f"at seq {s}: {sum(extra.values())} copies not live, {sum(lost.values())} live copies missing "

@@ -15,7 +15,7 @@ from kvevents.errors import DecodeError
 from kvevents.events import KVEventBatch, decode_batch
 from kvevents.transport.wire import END_SEQ
 
-__all__ = ["EVENT_TYPES", "batch_problem", "decode", "is_end_marker", "live_frames_problem", "raw_events"]
+__all__ = ["EVENT_TYPES", "batch_problem", "decode", "inspect_batch", "is_end_marker", "live_frames_problem", "raw_events"]
 
 EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
 _REQUIRED = {"BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size"), "BlockRemoved": ("block_hashes",)}
@@ -37,10 +37,24 @@ def _tname(v: Any) -> str:
 
 def batch_problem(payload: bytes, *, allow_epoch: bool = False) -> str | None:
     """What makes `payload` not a strict batch (None if it is one and our decoder reads it)."""
+    return inspect_batch(payload, allow_epoch=allow_epoch)[0]
+
+
+def inspect_batch(payload: bytes, *, allow_epoch: bool = False) -> tuple[str | None, Any, KVEventBatch | None]:
+    """(problem or None, the raw msgpack value, the decoded batch or None), decoding each way once."""
     try:
         raw = _raw.decode(payload)
     except (msgspec.DecodeError, ValueError, TypeError, RecursionError) as exc:
-        return f"payload is not msgpack: {exc}"
+        return f"payload is not msgpack: {exc}", None, None
+    try:
+        batch: KVEventBatch | None = decode_batch(payload)
+        why = ""
+    except DecodeError as exc:
+        batch, why = None, str(exc)
+    return _raw_problem(raw, why, allow_epoch), raw, batch
+
+
+def _raw_problem(raw: Any, decode_error: str, allow_epoch: bool) -> str | None:
     if not isinstance(raw, list):
         return f"batch is a msgpack {_tname(raw)}, want an array [ts, events, dp_rank]"
     n = len(raw)
@@ -64,19 +78,13 @@ def batch_problem(payload: bytes, *, allow_epoch: bool = False) -> str | None:
         missing = [k for k in _REQUIRED.get(kind, ()) if k not in ev]
         if missing:
             return f"event {i} ({kind}) lacks {', '.join(missing)}"
-    try:
-        decode_batch(payload)
-    except DecodeError as exc:
-        return f"does not decode: {exc}"
+    if decode_error:
+        return f"does not decode: {decode_error}"
     return None
 
 
-def raw_events(payload: bytes) -> list[dict[str, Any]]:
-    """The event maps of a payload as plain dicts (fields our structs do not keep, e.g. extra_keys)."""
-    try:
-        raw = _raw.decode(payload)
-    except (msgspec.DecodeError, ValueError, TypeError, RecursionError):
-        return []
+def raw_events(raw: Any) -> list[dict[str, Any]]:
+    """The event maps of a decoded payload as plain dicts (fields our structs do not keep, e.g. extra_keys)."""
     if isinstance(raw, list) and len(raw) > 1 and isinstance(raw[1], list):
         return [e if isinstance(e, dict) else {} for e in raw[1]]
     return []
