@@ -20,11 +20,19 @@ from kvevents.cli.app import app, user_error
 
 def nats_options(url: str, creds: Optional[str] = None, tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
                  tls_key: Optional[str] = None, name: str = "kvevents"):  # -> NatsOptions
-    """NatsOptions from the command line; a malformed URL or a missing file is a user error (exit 2)."""
+    """NatsOptions from the command line; a malformed URL or a missing file is a user error (exit 2).
+
+    Credentials and TLS files not given as flags come from KVEVENTS_NATS_CREDS, KVEVENTS_NATS_TLS_CA,
+    KVEVENTS_NATS_TLS_CERT and KVEVENTS_NATS_TLS_KEY (so route/record/replay/doctor take them too).
+    """
     import os
 
     from kvevents.transport.nats_link import NatsOptions
 
+    creds = creds or os.environ.get("KVEVENTS_NATS_CREDS") or None
+    tls_ca = tls_ca or os.environ.get("KVEVENTS_NATS_TLS_CA") or None
+    tls_cert = tls_cert or os.environ.get("KVEVENTS_NATS_TLS_CERT") or None
+    tls_key = tls_key or os.environ.get("KVEVENTS_NATS_TLS_KEY") or None
     for flag, path in (("--creds", creds), ("--tls-ca", tls_ca), ("--tls-cert", tls_cert), ("--tls-key", tls_key)):
         if path is not None and not os.path.isfile(path):
             user_error(f"{flag} {path!r}: no such file")
@@ -134,3 +142,125 @@ def bridge_cmd(
         bridge.stop()
     if bridge.error is not None:
         raise bridge.error  # NatsUnavailable / ValueError: one line, exit 2
+
+
+# ---------------------------------------------------------------- faces for the other commands
+
+def jetstream_source(url: str, stream: str, prog: str, **options: object):  # -> JetStreamSource
+    """A JetStreamSource for `route --nats` / `record --nats` (one-line notice while NATS is unreachable)."""
+    from kvevents.transport.jetstream_source import JetStreamSource
+
+    opts = nats_options(url, name=f"kvevents-{prog}")
+    log_to_stderr()
+    try:
+        return JetStreamSource(opts, stream, on_unreachable=lambda m: say(prog, m), **options)  # type: ignore[arg-type]
+    except ValueError as exc:
+        user_error(str(exc))
+
+
+def record_positions(path: str) -> dict:
+    """Where an existing record log stands per (source, dp_rank), for `record --nats --durable --append`."""
+    import os
+
+    from kvevents.recordlog import select_records
+    from kvevents.transport.jetstream_source import positions_from_records
+
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        return {}
+    return positions_from_records(select_records(path, on_damage=lambda d: None))
+
+
+def replay_from_nats(url: str, stream: str, since_s: float | None, output: str | None, into_index: bool,
+                     as_json: bool, timeout: float = 30.0) -> None:
+    """`replay --from-nats`: what the stream holds, as a cold router reads it (snapshot + tail) or,
+    with --since, the live batches stored in the last N seconds; into a record log (-o) or an index."""
+    import json
+
+    from kvevents.subscriber import Delivery
+
+    if output is None and not into_index:
+        user_error("--from-nats needs -o FILE (a record log) or --into-index")
+    if since_s is not None and since_s <= 0:
+        user_error(f"--since (seconds back, with --from-nats) must be > 0, got {since_s:g}")
+    index = writer = rec = None
+    if into_index:
+        from consumers.indexer import BlockIndex
+
+        index = BlockIndex()
+    if output is not None:
+        from kvevents.recordlog import Recorder, RecordWriter
+
+        writer = RecordWriter(output, durability="buffered")
+        rec = Recorder(writer)
+    src = jetstream_source(url, stream, "replay", start_time=None if since_s is None else time.time() - since_s,
+                           give_up_after_s=timeout)
+    n = resets = 0
+    t0 = time.monotonic()
+    try:
+        while True:
+            items = src.poll(0.1)
+            for it in items:
+                if isinstance(it, Delivery):
+                    n += 1
+                    if index is not None:
+                        index.apply(it.source, it.batch)
+                    if rec is not None:
+                        rec.on_delivery(it)
+                else:
+                    resets += 1
+                    if index is not None:
+                        index.drop_source(it.source, it.dp_rank)
+                    if rec is not None:
+                        rec.on_reset(it)
+            if src.error is not None:
+                raise src.error
+            if src.synced and not items:
+                break
+            if time.monotonic() - t0 > timeout and not src.synced:
+                user_error(f"stream {stream} not read within {timeout:g}s")
+    finally:
+        src.stop()
+        if writer is not None:
+            writer.close()
+    summary = {"stream": stream, "batches": n, "resets": resets, "seconds": round(time.monotonic() - t0, 3)}
+    if index is not None:
+        summary.update(copies=len(index), workers=index.block_counts())
+    if output is not None:
+        summary["output"] = output
+    if as_json:
+        sys.stdout.write(json.dumps(summary) + "\n")
+    else:
+        sys.stdout.write(f"read {n} batches ({resets} resets) from stream {stream} in {summary['seconds']:g}s"
+                         + (f" -> {output}" if output else "")
+                         + (f"; index: {len(index)} block copies" if index is not None else "") + "\n")
+
+
+def doctor_nats(url: str, stream: str, timeout: float, as_json: bool) -> None:
+    """`doctor --nats`: the JetStream checklist (kvevents.transport.jetstream_admin.nats_doctor)."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from kvevents.cli.app import CheckFailed
+    from kvevents.transport.jetstream_admin import nats_doctor
+
+    rep = nats_doctor(nats_options(url, name="kvevents-doctor"), stream, timeout=timeout)
+    if as_json:
+        sys.stdout.write(json.dumps(rep.as_dict(), default=str) + "\n")
+    else:
+        c = Console() if sys.stdout.isatty() else Console(width=200)
+        marks = {"ok": "[green]ok[/]", "fail": "[red]FAIL[/]", "warn": "[yellow]warn[/]", "skip": "[dim]skip[/]"}
+        t = Table(title=f"kvevents doctor {rep.endpoint}", show_edge=False, header_style="bold")
+        t.add_column("check", no_wrap=True)
+        t.add_column("status", no_wrap=True)
+        t.add_column("details")
+        for ch in rep.checks:
+            t.add_row(ch.name, marks.get(ch.status, ch.status), ch.detail)
+        c.print(t)
+        for ch in rep.checks:
+            if ch.hint and ch.status in ("fail", "warn"):
+                c.print(f"[bold]hint[/] ({ch.name}): {ch.hint}", highlight=False)
+    failed = [ch.name for ch in rep.checks if ch.status == "fail"]
+    if failed:
+        raise CheckFailed(f"doctor: {len(failed)} check(s) failed: {', '.join(failed)}")

@@ -101,6 +101,7 @@ class StreamOrder:
         self.resync_timeout_s = resync_timeout_s
         self.max_pending = max_pending
         self.clock = clock
+        self.start_anywhere = False  # a stream may start at the first seq seen (reading from a time, not a snapshot)
         self.counters: Counter[str] = Counter()
         self.streams: dict[tuple[str, int], _Stream] = {}
         self._out: list[Delivery | Reset] = []
@@ -151,6 +152,8 @@ class StreamOrder:
             if 0 in st.pending:  # the engine's first batch: a clean start loses nothing
                 st.next_seq = 0
                 self.counters["clean_starts"] += 1
+            elif self.start_anywhere and st.reason == "first" and not st.dirty:
+                st.next_seq = m.seq
             elif st.spare is not None and self._fits(st, st.spare):
                 return self._apply(st, st.spare)
             else:

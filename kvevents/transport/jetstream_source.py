@@ -77,6 +77,7 @@ class JetStreamSource:
         on_unreachable: Callable[[str], object] | None = None,
         give_up_after_s: float | None = None,
         durable: str | None = None,
+        start_time: float | None = None,
         resume: Mapping[tuple[str, int], tuple[int | None, int]] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -95,6 +96,9 @@ class JetStreamSource:
         self.clock = clock
         self.order = StreamOrder(reorder_wait_s=reorder_wait_s, resync_timeout_s=resync_timeout_s, clock=clock)
         self.durable = durable
+        self.start_time = start_time  # read live batches stored since then (unix time), no snapshots
+        if start_time is not None:
+            self.order.start_anywhere = True
         for (source, rank), (epoch, next_seq) in (resume or {}).items():
             self.order.resume(source, rank, epoch, next_seq)
         self._handled: deque[tuple[int, Any]] = deque()  # durable mode: (stream seq, msg) not yet acknowledged
@@ -222,6 +226,8 @@ class JetStreamSource:
 
     def _handle(self, item: tuple) -> None:
         kind = item[0]
+        if kind == "caught_up":
+            return self._mark_synced()
         if kind == "snapshots":
             for snap in item[1].values():
                 if self.only is None or snap.source in self.only:
@@ -313,6 +319,13 @@ class JetStreamSource:
                 except NotFoundError:
                     pass
             chosen = {}
+            if self.start_time is not None:
+                import datetime as dt
+
+                when = dt.datetime.fromtimestamp(self.start_time, dt.timezone.utc)
+                self._q.put(("snapshots", {}, last, last == 0))
+                return await self._ordered(js, ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME,
+                                                              opt_start_time=when.isoformat().replace("+00:00", "Z")))
             if not resumed and any(s.endswith(".snap") for s in subjects):
                 chosen = await self._read_snapshots(js, subjects)
             live = {(p[0], p[1]) for p in map(parse_subject, subjects) if p is not None and not p[2]}
@@ -328,20 +341,7 @@ class JetStreamSource:
             self._q.put(("snapshots", chosen, last, last < start or resumed))
             if self.durable is not None:
                 return await self._pull(js, cfg)
-
-            async def on_msg(msg: Any) -> None:
-                self._q.put(("msg", msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream, None))
-
-            sub = await js.subscribe(stream_filter(self.stream), cb=on_msg, ordered_consumer=True, config=cfg,
-                                     idle_heartbeat=1.0, pending_bytes_limit=1 << 30, pending_msgs_limit=1 << 22)
-            try:
-                while not self._stop.is_set():
-                    await asyncio.sleep(0.2)
-            finally:
-                try:
-                    await sub.unsubscribe()
-                except Exception:  # noqa: BLE001
-                    pass
+            await self._ordered(js, cfg)
         except asyncio.CancelledError:
             pass
         except Exception as exc:  # noqa: BLE001 - reported through .error
@@ -350,6 +350,30 @@ class JetStreamSource:
         finally:
             if nc is not None:
                 await close(nc)
+
+    async def _ordered(self, js: Any, cfg: Any) -> None:
+        """Everything from the configured start, on an ordered push consumer (recreated after gaps or a restart)."""
+
+        async def on_msg(msg: Any) -> None:
+            self._q.put(("msg", msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream, None))
+
+        sub = await js.subscribe(stream_filter(self.stream), cb=on_msg, ordered_consumer=True, config=cfg,
+                                 idle_heartbeat=1.0, pending_bytes_limit=1 << 30, pending_msgs_limit=1 << 22)
+        try:
+            while not self._stop.is_set():
+                await asyncio.sleep(0.2)
+                if not self._synced.is_set():
+                    try:
+                        ci = await sub.consumer_info()
+                    except Exception:  # noqa: BLE001 - asked again next turn
+                        continue
+                    if ci.num_pending == 0:  # all stored so far is delivered: once handled, we are synced
+                        self._q.put(("caught_up",))
+        finally:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - closing anyway
+                pass
 
     async def _pull(self, js: Any, cfg: Any) -> None:
         """The durable mode: a pull consumer named `durable`, acknowledged once deliveries are consumed."""
