@@ -21,6 +21,13 @@ comes from the other half). Machine noise beside them: `fixed` times one and the
 512-page walk once per request, so its p99/p50 is what interruptions alone add at that duration.
 `lookup_b2b`: the same walks again afterwards, back to back with no hashing between them, as a
 caller of `score_hashes` (hashes known already) runs them: each request's entries cold, the code warm.
+
+Tokens mode (consumers.keying, any engine): the same shared profile published as a vLLM 0.33 worker
+publishes it (vLLM's sha256 chain as uint64 engine hashes, token_ids, group_idx; private chains
+with random engine hashes), keyed by a SourceKeyer into a BlockIndex: `SourceKeyer.apply` from
+the raw payload (vLLM decode + keys from token_ids + engine-hash map + index apply) in copies/s,
+bytes per copy retained by index and maps together, and score() p99 on a mixed fleet (half of
+the workers contract sources, half tokens-mode vLLM sources, one index).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import statistics
 import sys
 import time
 import tracemalloc
+from array import array
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -41,6 +49,9 @@ from kvevents.events import BlockRemoved, BlockStored, KVEventBatch, decode_batc
 from kvevents.hashing import Namespace, event_hashes, event_hashes_int64, to_int64  # noqa: E402
 
 from consumers.indexer import BlockIndex  # noqa: E402
+from consumers.keying import SourceKeyer  # noqa: E402
+from kvevents.engines.vllm import vllm_event_hashes  # noqa: E402
+from kvevents.engines.vllm_wire import encode_vllm_batch, stored_event  # noqa: E402
 from consumers.router import PrefixRouter  # noqa: E402
 from consumers.table import rebuild_buckets  # noqa: E402
 
@@ -220,6 +231,89 @@ def bench_score(idx: BlockIndex, docs, pages: int, n: int, rnd: random.Random) -
     return out
 
 
+def vllm_payloads(docs, workers: int, copies: int, rnd: random.Random, event_pages: int = 16, first: int = 0):
+    """The shared profile as vLLM workers w{first}.. publish it: (source, payload) per stored event."""
+    engine = {}  # doc index -> vLLM's engine hashes of its pages (the same on every worker)
+    out, total = [], 0
+    while total < copies:
+        if rnd.random() < 0.25:  # a private chain: its own tokens, random engine ids
+            n = min(rnd.randint(8, 128), copies - total)
+            hs = [rnd.getrandbits(64) for _ in range(n)]
+            toks = list(array("I", rnd.randbytes(4 * PAGE * n)))
+            src, parent = f"w{first + rnd.randrange(workers)}", None
+            for i in range(0, n, event_pages):
+                part = hs[i : i + event_pages]
+                ev = stored_event(part, parent, toks[i * PAGE : (i + len(part)) * PAGE], PAGE, group_idx=0)
+                out.append((src, encode_vllm_batch(0.0, [ev], 0)))
+                parent = part[-1]
+            total += n
+            continue
+        d = rnd.randrange(len(docs))
+        toks = docs[d][0]
+        if d not in engine:
+            engine[d] = vllm_event_hashes(toks, PAGE)
+        hs = engine[d]
+        for w in rnd.sample(range(workers), min(workers, rnd.randint(1, 16))):
+            n = min(rnd.randint(1, len(hs)), copies - total)
+            if n <= 0:
+                break
+            parent = None
+            for i in range(0, n, event_pages):
+                hi = min(n, i + event_pages)
+                ev = stored_event(hs[i:hi], parent, toks[i * PAGE : hi * PAGE], PAGE, group_idx=0)
+                out.append((f"w{first + w}", encode_vllm_batch(0.0, [ev], 0)))
+                parent = hs[hi - 1]
+            total += n
+    return out, total
+
+
+def bench_tokens_mode(docs, workers: int, copies: int, pages: int, requests: int, rnd: random.Random) -> dict[str, float]:
+    """Tokens-mode apply rate, bytes per copy (index + maps), and score on a mixed fleet."""
+    payloads, _ = vllm_payloads(docs, workers, copies, rnd)
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    idx, keyer = BlockIndex(), SourceKeyer(PAGE, default_mode="tokens")
+    for src, payload in payloads:
+        keyer.apply(idx, src, None, payload)
+    gc.collect()
+    used = tracemalloc.get_traced_memory()[0] - base
+    tracemalloc.stop()
+    held = len(idx)
+    out: dict[str, float] = {"copies": held, "mapped_blocks": keyer.mapped_blocks(), "interned_digests": keyer.interned_digests(),
+                             "bytes_per_copy_incl_map": used / max(1, held)}
+    del idx, keyer
+    sub = payloads[: min(len(payloads), 60_000)]
+    best = float("inf")
+    for _ in range(3):
+        idx, keyer = BlockIndex(), SourceKeyer(PAGE, default_mode="tokens")
+        gc.collect()
+        gc.disable()
+        t0 = time.perf_counter()
+        for src, payload in sub:
+            keyer.apply(idx, src, None, payload)
+        best = min(best, time.perf_counter() - t0)
+        gc.enable()
+    out["apply_copies_per_s"] = len(idx) / best
+    out["apply_batches_per_s"] = len(sub) / best
+    del payloads, sub, idx, keyer
+    half = workers // 2  # the mixed fleet: w0.. contract sources, w{half}.. vLLM sources in tokens mode
+    mixed = BlockIndex()
+    batches, _ = shared_batches(docs, half, copies // 2, rnd)
+    for src, b in batches:
+        mixed.apply(src, b)
+    keyer = SourceKeyer(PAGE, modes={f"w{i}": "contract" for i in range(half)})
+    for src, payload in vllm_payloads(docs, workers - half, copies // 2, rnd, first=half)[0]:
+        keyer.apply(mixed, src, None, payload)
+    out["mixed_tokens_sources"] = sum(1 for r in keyer.stats().values() if r["mode"] == "tokens")
+    gc.collect()
+    gc.freeze()
+    sc = bench_score(mixed, docs, pages, requests, rnd)
+    gc.unfreeze()
+    out.update({f"mixed_{k}": sc[k] for k in ("score_p50_us", "score_p99_us", "score_cpu_p99_us", "best_match_pages_mean")})
+    return out
+
+
 def unshared_bytes(copies: int, workers: int, rnd: random.Random) -> dict[str, float]:
     """Bytes per copy when every copy is a distinct hash (16-hash events, parent None)."""
     uniq = [
@@ -294,6 +388,7 @@ def main() -> int:
     if worst_n:
         unshared_mem.update({f"worst_fill_{k}": v for k, v in unshared_bytes(worst_n, args.workers, rnd).items()})
 
+    tokens = bench_tokens_mode(docs, args.workers, args.copies, args.pages, args.requests, rnd)
     result = {
         "python": sys.version.split()[0],
         "workers": args.workers,
@@ -302,6 +397,7 @@ def main() -> int:
         "memory_shared": {k: round(v, 2) for k, v in shared_mem.items()},
         "memory_unshared": {k: round(v, 2) for k, v in unshared_mem.items()},
         "score": {k: round(v, 1) for k, v in score.items()},
+        "tokens_mode": {k: round(v, 1) for k, v in tokens.items()},
     }
     sc = score
     targets = [
@@ -322,6 +418,14 @@ def main() -> int:
         ("< 120 bytes/copy (unshared, worst fill)", unshared_mem.get("worst_fill_bytes_per_copy", 0) < 120,
          f"{unshared_mem.get('worst_fill_bytes_per_copy', 0):.1f} B at {unshared_mem.get('worst_fill_copies', 0):,.0f} copies"
          " (just after the table grew)"),
+        ("tokens mode: apply >= 300k copies/s", tokens["apply_copies_per_s"] >= 300_000,
+         f"{tokens['apply_copies_per_s'] / 1e3:,.0f}k copies/s (vLLM decode + keys from token_ids + map + index)"),
+        ("tokens mode: < 120 bytes/copy incl. map", tokens["bytes_per_copy_incl_map"] < 120,
+         f"{tokens['bytes_per_copy_incl_map']:.1f} B ({tokens['copies']:,.0f} copies, {tokens['mapped_blocks']:,.0f} mapped,"
+         f" {tokens['interned_digests']:,.0f} digests)"),
+        (f"mixed fleet of {args.workers}: score p99 < 1 ms", tokens["mixed_score_p99_us"] < 1000,
+         f"{tokens['mixed_score_p99_us']:.1f} us (cpu {tokens['mixed_score_cpu_p99_us']:.1f}, p50 {tokens['mixed_score_p50_us']:.1f};"
+         f" {tokens['mixed_tokens_sources']:.0f} tokens-mode sources)"),
     ]
     result["targets"] = {name: ok for name, ok, _ in targets}
     if args.json:

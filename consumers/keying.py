@@ -13,7 +13,7 @@ A `SourceKeyer` sits between the subscriber and `BlockIndex`. Per source it runs
 vLLM's fields (schemas/README.md, "Reading vLLM streams"): the lora name stays the event's
 `lora_name` (adapter-aware lookups); the cache salt (first block's extra keys, or the contract's
 `cache_salt`) seeds the head; multimodal `(identifier, offset)` pairs and prompt-embeds digests
-are mixed into the key (`mix_extra_keys`) so such a block never matches a text-only request;
+are mixed into the key (consumers.keys) so such a block never matches a text-only request;
 only KV-cache group `group_idx` (default 0, the full-attention group of vLLM's hybrid models) is
 indexed, other groups are counted and skipped. Input that cannot be keyed exactly (token count
 not matching the hashes, e.g. spans over skipped null blocks; an unknown or unkeyed parent; a hash
@@ -26,12 +26,16 @@ from __future__ import annotations
 import hashlib
 import sys
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Literal, cast
 
-import msgspec
-import numpy as np
-
+from consumers.keys import (
+    block_extras,
+    engine_hash_key,
+    key_int64,
+    mix_extra_keys,
+    request_keys,
+)
 from kvevents.engines.vllm_wire import (
     VllmBlockRemoved,
     VllmBlockStored,
@@ -48,6 +52,7 @@ from kvevents.events import (
 from kvevents.hashing import (
     Namespace,
     digest_chain,
+    digests_to_int64,
     event_hashes_int64,
     event_seed,
     pack_tokens,
@@ -65,12 +70,10 @@ __all__ = [
 
 KeyMode = Literal["contract", "tokens", "auto"]
 KEY_MODES: tuple[str, ...] = ("contract", "tokens", "auto")
-_MIX_DOMAIN = b"kvevents-page-extra-keys-v1\x00"
 _U64 = (1 << 64) - 1
 _UNKEYED = b""  # map value of a block that could not be keyed exactly (its children cannot either)
 _REMOVED_HAS_LORA = "lora_name" in BlockRemoved.__struct_fields__
 _sha256 = hashlib.sha256
-_mp = msgspec.msgpack.Encoder()
 
 
 def parse_key_mode(spec: str) -> tuple[str, str]:
@@ -79,88 +82,6 @@ def parse_key_mode(spec: str) -> tuple[str, str]:
     if not sep or not name.strip() or mode.strip() not in KEY_MODES:
         raise ValueError(f"key mode {spec!r}: expected NAME=MODE with MODE one of {', '.join(KEY_MODES)}")
     return name.strip(), mode.strip()
-
-
-def _mixables(keys: Any) -> list[Any]:
-    """The extra keys that change a block's content identity: everything but strings (lora name, salt)."""
-    if keys is None:
-        return []
-    if not isinstance(keys, (list, tuple)):
-        raise ValueError(f"a block's extra keys must be an array or nil, got {type(keys).__name__}")
-    return [k for k in keys if not isinstance(k, str)]
-
-
-def mix_extra_keys(digest: bytes, extras: Sequence[Any]) -> bytes:
-    """A page digest with multimodal pairs / prompt-embeds digests mixed in (unchanged if none):
-    SHA-256(domain || digest || SHA-256(msgpack(extras))). The next page chains from the result."""
-    if not extras:
-        return digest
-    try:
-        blob = _mp.encode(list(extras))
-    except (TypeError, OverflowError) as exc:
-        raise ValueError(f"extra keys cannot be encoded: {exc}") from None
-    return _sha256(_MIX_DOMAIN + digest + _sha256(blob).digest()).digest()
-
-
-def _block_extras(extras: list[Any], lora: str | None, head: bool) -> list[list[Any]]:
-    """Per block, the extra keys mixed into its key; ValueError for a string that is neither the
-    lora name nor (on a head's first block, already taken as the seed) the salt."""
-    out: list[list[Any]] = []
-    for i, ks in enumerate(extras):
-        if ks is None:
-            out.append([])
-            continue
-        if not isinstance(ks, list):
-            raise ValueError(f"block {i}: extra keys must be an array or nil")
-        if not (head and i == 0) and any(isinstance(k, str) and k != lora for k in ks):
-            raise ValueError(f"block {i}: a string extra key that is neither the lora name nor the head's salt")
-        out.append([k for k in ks if not isinstance(k, str)])
-    return out
-
-
-def _i64(d: bytes) -> int:
-    return int.from_bytes(d[:8], "big", signed=True)
-
-
-def request_keys(
-    token_ids: Sequence[int],
-    page_size: int,
-    cache_salt: str | None = None,
-    page_extra_keys: Sequence[Sequence[Any] | None] | None = None,
-) -> np.ndarray:
-    """A request's int64 keys as tokens-mode sources index them: the contract event hashes of its
-    whole pages, with page i's extra keys (vLLM's untagged form: (identifier, offset) pairs, embeds
-    digests; strings are ignored) mixed in. Feed them to `PrefixRouter.score_hashes`."""
-    if not page_extra_keys or not any(_mixables(k) for k in page_extra_keys):
-        usable = len(token_ids) - len(token_ids) % page_size
-        return np.asarray(event_hashes_int64(token_ids[:usable], page_size, Namespace(cache_salt=cache_salt)), np.int64)
-    packed = pack_tokens(token_ids)
-    step = 4 * page_size
-    pages = split_pages(packed[: len(packed) - len(packed) % step], page_size)
-    seed = event_seed(Namespace(cache_salt=cache_salt))
-    prior = None if seed is None else bytes.fromhex(seed)
-    out: list[int] = []
-    for i, page in enumerate(pages):
-        d = _sha256(page if prior is None else prior + page).digest()
-        if i < len(page_extra_keys):
-            d = mix_extra_keys(d, _mixables(page_extra_keys[i]))
-        out.append(_i64(d))
-        prior = d
-    return np.asarray(out, np.int64)
-
-
-def _ehash(h: Any) -> int | bytes | None:
-    """An engine hash as a map key (uint64 int or non-empty bytes), None if the map cannot hold it."""
-    t = type(h)
-    if t is int:
-        if 0 <= h <= _U64:
-            return h
-        if -(1 << 63) <= h < 0:
-            return h & _U64  # the same 64 bits as a uint64
-        return None
-    if t is bytes and h:
-        return h
-    return None
 
 
 class _Chain:
@@ -297,13 +218,13 @@ class SourceKeyer:
     # ---------------------------------------------------------------- auto detection
 
     def _auto(self, source: str, batch: KVEventBatch | None, payload: bytes | None) -> list[KVEventBatch]:
+        b = batch if batch is not None else self._decode(source, payload)
         pending = self._pending.setdefault(source, [])
+        if not pending and b is not None and all(type(e) is AllBlocksCleared for e in b.events):
+            return [b]  # nothing keyed in it (heartbeat, reset): applies alike in both modes, so now
         pending.append((batch, payload))
         self._count(source)["auto_held_batches"] += 1
-        decided = None
-        b = batch if batch is not None else self._decode(source, payload)
-        if b is not None:
-            decided = self._detect(b)
+        decided = self._detect(b) if b is not None else None
         if decided is None and len(pending) >= self.auto_max_batches:
             decided = "tokens"  # tokens mode keys any engine exactly; only costlier
             self._count(source)["auto_undecided"] += 1
@@ -373,9 +294,6 @@ class SourceKeyer:
                 out.append(AllBlocksCleared())
         return KVEventBatch(ts, out, rank)
 
-    def _intern(self, d: bytes) -> bytes:
-        return self._canon.setdefault(d, d)
-
     def _release(self, d: bytes) -> None:
         """Forget an interned digest once no map holds it (its refcount is the intern dict's own)."""
         if d and sys.getrefcount(d) <= self._only_interned + 1:  # +1: the caller's reference
@@ -400,7 +318,7 @@ class SourceKeyer:
                 c["unkeyed_blocks"] += 1
             elif not known or loras.get(h) == lora:
                 lora = loras.get(h)
-                known.append(_i64(old))
+                known.append(key_int64(old))
             else:
                 c["unkeyed_blocks"] += 1  # pragma: no cover - one event's blocks share an adapter
         if not known:
@@ -410,7 +328,10 @@ class SourceKeyer:
 
     def _store(self, c: Counter[str], chain: _Chain, ev: Any) -> BlockStored | None:
         raw = ev.block_hashes
-        maybe = [_ehash(h) for h in raw] if isinstance(raw, list) else [None]
+        if type(raw) is list and raw and all(type(h) is int for h in raw) and min(raw) >= 0 and max(raw) <= _U64:
+            maybe: list[Any] = raw  # the common case (vLLM's uint64s): no per-hash call
+        else:
+            maybe = [engine_hash_key(h) for h in raw] if isinstance(raw, list) else [None]
         if not maybe:
             c["empty_store"] += 1
             return None
@@ -449,16 +370,16 @@ class SourceKeyer:
                 c["salted_heads"] += 1
             parent_key = None
         else:
-            ph = _ehash(parent)
+            ph = engine_hash_key(parent)
             got = None if ph is None else chain.digests.get(ph)
             if got is None:
                 return self._unkeyed(c, chain, ev, hashes, "bad_hash" if ph is None else "unknown_parent")
             if got is _UNKEYED:
                 return self._unkeyed(c, chain, ev, hashes, "unkeyed_parent")
             prior = got
-            parent_key = _i64(got)
+            parent_key = key_int64(got)
         try:
-            mixed = _block_extras(extras, lora, parent is None) if extras is not None else None
+            mixed = block_extras(extras, lora, parent is None) if extras is not None else None
             pages = split_pages(pack_tokens(tokens), ps)
             if mixed is None or not any(mixed):
                 digests = digest_chain(pages, prior)
@@ -471,20 +392,25 @@ class SourceKeyer:
                     digests.append(prior)
         except ValueError:
             return self._unkeyed(c, chain, ev, hashes, "bad_extra_keys" if extras is not None else "bad_tokens")
-        keys: list[int] = []
+        ints = digests_to_int64(digests)
+        keys = ints
         cmap, dups, loras = chain.digests, chain.dups, chain.loras
-        for h, d in zip(hashes, digests):
-            old = cmap.get(h)
+        get, intern = cmap.get, self._canon.setdefault
+        for k, (h, d) in enumerate(zip(hashes, digests)):
+            old = get(h)
             if old is None:
-                cmap[h] = self._intern(d)
+                cmap[h] = intern(d, d)  # one bytes object per distinct key, shared by every map
                 if lora is not None:
                     loras[h] = lora
             elif old == d:
                 dups[h] = dups.get(h, 0) + 1
             else:  # the same engine hash keyed differently (or unkeyed before): skip, never a wrong key
                 c["hash_conflict"] += 1
+                if keys is ints:
+                    keys = ints[:k]
                 continue
-            keys.append(_i64(d))
+            if keys is not ints:
+                keys.append(ints[k])
         if not keys:
             return None
         c["stored_blocks"] += len(keys)
@@ -495,7 +421,7 @@ class SourceKeyer:
         cmap, dups, loras = chain.digests, chain.dups, chain.loras
         medium = ev.medium
         for h in raw:
-            eh = _ehash(h)
+            eh = engine_hash_key(h)
             if eh is None:
                 c["bad_hash"] += 1
                 continue
@@ -518,7 +444,7 @@ class SourceKeyer:
                 c["unkeyed_removes"] += 1
                 continue
             c["removed_blocks"] += 1
-            key = [_i64(d)]
+            key = [key_int64(d)]
             out.append(BlockRemoved(key, medium, lora_name=lora) if _REMOVED_HAS_LORA and lora else BlockRemoved(key, medium))
 
     def _drop_chain(self, chain: _Chain) -> None:
