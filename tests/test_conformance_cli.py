@@ -1,0 +1,86 @@
+"""`kvevents conformance stream` against `kvevents serve`, both run as a user would (subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from kvevents.conformance.stream import StreamOptions, observe
+from kvevents.publisher import Publisher
+from kvevents.transport.testing import EPH, chain_events
+from tests.test_cli_contract import EXE, kve
+
+BANNER = re.compile(r"live (\S+) replay (\S+)")
+
+
+def _serve(*extra: str) -> subprocess.Popen[str]:
+    cmd = [EXE] if EXE else [sys.executable, "-m", "kvevents"]
+    return subprocess.Popen([*cmd, "serve", "--endpoint", "tcp://127.0.0.1:*", "--page-size", "4", "--rate", "100",
+                             "--duration", "30", "--capacity-pages", "200", "--heartbeat", "0.2", *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture
+def served(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    proc = _serve(*getattr(request, "param", ()))
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        m = BANNER.search(line)
+        assert m, (line, proc.stderr.read() if proc.poll() is not None and proc.stderr else "")
+        yield m.group(1), m.group(2)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_kvevents_serve_passes_every_rule(served: tuple[str, str]) -> None:
+    live, replay = served
+    proc = kve("conformance", "stream", live, "--replay", replay, "--page-size", "4", "--duration", "1.5", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ok"] and not report["failed"]
+    assert {r["rule"]: r["status"] for r in report["rules"]} == dict.fromkeys(
+        ["live-frames", "batch-shape", "seq-increasing", "gaps-healed", "replay-protocol", "hash-recompute",
+         "parents-first", "removes-live", "all-cleared", "describe", "snapshot"], "pass")
+
+
+def test_wrong_page_size_fails_with_exit_1(served: tuple[str, str]) -> None:
+    live, replay = served
+    proc = kve("conformance", "stream", live, "--replay", replay, "--page-size", "16", "--duration", "0.5")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert re.search(r"hash-recompute\s+fail", proc.stdout) and re.search(r"describe\s+fail", proc.stdout)
+    assert "Traceback" not in proc.stdout + proc.stderr
+
+
+def test_start_older_than_the_ring_is_answered_from_the_oldest() -> None:
+    """A publisher keeping only 5 batches: the replay from 0 starts later, which the protocol allows."""
+    pub = Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0, buffer_steps=5)
+    try:
+        for events in chain_events(100, 20):
+            pub.publish(events)
+        report = observe(StreamOptions(pub.endpoint, pub.replay_endpoint, 2, duration=0.2, reply_timeout=1.0))
+    finally:
+        pub.close(0)
+    assert report.result("replay-protocol").status.value == "pass", report.table()
+    assert report.ok, report.table()
+
+
+_HAS_EPOCH_FLAG = "--epoch-in-batch" in kve("serve", "--help").stdout
+
+
+@pytest.mark.skipif(not _HAS_EPOCH_FLAG, reason="kvevents serve has no --epoch-in-batch")
+@pytest.mark.parametrize("served", [("--epoch-in-batch",)], indirect=True)
+def test_opt_in_epoch_fails_batch_shape_unless_allowed(served: tuple[str, str]) -> None:
+    live, replay = served
+    strict = kve("conformance", "stream", live, "--replay", replay, "--page-size", "4", "--duration", "0.5", "--json")
+    assert strict.returncode == 1, strict.stdout
+    assert json.loads(strict.stdout)["failed"] == ["batch-shape", "snapshot"]  # snapshot batches carry it too
+    tolerant = kve("conformance", "stream", live, "--replay", replay, "--page-size", "4", "--duration", "0.5",
+                   "--allow-epoch")
+    assert tolerant.returncode == 0, tolerant.stdout + tolerant.stderr
