@@ -16,7 +16,7 @@ blocks too. Deterministic and synchronous, like kvevents.sim.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +77,7 @@ class VllmSimWorker:
         hash_seed: str | None = None,
         dp_rank: int | None = 0,
         sliding_window_blocks: int | None = None,
+        lora_paths: Mapping[str, str] | None = None,
     ) -> None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be an integer >= 1, got {block_size!r}")
@@ -90,6 +91,7 @@ class VllmSimWorker:
         self.hash_seed = hash_seed
         self.dp_rank = dp_rank
         self.sliding_window_blocks = sliding_window_blocks
+        self.lora_paths = dict(lora_paths or {})  # vLLM hashes the adapter path; default /adapters/<name>
         self._blocks = [_Block(i) for i in range(capacity_blocks)]
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(capacity_blocks))
         self._cached: dict[bytes, dict[int, None]] = {}
@@ -124,7 +126,7 @@ class VllmSimWorker:
         if lora_name is not None and lora_id is None:
             lora_id = 1 + sum(map(ord, lora_name)) % 1000  # vLLM's int id, stable per name here
         mm = list(mm_per_block[:n]) + [[]] * max(0, n - len(mm_per_block)) if mm_per_block is not None else None
-        tagged = tagged_extra_keys(n, lora_name=lora_name, lora_path=None if lora_name is None else f"/adapters/{lora_name}",
+        tagged = tagged_extra_keys(n, lora_name=lora_name, lora_path=None if lora_name is None else self.lora_paths.get(lora_name, f"/adapters/{lora_name}"),
                                    cache_salt=cache_salt, mm_per_block=mm)
         digests = vllm_block_hashes(tokens, ps, hash_algo=self.hash_algo, extra_keys_per_block=tagged, seed=self.hash_seed)
         untagged = event_extra_keys(tagged)
