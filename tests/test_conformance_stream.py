@@ -195,3 +195,72 @@ def test_malformed_batches_fail_batch_shape(bad: bytes) -> None:
     finally:
         eng.close()
     assert report.failed() == ["batch-shape"], report.table()
+
+
+def _vllm_payloads(algo: str, n: int = 150) -> list[bytes]:
+    from kvevents.sim import Workload
+    from kvevents.sim_vllm import VllmSimWorker
+
+    sim = VllmSimWorker("v", block_size=4, capacity_blocks=60, hash_algo=algo)
+    out = []
+    for req in Workload(2, page_size=4, user_tokens=(4, 30), answer_tokens=(4, 30), system_prompt_pages=(1, 4)).take(n):
+        sim.serve_request(req)  # LoRA adapters and salts included
+        p = sim.take_payload(1.0)
+        if p:
+            out.append(p)
+    return out
+
+
+def test_live_vllm_stream_passes_under_its_profile() -> None:
+    payloads = _vllm_payloads("sha256")
+    pub = Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0)
+    try:
+        opts = StreamOptions(pub.endpoint, pub.replay_endpoint, 4, profile="vllm-sha256", lora_path="/adapters/{name}",
+                             reply_timeout=1.0)
+        with StreamObserver(opts) as obs:
+            for i, p in enumerate(payloads):
+                pub.publish_payload(p)
+                if i % 8 == 0:
+                    obs.pump(0.005)
+            deadline = time.monotonic() + 5.0
+            while obs.checker.expected != pub.stats()["next_seq"] and time.monotonic() < deadline:
+                obs.pump(0.02)
+            report = obs.finish(quiet=0.05)
+    finally:
+        pub.close(0)
+    assert report.ok, report.table()
+    for rule in ("hash-recompute", "parents-first", "removes-live", "batch-shape", "snapshot"):
+        assert report.result(rule).status is Status.PASS, report.table()
+
+
+def test_vllm_stream_under_the_wrong_profile_or_without_the_lora_path() -> None:
+    """Pure state machine (no sockets): the same frames judged three ways."""
+    from kvevents.conformance.profiles import get_profile
+    from kvevents.conformance.rules import StreamChecker
+    from kvevents.transport.wire import pack_seq
+
+    frames = [[b"", pack_seq(i), p] for i, p in enumerate(_vllm_payloads("sha256_cbor", 60))]
+
+    def judge(profile: str, lora_path: str | None) -> object:
+        checker = StreamChecker(get_profile(profile, lora_path=lora_path), 4)
+        for f in frames:
+            checker.on_live(f)
+        return checker.report()
+
+    assert judge("vllm-sha256_cbor", "/adapters/{name}").ok
+    assert judge("vllm-sha256", "/adapters/{name}").failed() == ["hash-recompute"]
+    assert "hash-recompute" in judge("contract", None).failed()
+    no_path = judge("vllm-sha256_cbor", None).result("hash-recompute")
+    assert no_path.status is Status.PASS and "not checkable" in no_path.detail  # LoRA blocks: path unknown
+
+
+def test_missing_vllm_module_is_profile_not_available(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from kvevents.conformance.profiles import ProfileUnavailable, get_profile
+
+    monkeypatch.setitem(sys.modules, "kvevents.engines.vllm", None)  # as if not installed
+    with pytest.raises(ProfileUnavailable, match="profile vllm-sha256 not available"):
+        get_profile("vllm-sha256")
+    with pytest.raises(ValueError, match="unknown profile"):
+        get_profile("sglang-9")

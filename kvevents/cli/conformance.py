@@ -47,13 +47,14 @@ def hash_cmd(
     seed: int = typer.Option(20, help="Seed of the generated property cases."),
     cases: int = typer.Option(120, min=0, help="Generated property cases (plus a chunked continuation of each)."),
     timeout: float = typer.Option(5.0, min=0.01, help="Seconds to wait for each answer."),
+    golden: str | None = typer.Option(None, "--golden", help="The golden file (default: schemas/golden/sglang-0.5.20.json of this checkout)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> int:
     """Check a hash implementation through a JSON-lines adapter: golden vectors plus generated cases."""
-    from kvevents.conformance.hashkit import all_cases, run_adapter
+    from kvevents.conformance.hashkit import GOLDEN_PATH, all_cases, run_adapter
 
     try:
-        report = run_adapter(cmd, all_cases(seed, cases), timeout=timeout)
+        report = run_adapter(cmd, all_cases(seed, cases, golden or GOLDEN_PATH), timeout=timeout)
     except ValueError as exc:
         user_error(str(exc))
     return _emit(report, as_json)
