@@ -201,3 +201,34 @@ def test_durable_recording_resumes_after_its_own_restart_without_loss_or_duplica
     finally:
         bridge.stop()
         e.close()
+
+
+def test_reading_from_a_time_starts_at_the_first_batch_stored_since(nats_server):
+    import time
+
+    from kvevents.subscriber import Delivery
+    from kvevents.transport.jetstream_source import JetStreamSource
+
+    e = Engine("w0", 10)
+    bridge = _bridge(nats_server.url, [e])
+    try:
+        e.step(20)
+        wait_until("stored", lambda: len(stored_seqs(nats_server.url, live_subject("KV", "w0", 0))) > e.last_seq())
+        time.sleep(0.05)
+        since = time.time()
+        first_after = e.last_seq() + 1
+        e.step(20)
+        wait_until("stored", lambda: len(stored_seqs(nats_server.url, live_subject("KV", "w0", 0))) > e.last_seq())
+        src = JetStreamSource(NatsOptions(nats_server.url), "KV", start_time=since)
+        got: list = []
+        try:
+            wait_until("read up to now", lambda: src.synced and bool(got) and got[-1].seq >= e.last_seq(),
+                       lambda: got.extend(src.poll(0.05)))
+        finally:
+            src.stop()
+        seqs = [d.seq for d in got if isinstance(d, Delivery)]
+        assert seqs[0] <= first_after and seqs == list(range(seqs[0], seqs[-1] + 1))
+        assert all(d.kind == "live" for d in got)
+    finally:
+        bridge.stop()
+        e.close()

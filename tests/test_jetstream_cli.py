@@ -87,3 +87,4 @@ def test_bridge_usage_errors_exit_2():
                            capture_output=True, text=True, timeout=30)
         assert p.returncode == 2, (args, p.stderr)
         assert len(_lines(p.stderr)) == 1 and "Traceback" not in p.stderr, p.stderr
+        assert needle.lstrip("-") in p.stderr, p.stderr

