@@ -11,16 +11,23 @@ from __future__ import annotations
 import hashlib
 import random
 import struct
+import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from itertools import accumulate, islice
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from kvevents.cache import MemoryStore, PageStore, RadixCache
 from kvevents.events import Event
 from kvevents.hashing import Namespace, pack_tokens
 
-__all__ = ["Request", "Workload", "SimWorker", "ServeResult", "page_content", "expected_content"]
+__all__ = [
+    "Request", "Workload", "SimWorker", "ServeResult", "page_content", "expected_content",
+    "ENGINES", "make_worker", "serve_and_publish",
+]
+
+#: `kvevents serve --engine`: contract (SimWorker) or vllm (a vLLM 0.33-faithful VllmSimWorker).
+ENGINES = ("contract", "vllm")
 
 _U64 = struct.Struct("<Q")
 _DOMAIN = b"kvevents-sim-kv-v1"
@@ -280,3 +287,29 @@ class SimWorker:
             "restarts": self.restarts,
             "device_pages": self.cache.num_pages,
         }
+
+
+def make_worker(
+    engine: str, name: str, *, page_size: int = 16, capacity_pages: int = 4096, hash_algo: str = "sha256", dp_rank: int = 0
+) -> Any:
+    """A simulated worker of `engine`: SimWorker (the contract) or VllmSimWorker (vLLM 0.33's hashes
+    and events, published as vLLM encodes them, rank `dp_rank` in its batches)."""
+    if engine == "contract":
+        return SimWorker(name, page_size=page_size, capacity_pages=capacity_pages)
+    if engine == "vllm":
+        from kvevents.sim_vllm import VllmSimWorker
+
+        return VllmSimWorker(name, block_size=page_size, capacity_blocks=capacity_pages, hash_algo=hash_algo, dp_rank=dp_rank)
+    raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+
+
+def serve_and_publish(worker: Any, request: Request, publisher: Any) -> int | None:
+    """One engine step: serve `request` on either kind of worker and publish what it queued
+    (a vLLM worker's own payload as is); returns the seq, or None when nothing was published."""
+    if hasattr(worker, "take_payload"):
+        worker.serve_request(request)
+        payload = worker.take_payload(time.time())
+        return None if payload is None else publisher.publish_payload(payload)
+    worker.serve(request)
+    events = worker.take_events()
+    return publisher.publish(events) if events else None

@@ -224,6 +224,11 @@ class VllmSimWorker:
                 out.append(CachedBlock(blk.prefix, blk.salt, blk.lora, blk.extras, to_event_hash(blk.digest)))
         return out
 
+    @property
+    def device_hit_tokens(self) -> int:
+        """Tokens served from cached blocks (SimWorker's name, for status lines)."""
+        return self.hit_tokens
+
     def stats(self) -> dict[str, int]:
         return {
             "requests": self.requests,

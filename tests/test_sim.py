@@ -167,3 +167,26 @@ def test_many_workers_share_a_file_store(tmp_path: Path) -> None:
 def test_sim_worker_rejects_bad_name() -> None:
     with pytest.raises(ValueError):
         SimWorker("")
+
+
+def test_make_worker_and_serve_and_publish_send_a_vllm_workers_own_payload(ctx, pub) -> None:
+    """`kvevents serve --engine vllm`'s step: the vLLM worker's 3-element payload goes out as encoded."""
+    import msgspec
+
+    from kvevents.sim import make_worker, serve_and_publish
+    from kvevents.transport.testing import dealer_socket, recv_all
+
+    v = make_worker("vllm", "w0", page_size=4, capacity_pages=64, hash_algo="sha256_cbor", dp_rank=0)
+    c = make_worker("contract", "w1", page_size=4, capacity_pages=64)
+    reqs = Workload(1, page_size=4).take(2)
+    assert serve_and_publish(v, reqs[0], pub) == 0
+    assert serve_and_publish(c, reqs[1], pub) == 1
+    d = dealer_socket(ctx, pub.replay_endpoint)
+    d.send_multipart([b"", (0).to_bytes(8, "big")])
+    msgs = recv_all(d)
+    d.close()
+    first = msgspec.msgpack.decode(msgs[0][-1])
+    assert len(first) == 3 and first[2] == 0
+    assert first[1][0]["group_idx"] == 0 and first[1][0]["block_hashes"][0] >= 0  # vLLM's uint64 form
+    with pytest.raises(ValueError):
+        make_worker("tgi", "x")
