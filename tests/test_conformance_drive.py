@@ -176,3 +176,15 @@ def test_plugin_fails_the_broken_rule(tmp_path: Path) -> None:
     assert "FAILED" in proc.stdout and "stream::batch-shape" in proc.stdout
     assert "4 elements" in proc.stdout
     assert "SKIPPED" in proc.stdout  # describe / snapshot: not offered
+
+
+def test_plugin_runs_the_drive_checks_with_kvevents_http(tmp_path: Path, publisher: Publisher) -> None:
+    sim = SimWorker("w0", page_size=4, capacity_pages=500)
+    with CompletionsServer("127.0.0.1:0", lambda r: serve_and_publish(sim, publisher, r)) as srv:
+        proc = _pytest(tmp_path, "--kvevents-endpoint", publisher.endpoint, "--kvevents-replay", publisher.replay_endpoint,
+                       "--kvevents-page-size", "4", "--kvevents-http", srv.url, "--junitxml", str(tmp_path / "j.xml"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    xml = (tmp_path / "j.xml").read_text()
+    for rule in DRIVE_RULES:
+        assert f'kvevents-conformance.drive" name="{rule}"' in xml
+    assert xml.count("<testcase") == 1 + len(DRIVE_RULES) + 11

@@ -106,6 +106,7 @@ class StreamChecker:
         if self.last_live is not None:
             if seq <= self.last_live:
                 self.t["seq-increasing"].fail(f"seq {seq} after {self.last_live} (not increasing; a restart?)")
+                self._restart()  # judge what follows as a new stream, from an unknown state
             else:
                 self.t["seq-increasing"].ok()
         self.last_live = seq
@@ -119,6 +120,15 @@ class StreamChecker:
             self.complete = seq == 0
         if self.expected is None or seq >= self.expected:
             self._apply(seq, frames[2], "live")
+
+    def _restart(self) -> None:
+        """The seq went backwards: forget the old stream's state (a new process starts empty)."""
+        self.expected = None
+        self.live.clear()
+        self._copies.clear()
+        self.cleared = {}
+        self.pending = {}
+        self.live_payloads = {}
 
     # ------------------------------------------------------------------ replay
     def on_replay(self, start: int, replies: list[list[bytes]], ended: bool, *, upto: int | None, heal: bool) -> None:
