@@ -94,7 +94,8 @@ def test_export_jsonl(clean_log: Path, tmp_path: Path) -> None:
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(rows) == 18 and rows[1]["batch"]["events"][0]["type"] == "BlockStored"
     assert rows[1]["source"] == "w0" and rows[1]["kind"] == "live" and rows[1]["payload_b64"]
-    assert kv("log", "export", str(clean_log)).returncode == 2  # a format is required
+    plain = kv("log", "export", str(clean_log))  # JSONL is the only format, so the default
+    assert plain.returncode == 0 and [json.loads(x)["seq"] for x in plain.stdout.splitlines()] == list(range(18))
 
 
 BAD_FILES = [
@@ -145,3 +146,77 @@ def test_stats_show_gaps_and_resets(tmp_path: Path) -> None:
     r = kv("log", "inspect", str(p))
     assert "gap record 3 w0 rank 0: seq 2 -> 6 (3 missing)" in r.stdout
     assert "reset record 5 w0 rank None: restart" in r.stdout and "heartbeats" in r.stdout
+
+
+# ---------------------------------------------------------------- honest output (newcomer issue) and damage
+def test_torn_tail_before_any_record_is_worded_plainly(tmp_path: Path) -> None:
+    p = tmp_path / "t.kvlog"
+    RecordWriter(p).close()
+    with open(p, "ab") as f:
+        f.write(b"\xc3KVR\x00\x01")  # a torn first record
+    r = kv("log", "inspect", str(p))
+    assert r.returncode == 0 and "before the first record" in r.stderr and "-1" not in r.stderr
+
+
+def test_verify_says_what_a_corrupt_region_kept_unchecked(clean_log: Path) -> None:
+    off = [r.offset for r in read_records(clean_log)][5]
+    data = bytearray(clean_log.read_bytes())
+    data[off + 40] ^= 0x80
+    clean_log.write_bytes(bytes(data))
+    r = kv("log", "inspect", str(clean_log), "--verify", "--page-size", str(PAGE))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "verify: OK" not in r.stdout
+    assert "1 corrupt region (" in r.stdout
+    assert "skipped unchecked" in r.stdout and f"at offset {off}" in r.stdout
+
+
+def test_page_size_without_verify_is_a_usage_error(clean_log: Path) -> None:
+    r = kv("log", "inspect", str(clean_log), "--page-size", "4")
+    assert r.returncode == 2 and "--page-size is only used by --verify" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_rates_come_from_the_batches_own_timestamps(tmp_path: Path) -> None:
+    """History replayed in the first second of a capture must not read as a burst of traffic."""
+    p = tmp_path / "r.kvlog"
+    with RecordWriter(p) as w:
+        w.write(payload([], ts=50.0), source="w0", seq=None, kind="snapshot", recv_time=1000.0)
+        for i in range(11):  # one batch per second of publisher time, all received within 0.1 s
+            w.write(payload([], ts=100.0 + i), source="w0", seq=i, kind="replay" if i < 10 else "live",
+                    recv_time=1000.0 + i * 0.01)
+    j = json.loads(kv("log", "inspect", str(p), "--json").stdout)
+    assert j["rate_clock"] == "batch_ts" and j["batch_span_s"] == 10.0
+    assert abs(j["rates"]["records_per_s"] - 1.1) < 1e-9
+    out = kv("log", "inspect", str(p)).stdout
+    assert "1.1 records/s" in out and "own timestamps" in out
+
+
+def test_a_damaged_header_is_read_and_repaired(clean_log: Path) -> None:
+    data = bytearray(clean_log.read_bytes())
+    data[2] ^= 0x04
+    clean_log.write_bytes(bytes(data))
+    r = kv("log", "inspect", str(clean_log), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["records"] == 18
+    assert "damaged file header" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = kv("log", "repair", str(clean_log))
+    assert r.returncode == 0 and "damaged file header rewritten" in r.stdout
+    assert clean_log.read_bytes()[:8] == MAGIC
+    assert kv("log", "inspect", str(clean_log)).stderr == ""
+
+
+@pytest.mark.parametrize("command", [["log", "inspect"], ["log", "repair"], ["log", "export"],
+                                     ["replay", "--into-index"], ["replay", "--to", "tcp://127.0.0.1:1"]])
+def test_every_log_tool_refuses_a_fifo_at_once(tmp_path: Path, command: list[str]) -> None:
+    import os
+
+    f = tmp_path / "fifo.kvlog"
+    os.mkfifo(f)
+    fd = os.open(f, os.O_RDWR | os.O_NONBLOCK)  # both ends open, a header inside: an old build reads, not hangs
+    try:
+        os.write(fd, MAGIC + b"\x01\x00\x00\x00" + bytes(4))
+        args = command[:2] + [str(f)] + command[2:] if command[0] == "log" else command[:1] + [str(f)] + command[1:]
+        r = kv(*args)
+    finally:
+        os.close(fd)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert r.stderr.strip() == f"kvevents: error: {f}: is not a regular file (a FIFO, socket or device), not a record log"

@@ -36,6 +36,8 @@ def inspect_cmd(
     With --verify: parents before children, removes only of live copies, hashes recomputed
     from token_ids; every violation is listed with its record index; exit 1 if any.
     """
+    if page_size is not None and not verify:
+        user_error("--page-size is only used by --verify: add --verify, or leave --page-size out")
     if page_size is not None and page_size < 1:
         user_error(f"--page-size must be >= 1, got {page_size}")
     try:
@@ -75,10 +77,11 @@ def _render_stats(st: LogStats) -> None:
     c.print(f"[bold]{st.path}[/]: {st.records} records, {st.size} bytes, payload {st.payload_bytes} bytes")
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(st.kinds.items())) or "-"
     c.print(f"kinds: {kinds}")
-    c.print(
-        f"time span: {st.duration_s:.3f} s  rates: {r['records_per_s']:.1f} records/s, "
-        f"{r['events_per_s']:.1f} events/s, {r['blocks_per_s']:.1f} blocks/s, {r['bytes_per_s'] / 1e6:.3f} MB/s"
-    )
+    clock = ("per second of the live and replayed batches' own timestamps, over "
+             f"{st.batch_span_s:.3f} s" if st.rate_clock == "batch_ts" else "per second of receive time")
+    c.print(f"received over {st.duration_s:.3f} s; rates ({clock}): {r['records_per_s']:.1f} records/s, "
+            f"{r['events_per_s']:.1f} events/s, {r['blocks_per_s']:.1f} blocks/s, {r['bytes_per_s'] / 1e6:.3f} MB/s",
+            highlight=False)
     evs = ", ".join(f"{k} {n}" for k, n in sorted(st.event_types.items())) or "-"
     c.print(f"events: {evs}; blocks stored {st.blocks.get('stored', 0)}, removed {st.blocks.get('removed', 0)}")
     if st.decode_errors:
@@ -126,10 +129,25 @@ def _render_verify(rep: VerifyReport) -> None:
     )
     for v in rep.violations:
         c.print(f"violation {v}", markup=False, highlight=False)
-    if rep.ok:
+    skipped = _skipped(rep.damage)
+    if rep.ok and skipped:
+        c.print(f"[yellow]verify: no contract violation in the records read, but {skipped} were skipped "
+                "unchecked (see the damage warnings)[/]")
+    elif rep.ok:
         c.print("[green]verify: OK, no contract violation[/]")
     else:
         c.print(f"[red]verify: {len(rep.violations)} violation(s)[/]")
+
+
+def _skipped(damage: list) -> str:
+    """'1 corrupt region (83 bytes at offset 1234)' style summary of damage a reader skipped."""
+    parts = []
+    for kind, label in (("corrupt", "corrupt region"), ("torn", "torn tail")):
+        ds = [d for d in damage if d.kind == kind]
+        if ds:
+            where = ", ".join(f"{d.length} bytes at offset {d.offset}" for d in ds[:3]) + (", ..." if len(ds) > 3 else "")
+            parts.append(f"{len(ds)} {label}{'s' if len(ds) > 1 else ''} ({where})")
+    return " and ".join(parts)
 
 
 @log_app.command("repair")
@@ -142,26 +160,26 @@ def repair_cmd(
     res = repair_log(file, drop_corrupt=drop_corrupt, dry_run=dry_run)
     c = out_console()
     verb = "would cut" if dry_run else "cut"
+    if res.header_damaged:
+        c.print(f"{file}: damaged file header " + ("would be rewritten" if dry_run else "rewritten"))
     if res.torn_bytes:
         c.print(f"{file}: {verb} a torn tail of {res.torn_bytes} bytes; {res.records} valid records kept "
                 f"({res.size_before} -> {res.size_after} bytes)")
     for d in res.corrupt:
         what = "dropped" if res.rewritten else "kept (readers skip it; --drop-corrupt rewrites)"
         c.print(f"{file}: corrupt region of {d.length} bytes at offset {d.offset}: {what}")
-    if not res.torn_bytes and not res.corrupt:
+    if not res.torn_bytes and not res.corrupt and not res.header_damaged:
         c.print(f"{file}: clean, {res.records} records, nothing to repair")
 
 
 @log_app.command("export")
 def export_cmd(
     file: str = typer.Argument(..., help="Record log file."),
-    jsonl: bool = typer.Option(False, "--jsonl", help="One JSON object per record (the only format so far)."),
+    jsonl: bool = typer.Option(True, "--jsonl", help="One JSON object per record: the only format so far, and the default."),
     payload: bool = typer.Option(False, "--payload", help="Include the exact payload bytes as base64."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
 ) -> None:
-    """Export records with decoded events as JSON lines, for other tools."""
-    if not jsonl:
-        user_error("choose an export format: --jsonl")
+    """Export records with decoded events as JSON lines (the default format), for other tools."""
     lines = iter_jsonl(file, payload=payload, on_damage=warn_damage)
     if output is None:
         w = sys.stdout.buffer

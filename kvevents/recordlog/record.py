@@ -43,6 +43,7 @@ class Recorder:
         self.batches = 0
         self.resets = 0
         self.snapshot_batches = 0  # written by begin_with_snapshot (not part of `count`)
+        self.snapshots_taken = 0  # begin_with_snapshot calls (a publisher answered)
         self.received = 0  # deliveries and resets handed over, written or not
         self.history_dropped = 0  # left out because they precede the chosen start
         self.skipped = 0  # could not be stored (see skip_reason)
@@ -69,9 +70,9 @@ class Recorder:
 
     def begin_with_snapshot(self, source: str, payloads: Sequence[bytes], seq: int | None, *,
                             endpoint: str = "", topic: str = "") -> int:
-        """Write a reset marker and a publisher's KVE/SNAPSHOT batches (reflecting seqs <= `seq`; None:
-        nothing published yet); later deliveries of `source` with seq <= `seq` are left out.
-        Returns the number of snapshot batches written."""
+        """Write a reset marker and a publisher's KVE/SNAPSHOT batches (reflecting seqs <= `seq`); later
+        deliveries of `source` with seq <= `seq` are left out. `seq` None (nothing published yet)
+        writes nothing: the stream from seq 0 is the whole state. Returns the batches written."""
         epoch = rank = None
         metas = []
         for p in payloads:
@@ -83,7 +84,8 @@ class Recorder:
         if metas:
             epoch, rank = metas[0]
         with self._lock:
-            if self.done.is_set():
+            self.snapshots_taken += 1
+            if self.done.is_set() or seq is None:
                 return 0
             n = 0
             try:
@@ -99,8 +101,7 @@ class Recorder:
             except (OSError, ValueError) as exc:
                 self._fail(exc)
                 return n
-            if seq is not None:
-                self._after[source] = (seq, epoch)
+            self._after[source] = (seq, epoch)
             return n
 
     def _before_start(self, d: Any, rank: Any, epoch: Any) -> bool:

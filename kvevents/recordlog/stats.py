@@ -1,4 +1,10 @@
-"""`log inspect` analysis: counts by kind, event type, medium and source; seq gaps; epochs; rates."""
+"""`log inspect` analysis: counts by kind, event type, medium and source; seq gaps; epochs; rates.
+
+Rates are over the batches' own timestamps (`ts`, the publisher's clock) of the live and replayed
+batches: a capture that starts with replayed history or a snapshot would otherwise show the
+history as if it had arrived in the capture's first second. A log without usable batch
+timestamps falls back to receive time (`rate_clock` says which).
+"""
 
 from __future__ import annotations
 
@@ -101,25 +107,44 @@ class LogStats:
     epoch_changes: list[dict[str, Any]] = field(default_factory=list)
     resets: list[dict[str, Any]] = field(default_factory=list)
     damage: list[Damage] = field(default_factory=list)
-    first_time: float | None = None
+    first_time: float | None = None  # receive time (recv_time) of the first and last records
     last_time: float | None = None
+    first_ts: float | None = None  # batch timestamps of the live and replayed batches
+    last_ts: float | None = None
+    stream: Counter = field(default_factory=Counter)  # live + replayed: records, events, blocks, bytes
 
     @property
     def duration_s(self) -> float:
+        """Receive-time span of the capture."""
         if self.first_time is None or self.last_time is None:
             return 0.0
         return max(0.0, self.last_time - self.first_time)
 
+    @property
+    def batch_span_s(self) -> float:
+        """Span of the live and replayed batches' own timestamps."""
+        if self.first_ts is None or self.last_ts is None:
+            return 0.0
+        return max(0.0, self.last_ts - self.first_ts)
+
+    @property
+    def rate_clock(self) -> str:
+        """"batch_ts" when the batches' timestamps span time, else "recv_time"."""
+        return "batch_ts" if self.batch_span_s > 0 else "recv_time"
+
     def rates(self) -> dict[str, float]:
-        d = self.duration_s
+        """Per second of batch time over live and replayed batches (snapshots are state, not traffic);
+        over receive time and every record when the batch timestamps do not span any time."""
+        if self.rate_clock == "batch_ts":
+            d = self.batch_span_s
+            n = self.stream
+            counts = (n["records"], n["events"], n["blocks"], n["bytes"])
+        else:
+            d = self.duration_s
+            counts = (self.records, sum(self.event_types.values()), sum(self.blocks.values()), self.payload_bytes)
         if d <= 0:
             return {"records_per_s": 0.0, "events_per_s": 0.0, "blocks_per_s": 0.0, "bytes_per_s": 0.0}
-        return {
-            "records_per_s": self.records / d,
-            "events_per_s": sum(self.event_types.values()) / d,
-            "blocks_per_s": sum(self.blocks.values()) / d,
-            "bytes_per_s": self.payload_bytes / d,
-        }
+        return {k: v / d for k, v in zip(("records_per_s", "events_per_s", "blocks_per_s", "bytes_per_s"), counts)}
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -142,6 +167,10 @@ class LogStats:
             "first_time": self.first_time,
             "last_time": self.last_time,
             "duration_s": self.duration_s,
+            "first_ts": self.first_ts,
+            "last_ts": self.last_ts,
+            "batch_span_s": self.batch_span_s,
+            "rate_clock": self.rate_clock,
             "rates": self.rates(),
         }
 
@@ -222,6 +251,8 @@ def _account(st: LogStats, seqs: SeqTracker, rec: Record) -> None:
                 _add(st.epoch_changes, dict(item, epoch=epoch))
             else:
                 _add(st.seq_anomalies, dict(item, what=what))
+    if rec.kind in ("live", "replay"):
+        _stream_account(st, rec, batch)
     if not batch.events:
         src.heartbeats += 1
     for ev in batch.events:
@@ -241,3 +272,18 @@ def _account(st: LogStats, seqs: SeqTracker, rec: Record) -> None:
             m[f"{what}_blocks"] += n
         elif isinstance(ev, AllBlocksCleared):
             src.clears += 1
+
+
+def _stream_account(st: LogStats, rec: Record, batch: Any) -> None:
+    """Batch-time span and traffic counts of one live or replayed batch."""
+    ts = batch.ts
+    if isinstance(ts, (int, float)) and not isinstance(ts, bool) and ts == ts and abs(ts) != float("inf"):
+        if st.first_ts is None or ts < st.first_ts:
+            st.first_ts = float(ts)
+        if st.last_ts is None or ts > st.last_ts:
+            st.last_ts = float(ts)
+    n = st.stream
+    n["records"] += 1
+    n["bytes"] += len(rec.payload)
+    n["events"] += len(batch.events)
+    n["blocks"] += sum(len(ev.block_hashes) for ev in batch.events if isinstance(ev, (BlockStored, BlockRemoved)))
