@@ -55,8 +55,9 @@ class FakeEngine:
             if not self.router.poll(20):
                 continue
             ident, _, body = self.router.recv_multipart()
-            if len(body) != 8:
-                continue  # KVE/DESCRIBE, KVE/SNAPSHOT: not offered
+            if len(body) != 8:  # KVE/DESCRIBE, KVE/SNAPSHOT: answered as vLLM does, an empty replay
+                self.router.send_multipart([ident, b"", b"", END_SEQ, b""])
+                continue
             start = int.from_bytes(body, "big")
             with self.lock:
                 items = sorted((s, p) for s, p in self.ring.items() if s >= start and s not in self.skip)
@@ -95,7 +96,7 @@ def observe_fake(
 ) -> Report:
     """Connect the kit, send the script [(seq, payload, live)], let the kit see it all, judge."""
     opts = StreamOptions(engine.endpoint, engine.replay_endpoint if replay else None, page_size,
-                         reply_timeout=0.3, allow_epoch=allow_epoch)
+                         reply_timeout=1.5, allow_epoch=allow_epoch)
     with StreamObserver(opts) as obs:
         engine.wait_joined()
         for seq, data, live in script:
