@@ -232,3 +232,42 @@ def test_reading_from_a_time_starts_at_the_first_batch_stored_since(nats_server)
     finally:
         bridge.stop()
         e.close()
+
+
+def _router_service_takes_a_feed() -> bool:
+    import inspect
+
+    from consumers.service import RouterService
+
+    return "feed" in inspect.signature(RouterService).parameters
+
+
+def test_router_service_on_a_jetstream_feed_and_doctor(nats_server):
+    if not _router_service_takes_a_feed():
+        pytest.skip("this RouterService has no feed= parameter yet")
+    from consumers.service import RouterService
+    from kvevents.transport.jetstream_admin import nats_doctor
+    from kvevents.transport.jetstream_source import JetStreamSource
+
+    engines = [Engine("w0", 12), Engine("w1", 13)]
+    bridge = _bridge(nats_server.url, engines)
+    svc = RouterService(feed=JetStreamSource(NatsOptions(nats_server.url), "KV"), page_size=4)
+    svc.start()
+    try:
+        for i in range(80):
+            engines[i % 2].step()
+        targets = {e.name: e.last_seq() for e in engines}
+        wait_until("the service applied every engine's batches",
+                   lambda: all((svc.applied_seq(n) or -1) >= s for n, s in targets.items()))
+        for e in engines:
+            assert +svc.index.copies(e.name) == e.truth()
+        wait_until("snapshots stored", lambda: bridge.counters().get("snapshots_stored", 0) >= 2)
+        rep = nats_doctor(NatsOptions(nats_server.url), "KV")
+        status = {c.name: c.status for c in rep.checks}
+        assert status == {"nats reachable": "ok", "stream exists": "ok", "sources": "ok", "snapshots": "ok", "lag": "ok"}, rep.checks
+        assert nats_doctor(NatsOptions(nats_server.url), "NOPE").ok is False
+    finally:
+        svc.stop()
+        bridge.stop()
+        for e in engines:
+            e.close()

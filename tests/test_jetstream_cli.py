@@ -88,3 +88,11 @@ def test_bridge_usage_errors_exit_2():
         assert p.returncode == 2, (args, p.stderr)
         assert len(_lines(p.stderr)) == 1 and "Traceback" not in p.stderr, p.stderr
         assert needle.lstrip("-") in p.stderr, p.stderr
+
+
+def test_bridge_no_create_on_a_missing_stream_is_one_error_line(tmp_path):
+    with NatsServer(tmp_path) as srv:
+        p = subprocess.run([*KVEVENTS, "bridge", "--publisher", "w0=tcp://127.0.0.1:5557", "--nats", srv.url,
+                            "--stream", "MISSING", "--no-create"], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 2
+    assert _lines(p.stderr) == ["kvevents: error: JetStream stream 'MISSING' does not exist (and creating it is off)"]

@@ -178,7 +178,7 @@ class Bridge:
             pass
         except Exception as exc:  # noqa: BLE001 - reported through .error; the CLI prints one line
             self._error = exc
-            (log.debug if isinstance(exc, NatsUnavailable) else log.warning)("bridge stopped: %s", exc)
+            (log.debug if isinstance(exc, (NatsUnavailable, ValueError)) else log.warning)("bridge stopped: %s", exc)
         finally:
             for t in self._snap_tasks.values():
                 t.cancel()

@@ -286,27 +286,30 @@ async def close(nc: Any, timeout: float = 2.0) -> None:
 
 
 async def ensure_stream(js: Any, stream: str, opts: StreamOptions | None, *, create: bool = True) -> Any:
-    """The stream's info; created with `opts` when missing and `create` (else NotFoundError)."""
+    """The stream's info; created with `opts` when missing and `create` (else ValueError)."""
     from nats.js.errors import NotFoundError
 
     try:
         return await js.stream_info(stream)
     except NotFoundError:
         if not create:
-            raise
+            raise ValueError(f"JetStream stream {stream!r} does not exist (and creating it is off)") from None
     cfg = (opts or StreamOptions()).config(stream)
     log.info("creating JetStream stream %s on %s (max age %gs)", stream, cfg.subjects[0], cfg.max_age)
     return await js.add_stream(cfg)
 
 
 async def retry(op: Callable[[], Awaitable[T]], what: str, *, attempts: int | None = None, stop: Callable[[], bool] = lambda: False) -> T:
-    """Run `op` until it succeeds, backing off 0.1 s doubling to 2 s (NATS down, stream leader moving)."""
+    """Run `op` until it succeeds, backing off 0.1 s doubling to 2 s (NATS down, stream leader moving).
+
+    A ValueError (a mistake retrying cannot fix) is raised at once.
+    """
     delay = 0.1
     n = 0
     while True:
         try:
             return await op()
-        except asyncio.CancelledError:
+        except (asyncio.CancelledError, ValueError):
             raise
         except Exception as exc:  # noqa: BLE001 - transient JetStream errors: retry
             n += 1
