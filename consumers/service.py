@@ -1,47 +1,79 @@
 """The consumer service: subscribe to many publishers, keep a BlockIndex, answer over HTTP.
 
-`RouterService` is the glue: Subscriber deliveries are applied to the index (a Reset drops that
-source's state first), a PrefixRouter scores requests, and a standard-library ThreadingHTTPServer
-serves POST /score, GET /workers and GET /metrics. One lock guards the index: the subscriber
-thread applies, HTTP threads score.
+`RouterService` is the glue: deliveries from an event feed (a kvevents Subscriber by default, or
+any object with its start/stop/poll/status/counters interface) are applied to the index (a Reset
+drops that source's state first), a PrefixRouter scores requests, and a FastAPI app on uvicorn
+(consumers.http_api) serves POST /score, GET /workers, GET /metrics and /openapi.json. One lock
+guards the index: the feed's thread applies, HTTP requests hash outside it and look up inside.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Annotated, Any, Mapping, Sequence
+from typing import Annotated, Any, Mapping, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kvevents.subscriber import Delivery, Reset, Source, Subscriber, parse_source
+from kvevents.subscriber import Delivery, Reset, Source, SourceStatus, Subscriber, parse_source
 
 from consumers.indexer import BlockIndex, worker_label
-from consumers.metrics import CONTENT_TYPE, ServiceMetrics
+from consumers.metrics import ServiceMetrics
 from consumers.router import PrefixRouter, WorkerScore
 
-__all__ = ["RouterService", "ScoreRequest", "parse_publisher", "MAX_BODY_BYTES"]
+__all__ = [
+    "RouterService",
+    "ScoreRequest",
+    "EventFeed",
+    "parse_publisher",
+    "MAX_BODY_BYTES",
+    "MAX_NAME_CHARS",
+    "MAX_TOKENS",
+]
 
 log = logging.getLogger("consumers.service")
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+MAX_NAME_CHARS = 256  # lora_name / cache_salt longer than this are refused (400): per-request strings stay small
+MAX_TOKENS = 4_000_000
 TokenId = Annotated[int, Field(strict=True, ge=0, le=2**32 - 1)]
 
 
 class ScoreRequest(BaseModel):
-    """POST /score body: the request's token ids and namespace parts the router can see."""
+    """POST /score body: the request's token ids and the namespace parts a router can see."""
 
     model_config = ConfigDict(extra="forbid")
 
-    tokens: list[TokenId] = Field(max_length=4_000_000)
-    cache_salt: str | None = None
-    lora_name: str | None = None
-    top_k: int | None = Field(None, ge=1)
-    explain: bool = False
+    tokens: list[TokenId] = Field(max_length=MAX_TOKENS, description="Token ids (0 .. 2**32-1) of the prompt.")
+    cache_salt: str | None = Field(
+        None, max_length=MAX_NAME_CHARS, description="The tenant's cache_salt, as the engine was given it (null: none)."
+    )
+    lora_name: str | None = Field(
+        None, max_length=MAX_NAME_CHARS, description="The LoRA adapter's name (null: the base model)."
+    )
+    top_k: int | None = Field(None, ge=1, description="Return only the best k workers.")
+    explain: bool = Field(False, description="Add the request's page hashes and each worker's pages by medium.")
+
+
+class EventFeed(Protocol):
+    """What RouterService consumes: kvevents.subscriber.Subscriber's polling interface.
+
+    The service calls `start()` once, then `poll()` from its own thread and applies every Delivery
+    and Reset returned, in order; `status()` (name -> SourceStatus) and `counters()` feed
+    /workers, the stale flags and /metrics; `stop()` releases everything.
+    """
+
+    def start(self) -> object: ...
+
+    def stop(self) -> None: ...
+
+    def poll(self, timeout_s: float = 0.0) -> Sequence[Delivery | Reset]: ...
+
+    def status(self) -> Mapping[str, SourceStatus]: ...
+
+    def counters(self) -> Mapping[str, int]: ...
 
 
 def parse_publisher(spec: str) -> Source:
@@ -61,12 +93,17 @@ class _SourceState:
 
 
 class RouterService:
-    """Subscriber + BlockIndex + PrefixRouter (+ HTTP when `serve_http` is called)."""
+    """An event feed + BlockIndex + PrefixRouter (+ HTTP when `serve_http` is called).
+
+    Give `sources` (a Subscriber is built over them, `subscriber_options` passed on) or `feed`
+    (any EventFeed, e.g. another transport's consumer; the service polls it on its own thread).
+    """
 
     def __init__(
         self,
-        sources: Sequence[Source | str],
+        sources: Sequence[Source | str] | None = None,
         *,
+        feed: EventFeed | None = None,
         page_size: int = 16,
         lora_strict: bool = True,
         medium_weights: Mapping[str, float] | None = None,
@@ -74,31 +111,45 @@ class RouterService:
         stale_after_s: float = 5.0,
         **subscriber_options: Any,
     ) -> None:
+        if (sources is None) == (feed is None):
+            raise ValueError("RouterService: give either sources or feed")
         self.index = BlockIndex()
         self.router = PrefixRouter(self.index, page_size, medium_weights=medium_weights, lora_strict=lora_strict, seed=seed)
         self.lock = threading.Lock()
-        self.subscriber = Subscriber(
-            sources,
-            on_delivery=self._on_delivery,
-            on_reset=self._on_reset,
-            stale_after_s=stale_after_s,
-            **subscriber_options,
-        )
+        self.subscriber: Subscriber | None = None
+        if feed is None:
+            self.subscriber = Subscriber(
+                sources or [],
+                on_delivery=self._on_delivery,
+                on_reset=self._on_reset,
+                stale_after_s=stale_after_s,
+                **subscriber_options,
+            )
+        elif subscriber_options:
+            raise ValueError(f"RouterService: {sorted(subscriber_options)} apply to sources, not to a feed")
+        self.feed: EventFeed = feed if feed is not None else self.subscriber  # type: ignore[assignment]
+        self._pump: threading.Thread | None = None
+        self._stop = threading.Event()
         self._state: dict[str, _SourceState] = {}
+        self._names: dict[str, tuple[str, int]] = {}  # index label -> (source name, dp rank)
         self._batches: Counter[tuple[str, str]] = Counter()
         self._resets: Counter[tuple[str, str]] = Counter()
+        self._count_lock = threading.Lock()  # HTTP threads count requests
         self._score_requests: Counter[int] = Counter()
+        self._stale_seen: dict[str, bool] = {}
         self.events_applied = 0
         self.metrics = ServiceMetrics(self)
-        self._http: ThreadingHTTPServer | None = None
-        self._http_thread: threading.Thread | None = None
+        self._http: Any = None  # consumers.http_api.HttpServer while serving
 
     # ---------------------------------------------------------------- feed
 
     def _on_delivery(self, d: Delivery) -> None:
         rank = d.dp_rank if isinstance(d.dp_rank, int) and d.dp_rank >= 0 else 0
+        batch_rank = d.batch.data_parallel_rank  # the rank BlockIndex files the blocks under
+        label_rank = batch_rank if isinstance(batch_rank, int) and batch_rank >= 0 else 0
         with self.lock:
             self.index.apply(d.source, d.batch)
+            self._names.setdefault(worker_label(d.source, label_rank), (d.source, label_rank))
             st = self._state.get(d.source)
             if st is None:
                 st = self._state[d.source] = _SourceState()
@@ -121,8 +172,8 @@ class RouterService:
                 st.ranks.pop(rank, None)
 
     def process(self, timeout_s: float = 0.0) -> int:
-        """Drive the subscriber without its thread: poll once and apply; returns items handled."""
-        items = self.subscriber.poll(timeout_s)
+        """Drive the feed without a thread: poll once and apply; returns items handled."""
+        items = self.feed.poll(timeout_s)
         for item in items:
             if isinstance(item, Delivery):
                 self._on_delivery(item)
@@ -137,19 +188,34 @@ class RouterService:
             return None if st is None else st.ranks.get(dp_rank)
 
     def start(self) -> "RouterService":
-        """Start the subscriber thread."""
-        self.subscriber.start()
+        """Start the subscriber thread (or the feed, and a thread polling it)."""
+        if self.subscriber is not None:
+            self.subscriber.start()
+            return self
+        if self._pump is None:
+            self.feed.start()
+            self._pump = threading.Thread(target=self._pump_feed, name="kvevents-route-feed", daemon=True)
+            self._pump.start()
         return self
 
+    def _pump_feed(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.process(0.05)
+            except Exception as exc:  # noqa: BLE001 - a feed error must not end the service silently
+                log.error("event feed poll failed: %s: %s", type(exc).__name__, exc)
+                self._stop.wait(0.5)
+
     def stop(self) -> None:
-        """Stop HTTP (if serving) and the subscriber; closes every socket."""
+        """Stop HTTP (if serving) and the feed; closes every socket."""
         if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
-            if self._http_thread is not None:
-                self._http_thread.join(2.0)
+            self._http.stop()
             self._http = None
-        self.subscriber.stop()
+        self._stop.set()
+        if self._pump is not None:
+            self._pump.join(2.0)
+            self._pump = None
+        self.feed.stop()
 
     def __enter__(self) -> "RouterService":
         return self.start()
@@ -175,68 +241,117 @@ class RouterService:
         return ranked
 
     def handle_score(self, body: bytes) -> tuple[int, dict[str, Any]]:
-        """POST /score: (HTTP status, JSON object). Every client mistake is a 400 with a message."""
+        """POST /score: (HTTP status, JSON object). Every client mistake is a 400 with a message.
+
+        The request is hashed outside the index lock and looked up inside it.
+        """
         try:
-            raw = json.loads(body)
-        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-            return self._count(400, {"error": f"body is not valid JSON: {exc}"})
-        try:
-            req = ScoreRequest.model_validate(raw)
+            req = ScoreRequest.model_validate_json(body)
         except ValidationError as exc:
+            first = exc.errors()[0] if exc.error_count() else {}
+            if first.get("type") == "json_invalid":
+                return self._count(400, {"error": f"body is not valid JSON: {first.get('msg', '')}"})
             return self._count(400, {"error": _validation_message(exc)})
+        t0 = time.perf_counter()
+        extra: dict[str, Any] = {}
         try:
             if req.explain:
                 with self.lock:
-                    out = self.router.explain(req.tokens, req.cache_salt, req.lora_name)
-                out["hashes"] = [str(h) for h in out["hashes"]]
-                workers = out["workers"]
+                    detail = self.router.explain(req.tokens, req.cache_salt, req.lora_name)
+                    names = dict(self._names)
+                ranked = [_as_score(w) for w in detail["workers"]]
+                extra["hashes"] = [str(h) for h in detail["hashes"]]
             else:
-                ranked = self.score(req.tokens, req.cache_salt, req.lora_name)
-                workers = [s.as_dict() for s in ranked]
-                out = {"pages": len(req.tokens) // self.router.page_size}
+                hashes = self.router.hash_array(req.tokens, req.cache_salt)
+                with self.lock:
+                    ranked = self.router.score_hashes(hashes, req.lora_name)
+                    names = dict(self._names)
         except ValueError as exc:
             return self._count(400, {"error": str(exc)})
+        self.metrics.score_seconds.observe(time.perf_counter() - t0)
+        stale = {name: st.stale for name, st in self.feed.status().items()}
         if req.top_k is not None:
-            workers = workers[: req.top_k]
-        out["workers"] = workers
-        out["best"] = workers[0]["worker"] if workers and workers[0]["matched_pages"] else None
+            ranked = ranked[: req.top_k]
+        workers = []
+        for w in ranked:
+            name, rank = names.get(w.worker, (w.worker, 0))
+            entry: dict[str, Any] = {
+                "worker": name,
+                "dp_rank": rank,
+                "score": round(w.score, 6),
+                "matched_pages": w.matched_pages,
+                "matched_tokens": w.matched_tokens,
+                "load": w.load,
+                "stale": stale.get(name, False),
+            }
+            if req.explain:
+                entry["pages_by_medium"] = dict(w.pages_by_medium)
+            workers.append(entry)
+        best = workers[0] if workers and workers[0]["matched_pages"] else None
+        out = {
+            "pages": len(req.tokens) // self.router.page_size,
+            "page_size": self.router.page_size,
+            "best": best["worker"] if best else None,
+            "best_dp_rank": best["dp_rank"] if best else None,
+            "stale": any(stale.values()),
+            "workers": workers,
+            **extra,
+        }
         return self._count(200, out)
 
     def _count(self, status: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        self._score_requests[status] += 1
+        with self._count_lock:
+            self._score_requests[status] += 1
         return status, body
 
+    def score_request_schema(self) -> dict[str, Any]:
+        """JSON Schema of the POST /score body (for the OpenAPI document)."""
+        return ScoreRequest.model_json_schema()
+
+    def stale_changes(self) -> list[tuple[str, bool]]:
+        """(source, stale now) for every source whose staleness changed since the last call."""
+        changes = []
+        for name, st in self.feed.status().items():
+            was = self._stale_seen.get(name, False)
+            if st.stale != was:
+                changes.append((name, st.stale))
+            self._stale_seen[name] = st.stale
+        return changes
+
     def workers_view(self) -> dict[str, Any]:
-        """GET /workers: per worker blocks (by medium), last seq, epoch, lag, stale."""
-        status = self.subscriber.status()
+        """GET /workers: per worker (source name + dp rank) blocks by medium, last seq, epoch, lag, stale."""
+        status = self.feed.status()
         now = time.time()
         with self.lock:
             counts = self.index.block_counts()
-            out: dict[str, Any] = {}
+            out: list[dict[str, Any]] = []
             for name, sst in status.items():
                 st = self._state.get(name, _SourceState())
                 ranks = sorted(st.ranks) or [0]  # a source with nothing applied yet shows as rank 0
                 for rank in ranks:
-                    label = worker_label(name, rank)
-                    media = counts.get(label, {})
-                    out[label] = {
-                        "source": name,
-                        "dp_rank": rank,
-                        "endpoint": sst.endpoint,
-                        "blocks": sum(media.values()),
-                        "blocks_by_medium": media,
-                        "last_seq": st.ranks.get(rank),
-                        "epoch": st.epoch,
-                        "lag_s": None if st.lag_s is None else round(st.lag_s, 6),
-                        "last_heard_age_s": None if sst.last_heard is None else round(now - sst.last_heard, 3),
-                        "stale": sst.stale,
-                        "repairing": sst.busy,
-                    }
+                    media = counts.get(worker_label(name, rank), {})
+                    out.append(
+                        {
+                            "worker": name,
+                            "dp_rank": rank,
+                            "endpoint": sst.endpoint,
+                            "blocks": sum(media.values()),
+                            "blocks_by_medium": media,
+                            "last_seq": st.ranks.get(rank),
+                            "epoch": st.epoch,
+                            "lag_s": None if st.lag_s is None else round(st.lag_s, 6),
+                            "last_heard_age_s": None if sst.last_heard is None else round(now - sst.last_heard, 3),
+                            "stale": sst.stale,
+                            "repairing": sst.busy,
+                        }
+                    )
             return {"workers": out, "index": self.index.stats()}
 
     def metrics_snapshot(self) -> dict[str, Any]:
         """Everything /metrics exports, read under the lock at scrape time."""
-        status = self.subscriber.status()
+        status = self.feed.status()
+        with self._count_lock:
+            score_requests = dict(self._score_requests)
         with self.lock:
             sources = {
                 name: {
@@ -253,8 +368,8 @@ class RouterService:
                 "blocks": self.index.block_counts(),
                 "entries": self.index.distinct_hashes,
                 "sources": sources,
-                "subscriber": self.subscriber.counters(),
-                "score_requests": dict(self._score_requests),
+                "subscriber": dict(self.feed.counters()),
+                "score_requests": score_requests,
             }
 
     def stats(self) -> dict[str, Any]:
@@ -276,22 +391,23 @@ class RouterService:
 
     # ---------------------------------------------------------------- HTTP
 
-    def serve_http(self, host: str = "127.0.0.1", port: int = 8080) -> tuple[str, int]:
-        """Serve HTTP on a background thread; returns the bound (host, port) (port 0: ephemeral)."""
+    def serve_http(self, host: str = "127.0.0.1", port: int = 8080, limits: Any = None) -> tuple[str, int]:
+        """Serve HTTP (FastAPI on uvicorn) on a background thread; returns the bound (host, port)
+        (port 0: a free one). `limits`: a consumers.http_api.HttpLimits (defaults otherwise)."""
+        from consumers.http_api import HttpLimits, HttpServer, build_app
+
         if self._http is not None:
             raise ValueError("serve_http: already serving")
-        handler = type("Handler", (_Handler,), {"service": self})
-        try:
-            self._http = ThreadingHTTPServer((host, port), handler)
-        except OSError as exc:
-            raise ValueError(f"cannot serve HTTP on {host}:{port}: {exc.strerror or exc}") from None
-        self._http.daemon_threads = True
-        self._http_thread = threading.Thread(
-            target=self._http.serve_forever, kwargs={"poll_interval": 0.05}, name="kvevents-route-http", daemon=True
-        )
-        self._http_thread.start()
-        bound = self._http.server_address
-        return str(bound[0]), int(bound[1])
+        limits = limits or HttpLimits(max_body_bytes=MAX_BODY_BYTES)
+        server = HttpServer(build_app(self, limits), limits)
+        bound = server.start(host, port)
+        self._http = server
+        return bound
+
+
+def _as_score(d: dict[str, Any]) -> WorkerScore:
+    """A WorkerScore back from PrefixRouter.explain's dicts."""
+    return WorkerScore(d["worker"], d["score"], d["matched_pages"], d["matched_tokens"], d["load"], d["pages_by_medium"])
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -301,72 +417,3 @@ def _validation_message(exc: ValidationError) -> str:
         parts.append(f"{where}: {err.get('msg', 'invalid')}")
     more = exc.error_count() - len(parts)
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
-
-
-class _Handler(BaseHTTPRequestHandler):
-    service: RouterService
-    protocol_version = "HTTP/1.1"
-    server_version = "kvevents-route"
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        log.debug("%s - %s", self.address_string(), format % args)
-
-    def _send(self, status: int, body: bytes, content_type: str = "application/json") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _json(self, status: int, obj: Any) -> None:
-        self._send(status, json.dumps(obj).encode() + b"\n")
-
-    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
-        try:
-            self._get()
-        except Exception as exc:  # noqa: BLE001 - a bug must answer 500, not drop the connection
-            log.exception("GET %s failed", self.path)
-            self._json(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
-
-    def _get(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == "/workers":
-            self._json(200, self.service.workers_view())
-        elif path == "/metrics":
-            self._send(200, self.service.metrics.render(), CONTENT_TYPE)
-        elif path in ("/", "/healthz"):
-            self._json(200, {"ok": True, "endpoints": ["POST /score", "GET /workers", "GET /metrics"]})
-        else:
-            self._json(404, {"error": f"no such path: {path}"})
-
-    def do_POST(self) -> None:  # noqa: N802 - stdlib naming
-        path = self.path.split("?", 1)[0]
-        if path != "/score":
-            self._drain()
-            self._json(404, {"error": f"no such path: {path} (POST /score)"})
-            return
-        try:
-            length = int(self.headers.get("Content-Length", ""))
-        except ValueError:
-            self.close_connection = True
-            self._json(411, {"error": "a Content-Length header is required"})
-            return
-        if length < 0 or length > MAX_BODY_BYTES:
-            self.close_connection = True
-            self._json(413, {"error": f"body of {length} bytes exceeds {MAX_BODY_BYTES}"})
-            return
-        body = self.rfile.read(length)
-        try:
-            status, obj = self.service.handle_score(body)
-        except Exception as exc:  # noqa: BLE001 - a bug must answer 500, not drop the connection
-            log.exception("POST /score failed")
-            status, obj = 500, {"error": f"internal error: {type(exc).__name__}: {exc}"}
-        self._json(status, obj)
-
-    def _drain(self) -> None:
-        try:
-            length = int(self.headers.get("Content-Length", "0"))
-        except ValueError:
-            length = 0
-        if 0 < length <= MAX_BODY_BYTES:
-            self.rfile.read(length)

@@ -112,16 +112,22 @@ def test_score_workers_metrics_over_http(cluster):
     status, data = cluster.request("POST", "/score", json.dumps({"tokens": long_doc + [1, 2, 3]}).encode())
     assert status == 200, data
     out = json.loads(data)
-    assert out["best"] == "w1"
-    assert [(w["worker"], w["matched_pages"]) for w in out["workers"]] == [("w1", 20), ("w0", 5)]
+    assert out["best"] == "w1" and out["best_dp_rank"] == 0 and out["stale"] is False
+    assert out["pages"] == 20 and out["page_size"] == PAGE
+    assert [(w["worker"], w["dp_rank"], w["matched_pages"], w["stale"]) for w in out["workers"]] == [
+        ("w1", 0, 20, False),
+        ("w0", 0, 5, False),
+    ]
+    assert all("pages_by_medium" not in w for w in out["workers"])  # explain gives them (filled)
     status, data = cluster.request("POST", "/score", json.dumps({"tokens": long_doc, "lora_name": "lora-a", "top_k": 1}).encode())
     assert status == 200 and [w["worker"] for w in json.loads(data)["workers"]] == ["w0"]
     status, data = cluster.request("POST", "/score", json.dumps({"tokens": long_doc, "explain": True}).encode())
     assert status == 200 and json.loads(data)["workers"][0]["pages_by_medium"] == {"GPU": 20}
+    assert len(json.loads(data)["hashes"]) == 20
 
     status, data = cluster.request("GET", "/workers")
     assert status == 200
-    workers = json.loads(data)["workers"]
+    workers = {w["worker"]: w for w in json.loads(data)["workers"]}
     assert set(workers) == {"w0", "w1"}
     assert workers["w1"]["blocks"] == 21 and workers["w1"]["blocks_by_medium"] == {"GPU": 21}
     assert workers["w0"]["blocks"] == 25  # 5 base pages + 20 under lora-a (same hashes, two copies)
@@ -215,7 +221,8 @@ def test_index_equals_caches_end_to_end_with_drops_and_restarts():
 
 
 def test_workers_lists_only_ranks_a_source_publishes():
-    """A source that publishes dp rank 1 only shows as `name#dp1`, not also as an empty rank 0."""
+    """A source that publishes dp rank 1 only shows as its name with dp_rank 1 (not `name#dp1`,
+    not also as an empty rank 0), in /workers and in /score."""
     pub = Publisher(endpoint=EPH, replay_endpoint=EPH, bind=True, heartbeat_interval_s=0.1, dp_rank=1)
     w = SimWorker("b", page_size=PAGE, capacity_pages=100)
     service = RouterService([Source(pub.endpoint, pub.replay_endpoint, "b")], page_size=PAGE, seed=0)
@@ -226,8 +233,10 @@ def test_workers_lists_only_ranks_a_source_publishes():
         pub.publish(w.take_events())
         _wait(lambda: (service.applied_seq("b", 1) or 0) >= 1, what="rank 1 applied")
         workers = service.workers_view()["workers"]
-        assert set(workers) == {"b#dp1"}, workers
-        assert workers["b#dp1"]["dp_rank"] == 1 and workers["b#dp1"]["blocks"] == 2
+        assert [(w["worker"], w["dp_rank"], w["blocks"]) for w in workers] == [("b", 1, 2)], workers
+        status, out = service.handle_score(json.dumps({"tokens": list(range(2 * PAGE))}).encode())
+        assert status == 200 and (out["best"], out["best_dp_rank"]) == ("b", 1)
+        assert [(w["worker"], w["dp_rank"]) for w in out["workers"]] == [("b", 1)]
     finally:
         service.stop()
         pub.close(timeout=0.2)

@@ -36,33 +36,61 @@ def route_cmd(
     publisher: List[str] = typer.Option(
         ..., "--publisher", help="NAME=ENDPOINT[,REPLAY_ENDPOINT]; repeat for every publisher."
     ),
-    http: str = typer.Option("127.0.0.1:8080", "--http", help="HOST:PORT to serve POST /score, GET /workers, GET /metrics."),
+    http: str = typer.Option(
+        "127.0.0.1:8080", "--http", help="HOST:PORT to serve POST /score, GET /workers, GET /metrics, GET /openapi.json."
+    ),
     page_size: int = typer.Option(16, "--page-size", help="Tokens per page, as the engines use (>= 1)."),
     lora_strict: bool = typer.Option(True, "--lora-strict/--no-lora-strict", help="Credit only copies of the request's lora_name."),
     stale_after: float = typer.Option(5.0, "--stale-after", help="Seconds without a message before a source is stale."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the random tie-break (default: random)."),
+    max_connections: int = typer.Option(1000, "--max-connections", help="HTTP connections served at once; past it requests get 503."),
 ) -> None:
-    """Subscribe to publishers, keep a block index, and rank workers for requests over HTTP."""
+    """Subscribe to publishers, keep a block index, and rank workers for requests over HTTP.
+
+    POST /score takes a JSON object: tokens (token ids), cache_salt, lora_name, top_k, explain.
+
+    It answers the workers best first (worker, dp_rank, matched_pages, stale, ...).
+
+    Request and response schemas: GET /openapi.json (README: "The router's HTTP API").
+    """
+    from consumers.http_api import HttpLimits
     from consumers.service import RouterService, parse_publisher
 
     if page_size < 1:
         user_error(f"--page-size must be >= 1, got {page_size}")
-    sources = [parse_publisher(spec) for spec in publisher]
+    if not stale_after > 0:
+        user_error(f"--stale-after must be > 0, got {stale_after}")
+    if max_connections < 1:
+        user_error(f"--max-connections must be >= 1, got {max_connections}")
+    try:
+        sources = [parse_publisher(spec) for spec in publisher]
+    except ValueError as exc:
+        user_error(str(exc))
     host, port = _host_port(http)
+    # this command prints its own stale / back lines (below): the subscriber's warning would repeat them
+    logging.getLogger("kvevents.subscriber").setLevel(logging.ERROR)
     service = RouterService(sources, page_size=page_size, lora_strict=lora_strict, seed=seed, stale_after_s=stale_after)
     stop = threading.Event()
     try:
-        service.start()
-        bound = service.serve_http(host, port)
+        try:
+            service.start()
+            bound = service.serve_http(host, port, HttpLimits(max_connections=max_connections))
+        except ValueError as exc:
+            user_error(str(exc))
         sys.stderr.write(
             f"kvevents route: {len(sources)} publisher(s); http://{bound[0]}:{bound[1]} "
-            "(POST /score, GET /workers, GET /metrics); Ctrl-C to stop\n"
+            "(POST /score, GET /workers, GET /metrics, GET /openapi.json); Ctrl-C to stop\n"
         )
         sys.stderr.flush()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
         while not stop.wait(0.5):
-            pass
+            for name, stale in service.stale_changes():
+                if stale:
+                    sys.stderr.write(f"kvevents route: {name}: nothing heard for {stale_after:g} s (stale; /score says so)\n")
+                else:
+                    sys.stderr.write(f"kvevents route: {name}: heard again (no longer stale)\n")
+                sys.stderr.flush()
     finally:
         service.stop()
 
