@@ -119,3 +119,10 @@ def test_cli_usage_errors(args: list[str]) -> None:
     proc = kve(*args)
     assert_user_error(proc, 2)
 
+
+
+def test_unresponsive_adapter_is_given_up_after_a_few_cases(tmp_path: Path) -> None:
+    code = "import sys, time\nfor line in sys.stdin:\n    time.sleep(30)\n"
+    report = run_adapter(write(tmp_path, "silent.py", code), CASES, timeout=0.1)
+    assert report.figures["seconds"] < 5
+    assert any("not run: adapter gave no answer to 3 cases in a row" in ex for ex in report.result("hash-property").examples)

@@ -171,7 +171,8 @@ class _Adapter:
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.stderr_tail: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
-        threading.Thread(target=self._read_err, daemon=True).start()
+        self._err_reader = threading.Thread(target=self._read_err, daemon=True)
+        self._err_reader.start()
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -183,6 +184,10 @@ class _Adapter:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
             self.stderr_tail = (self.stderr_tail + [line.rstrip()])[-5:]
+
+    def stderr_done(self, timeout: float) -> None:
+        """Wait until the exited adapter's stderr is read to its end (its last lines name the crash)."""
+        self._err_reader.join(timeout)
 
     def send(self, obj: dict[str, Any]) -> bool:
         try:
@@ -232,8 +237,12 @@ class _Adapter:
             self.proc.wait(1.0)
 
 
+MAX_SILENT = 3  # consecutive unanswered cases before the adapter is given up on
+
+
 def _iter_results(adapter: _Adapter, cases: list[HashCase], timeout: float) -> Iterator[tuple[HashCase, str | None]]:
     dead: str | None = None
+    silent = 0
     for case in cases:
         if dead is not None:
             yield case, f"not run: {dead}"
@@ -244,6 +253,9 @@ def _iter_results(adapter: _Adapter, cases: list[HashCase], timeout: float) -> I
             yield case, dead
             continue
         kind, value = adapter.receive(case.id, timeout)
+        silent = silent + 1 if kind == "timeout" else 0
+        if silent >= MAX_SILENT:
+            dead = f"adapter gave no answer to {MAX_SILENT} cases in a row"
         if kind == "ok":
             yield case, check_answer(case, value)
         elif kind == "timeout":
@@ -256,7 +268,7 @@ def _iter_results(adapter: _Adapter, cases: list[HashCase], timeout: float) -> I
 
 
 def _tail(adapter: _Adapter) -> str:
-    time.sleep(0.05)  # let the stderr reader catch the last lines of a crash
+    adapter.stderr_done(1.0)
     tail = " | ".join(adapter.stderr_tail[-2:])
     return f"; stderr: {tail[:200]}" if tail else ""
 
