@@ -350,12 +350,9 @@ class Bridge:
                 if self._stop.is_set():
                     raise asyncio.CancelledError
                 failures += 1
-                if ok == len(futs) and futs:  # nothing failed that we saw: the send itself raised
-                    pass
-                else:
-                    bad = next((f for f in futs[ok:] if f.done() and not f.cancelled() and f.exception()), None)
-                    if bad is not None:
-                        self._note_publish_failure(what, bad.exception(), failures)  # type: ignore[arg-type]
+                bad = next((f for f in futs[ok:] if f.done() and not f.cancelled() and f.exception()), None)
+                if bad is not None:  # an error answer (a send that raised was noted above)
+                    self._note_publish_failure(what, bad.exception(), failures)  # type: ignore[arg-type]
                 self._counters["publish_retries"] += 1
                 await asyncio.sleep(delay)
                 delay = min(2.0, delay * 2)
