@@ -13,14 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
-from kvevents.conformance import shape
+from kvevents.conformance import probes, shape
 from kvevents.conformance.profiles import NotCheckable, Profile
 from kvevents.conformance.report import Report, RuleResult, Status
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from kvevents.hashing import Namespace, storage_hashes, to_int64
-from kvevents.transport.wire import SNAPSHOT_SEQ, unpack_seq
+from kvevents.transport.wire import unpack_seq
 
 __all__ = ["RULES", "StreamChecker"]
 
@@ -82,7 +80,7 @@ class StreamChecker:
         self._gap_reported: int | None = None
         self._copies: dict[int, int] = {}  # live copies per hash, over all media
         self._media: set[Any] = set()
-        self._snapshot: Counter[tuple[Any, int]] = Counter()
+        self.snapshot_copies: Counter[tuple[Any, int]] = Counter()  # the last KVE/SNAPSHOT
         self.listeners: list[Callable[[int, KVEventBatch], None]] = []  # called with each applied batch
 
     # ------------------------------------------------------------------ live
@@ -318,85 +316,17 @@ class StreamChecker:
             return " (it is the storage hash of extra_key=lora_name: extra_key must not seed published hashes)"
         return ""
 
-    # ------------------------------------------------------------------ describe / snapshot
+    # ------------------------------------------------------------------ describe / snapshot (probes.py)
     def on_describe(self, reply: list[bytes] | None) -> None:
-        t = self.t["describe"]
-        if reply is None or shape.is_end_marker(reply):
-            t.offered = False
-            t.note = "no reply" if reply is None else "answered as a replay (end marker)"
-            return
-        if len(reply) != 2 or reply[0] != b"":
-            return t.fail(f"reply has {len(reply)} frames, want ['', map]")
-        try:
-            info = msgspec.msgpack.decode(reply[1])
-        except msgspec.DecodeError as exc:
-            return t.fail(f"reply is not msgpack: {exc}")
-        if not isinstance(info, dict):
-            return t.fail(f"reply is a {type(info).__name__}, want a map")
-        checks = [
-            ("page_size", self.page_size, info.get("page_size")),
-            ("topic", None if self.topic is None else self.topic.decode("utf-8", "replace"), info.get("topic")),
-            ("dp_rank", self.rank, info.get("dp_rank")),
-            ("hash_scheme", self.profile.hash_scheme, info.get("hash_scheme")),
-        ]
-        for key, want, got in checks:
-            if want is not None and got != want:
-                t.fail(f"{key} is {got!r}, the stream says {want!r}")
-            else:
-                t.ok()
-        newest = info.get("newest_seq")
-        if self.last_live is not None and (not isinstance(newest, int) or newest < self.last_live):
-            t.fail(f"newest_seq {newest!r} is older than seq {self.last_live} already seen live")
+        probes.judge_describe(self, reply)
 
     def on_snapshot(self, replies: list[list[bytes]] | None, ended: bool) -> int | None:
         """Shape-check a snapshot reply; returns S (the seq it reflects) to compare at, or None."""
-        t = self.t["snapshot"]
-        if not replies or (len(replies) == 1 and shape.is_end_marker(replies[0]) and len(replies[0][3]) != 8):
-            t.offered = False
-            t.note = "no reply" if not replies else "answered as a replay (end marker only)"
-            return None
-        if not ended:
-            t.fail(f"no end marker after {len(replies)} snapshot batches")
-            return None
-        end = replies[-1]
-        if len(end[3]) != 8:
-            t.fail(f"end marker payload of {len(end[3])} bytes, want the 8-byte seq S")
-            return None
-        snap: Counter[tuple[Any, int]] = Counter()
-        for i, fr in enumerate(replies[:-1]):
-            if len(fr) != 4 or fr[0] != b"" or fr[2] != SNAPSHOT_SEQ:
-                t.fail(f"batch {i}: want ['', topic, ff*7 fe, payload]")
-                return None
-            problem = shape.batch_problem(fr[3], allow_epoch=self.allow_epoch)
-            if problem:
-                t.fail(f"batch {i}: {problem}")
-                return None
-            batch = shape.decode(fr[3])
-            assert batch is not None
-            if i == 0 and (not batch.events or not isinstance(batch.events[0], AllBlocksCleared)):
-                t.fail("the first snapshot batch does not start with AllBlocksCleared")
-            for ev in batch.events:
-                if isinstance(ev, BlockStored):
-                    for h in ev.block_hashes:
-                        snap[(ev.medium, h)] += 1
-        t.ok()
-        self._snapshot = snap
-        return unpack_seq(end[3])
+        return probes.judge_snapshot(self, replies, ended)
 
     def compare_snapshot(self, s: int) -> None:
         """After applying every batch <= S: the snapshot's blocks must equal the live ones."""
-        t = self.t["snapshot"]
-        if self.expected is None or self.expected <= s or not self.complete:
-            t.unknown += 1
-            t.note = "live state at S unknown (batches before the window or a gap)"
-            return
-        snap = self._snapshot
-        live = Counter(self.live)
-        if snap != live:
-            extra, lost = snap - live, live - snap
-            return t.fail(f"at seq {s}: {sum(extra.values())} copies not live, {sum(lost.values())} live copies missing "
-                          f"(e.g. {next(iter(extra or lost))})")
-        t.ok()
+        probes.compare_snapshot(self, s)
 
     # ------------------------------------------------------------------ verdicts
     def report(self) -> Report:

@@ -1,0 +1,101 @@
+"""The ROUTER extensions judged: KVE/DESCRIBE and KVE/SNAPSHOT (not offered when unanswered).
+
+Functions over a `rules.StreamChecker`'s public state; the observer calls them at the end.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from kvevents.conformance import shape
+from kvevents.events import AllBlocksCleared, BlockStored
+from kvevents.transport.wire import SNAPSHOT_SEQ, unpack_seq
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kvevents.conformance.rules import StreamChecker
+
+__all__ = ["compare_snapshot", "judge_describe", "judge_snapshot"]
+
+
+def judge_describe(c: StreamChecker, reply: list[bytes] | None) -> None:
+    """KVE/DESCRIBE: one map agreeing with the stream; no reply or an empty replay means not offered."""
+    t = c.t["describe"]
+    if reply is None or shape.is_end_marker(reply):
+        t.offered = False
+        t.note = "no reply" if reply is None else "answered as a replay (end marker)"
+        return
+    if len(reply) != 2 or reply[0] != b"":
+        return t.fail(f"reply has {len(reply)} frames, want ['', map]")
+    try:
+        info = msgspec.msgpack.decode(reply[1])
+    except msgspec.DecodeError as exc:
+        return t.fail(f"reply is not msgpack: {exc}")
+    if not isinstance(info, dict):
+        return t.fail(f"reply is a {type(info).__name__}, want a map")
+    checks = [
+        ("page_size", c.page_size, info.get("page_size")),
+        ("topic", None if c.topic is None else c.topic.decode("utf-8", "replace"), info.get("topic")),
+        ("dp_rank", c.rank, info.get("dp_rank")),
+        ("hash_scheme", c.profile.hash_scheme, info.get("hash_scheme")),
+    ]
+    for key, want, got in checks:
+        if want is not None and got != want:
+            t.fail(f"{key} is {got!r}, the stream says {want!r}")
+        else:
+            t.ok()
+    newest = info.get("newest_seq")
+    if c.last_live is not None and (not isinstance(newest, int) or newest < c.last_live):
+        t.fail(f"newest_seq {newest!r} is older than seq {c.last_live} already seen live")
+
+def judge_snapshot(c: StreamChecker, replies: list[list[bytes]] | None, ended: bool) -> int | None:
+    """Shape-check a snapshot reply; returns S (the seq it reflects) to compare at, or None."""
+    t = c.t["snapshot"]
+    if not replies or (len(replies) == 1 and shape.is_end_marker(replies[0]) and len(replies[0][3]) != 8):
+        t.offered = False
+        t.note = "no reply" if not replies else "answered as a replay (end marker only)"
+        return None
+    if not ended:
+        t.fail(f"no end marker after {len(replies)} snapshot batches")
+        return None
+    end = replies[-1]
+    if len(end[3]) != 8:
+        t.fail(f"end marker payload of {len(end[3])} bytes, want the 8-byte seq S")
+        return None
+    snap: Counter[tuple[Any, int]] = Counter()
+    for i, fr in enumerate(replies[:-1]):
+        if len(fr) != 4 or fr[0] != b"" or fr[2] != SNAPSHOT_SEQ:
+            t.fail(f"batch {i}: want ['', topic, ff*7 fe, payload]")
+            return None
+        problem = shape.batch_problem(fr[3], allow_epoch=c.allow_epoch)
+        if problem:
+            t.fail(f"batch {i}: {problem}")
+            return None
+        batch = shape.decode(fr[3])
+        assert batch is not None
+        if i == 0 and (not batch.events or not isinstance(batch.events[0], AllBlocksCleared)):
+            t.fail("the first snapshot batch does not start with AllBlocksCleared")
+        for ev in batch.events:
+            if isinstance(ev, BlockStored):
+                for h in ev.block_hashes:
+                    snap[(ev.medium, h)] += 1
+    t.ok()
+    c.snapshot_copies = snap
+    return unpack_seq(end[3])
+
+def compare_snapshot(c: StreamChecker, s: int) -> None:
+    """After applying every batch <= S: the snapshot's blocks must equal the live ones."""
+    t = c.t["snapshot"]
+    if c.expected is None or c.expected <= s or not c.complete:
+        t.unknown += 1
+        t.note = "live state at S unknown (batches before the window or a gap)"
+        return
+    snap = c.snapshot_copies
+    live = Counter(c.live)
+    if snap != live:
+        extra, lost = snap - live, live - snap
+        return t.fail(f"at seq {s}: {sum(extra.values())} copies not live, {sum(lost.values())} live copies missing "
+                      f"(e.g. {next(iter(extra or lost))})")
+    t.ok()
