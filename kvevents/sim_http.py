@@ -18,7 +18,7 @@ from typing import Any
 from kvevents.hashing import Namespace
 from kvevents.sim import Request
 
-__all__ = ["BASE_MODEL", "CompletionsServer", "parse_http_address", "serve_and_publish"]
+__all__ = ["BASE_MODEL", "CompletionsServer", "parse_http_address", "serve_and_publish", "serve_http"]
 
 BASE_MODEL = "kvevents-sim"
 MAX_BODY = 8 << 20
@@ -170,3 +170,12 @@ class CompletionsServer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def serve_http(address: str, worker: Any, publisher: Any, lock: threading.Lock) -> CompletionsServer:
+    """`kvevents serve --http`: the endpoint in front of one worker; the caller's serving loop holds
+    `lock` around each of its own steps. ValueError (one line) for a bad or busy address."""
+    try:
+        return CompletionsServer(address, lambda req: serve_and_publish(worker, publisher, req), lock=lock)
+    except OSError as exc:
+        raise ValueError(f"--http {address}: {exc}") from None

@@ -84,3 +84,27 @@ def test_opt_in_epoch_fails_batch_shape_unless_allowed(served: tuple[str, str]) 
     tolerant = kve("conformance", "stream", live, "--replay", replay, "--page-size", "4", "--duration", "0.5",
                    "--allow-epoch")
     assert tolerant.returncode == 0, tolerant.stdout + tolerant.stderr
+
+
+_HAS_HTTP_FLAG = "--http" in kve("serve", "--help").stdout
+
+
+@pytest.mark.skipif(not _HAS_HTTP_FLAG, reason="kvevents serve has no --http")
+def test_drive_against_kvevents_serve_http() -> None:
+    proc = _serve("--http", "127.0.0.1:0", "--rate", "20")
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(2)]
+        live, replay = BANNER.search(" ".join(lines)).groups()  # type: ignore[union-attr]
+        m = re.search(r"http (http://\S+)/v1/completions", " ".join(lines))
+        assert m, lines
+        out = kve("conformance", "drive", "--http", m.group(1), "--endpoint", live, "--replay", replay,
+                  "--page-size", "4", "--json")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)
+    statuses = {r["rule"]: r["status"] for r in report["rules"]}
+    for rule in ("drive-events", "adapters-same-hash", "salts-differ", "hashes-profile", "hash-recompute", "batch-shape"):
+        assert statuses[rule] == "pass", out.stdout
