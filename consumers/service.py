@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from kvevents.subscriber import Delivery, Reset, Source, SourceStatus, Subscriber, parse_source
 
 from consumers.indexer import BlockIndex, worker_label
+from consumers.keying import SourceKeyer
 from consumers.metrics import ServiceMetrics
 from consumers.router import PrefixRouter, WorkerScore
 
@@ -109,11 +110,15 @@ class RouterService:
         medium_weights: Mapping[str, float] | None = None,
         seed: int | None = None,
         stale_after_s: float = 5.0,
+        key_modes: Mapping[str, str] | None = None,
+        default_key_mode: str = "contract",
         **subscriber_options: Any,
     ) -> None:
         if (sources is None) == (feed is None):
             raise ValueError("RouterService: give either sources or feed")
         self.index = BlockIndex()
+        # per-source keying (consumers.keying): contract, tokens (any engine's hashes) or auto-detected
+        self.keyer = SourceKeyer(page_size, default_mode=default_key_mode, modes=key_modes)
         self.router = PrefixRouter(self.index, page_size, medium_weights=medium_weights, lora_strict=lora_strict, seed=seed)
         self.lock = threading.Lock()
         self.subscriber: Subscriber | None = None
@@ -148,7 +153,7 @@ class RouterService:
         batch_rank = d.batch.data_parallel_rank  # the rank BlockIndex files the blocks under
         label_rank = batch_rank if isinstance(batch_rank, int) and batch_rank >= 0 else 0
         with self.lock:
-            self.index.apply(d.source, d.batch)
+            self.keyer.apply(self.index, d.source, d.batch, d.payload or None)
             self._names.setdefault(worker_label(d.source, label_rank), (d.source, label_rank))
             st = self._state.get(d.source)
             if st is None:
@@ -166,6 +171,7 @@ class RouterService:
         rank = r.dp_rank if isinstance(r.dp_rank, int) and r.dp_rank >= 0 else 0  # as BlockIndex.apply
         with self.lock:
             self.index.drop_source(r.source, rank)
+            self.keyer.reset(r.source, rank)
             self._resets[(r.source, r.reason)] += 1
             st = self._state.get(r.source)
             if st is not None:
@@ -387,6 +393,7 @@ class RouterService:
                 "resets": dict(reasons),
                 "index": dict(self.index.counters),
                 "copies": len(self.index),
+                "keying": self.keyer.stats(),
             }
 
     # ---------------------------------------------------------------- HTTP

@@ -132,3 +132,25 @@ def test_demo_tables_exit_0():
                    "prefix router (served)", "round-robin (shadow cluster)", "router_index_equals_worker_caches", "PASS"):
         assert needle in proc.stdout
     assert "FAIL" not in proc.stdout
+
+
+def test_demo_mixed_fleet_routes_vllm_workers_like_contract_workers():
+    """The default fleet: 2 contract + 2 vLLM 0.33 workers, one router keying each source right."""
+    proc = run("demo", "--duration", "2", "--json", "--seed", "3")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["fleet"] == "mixed" and sorted(out["engines"].values()) == ["contract", "contract", "vllm", "vllm"]
+    assert out["checks"]["key_mode_detected_per_source"] and out["checks"]["vllm_prefix_found_as_on_contract_worker"]
+    assert {w: m for w, m in out["key_modes"].items() if out["engines"][w] == "vllm"} == {"vllm-2": "tokens", "vllm-3": "tokens"}
+    probe = out["vllm_probe"]["matched_pages"]
+    assert probe["prefix"] == {"contract": 8, "vllm": 8} and probe["longer"] == {"contract": 8, "vllm": 8}
+    assert out["checks"]["router_index_equals_worker_caches"]  # vLLM workers' caches, keyed by tokens, included
+
+
+def test_demo_contract_fleet_and_a_bad_fleet():
+    proc = run("demo", "--duration", "1", "--workers", "2", "--json", "--fleet", "contract", "--seed", "1")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert set(out["engines"].values()) == {"contract"} and "vllm_prefix_found_as_on_contract_worker" not in out["checks"]
+    bad = run("demo", "--duration", "1", "--fleet", "sglang")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--fleet" in bad.stderr

@@ -101,11 +101,15 @@ def demo_cmd(
     duration: float = typer.Option(15.0, "--duration", help="Seconds of traffic (about)."),
     seed: int = typer.Option(0, "--seed", help="Workload, routing and fault seed."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (figures + checks) instead of tables."),
+    fleet: str = typer.Option(
+        "mixed", "--fleet", help="mixed: half the workers are vLLM 0.33 workers (vLLM's hashes, keyed by tokens); "
+        "contract: every worker emits by the contract."
+    ),
 ) -> None:
     """The main job: simulated workers publish on loopback, a prefix router routes, faults heal, checks run."""
     from kvevents.demo import DemoConfig, DemoProgress, render_result, run_demo
 
-    cfg = DemoConfig(workers=workers, duration=duration, seed=seed)
+    cfg = DemoConfig(workers=workers, duration=duration, seed=seed, fleet=fleet)
     # the demo injects faults on purpose: the transport's warnings about them would only be noise
     logging.getLogger("kvevents").setLevel(logging.ERROR)
     try:

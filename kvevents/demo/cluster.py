@@ -2,20 +2,72 @@
 
 Each policy serves the same request stream on its own cluster of SimWorkers (one shared page
 store per cluster, like a shared L3). That is the honest comparison: a policy's hit rate comes
-from caches its own decisions shaped, not from caches another policy filled.
+from caches its own decisions shaped, not from caches another policy filled. A mixed fleet also
+has vLLM-faithful workers (`VllmClusterWorker`: vLLM 0.33's block pool and hashes, no shared store).
 """
 
 from __future__ import annotations
 
 import random
+import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Sequence, Union
 
 from kvevents.cache import MemoryStore
+from kvevents.hashing import Namespace, event_hashes_int64
 from kvevents.sim import Request, ServeResult, SimWorker
+from kvevents.sim_vllm import VllmSimWorker
 
-__all__ = ["Cluster", "PolicyStats", "BoundedLoad", "random_policy", "round_robin_policy"]
+__all__ = [
+    "Cluster", "PolicyStats", "BoundedLoad", "random_policy", "round_robin_policy", "VllmClusterWorker",
+    "fleet_engines", "FLEETS",
+]
+
+#: `kvevents demo --fleet`: contract (every worker emits by the contract) or mixed (half vLLM).
+FLEETS = ("mixed", "contract")
+
+
+def fleet_engines(fleet: str, n: int) -> list[str]:
+    """Engine per worker: mixed gives the first ceil(n/2) workers the contract, the rest vLLM."""
+    if fleet not in FLEETS:
+        raise ValueError(f"--fleet must be one of {', '.join(FLEETS)}, got {fleet!r}")
+    vllm = n // 2 if fleet == "mixed" else 0
+    return ["contract"] * (n - vllm) + ["vllm"] * vllm
+
+
+class VllmClusterWorker:
+    """A vLLM 0.33-faithful worker with the demo-facing surface of SimWorker (serve, restart, truth)."""
+
+    engine = "vllm"
+
+    def __init__(self, name: str, *, page_size: int, capacity_pages: int, hash_algo: str = "sha256") -> None:
+        self.name = name
+        self.page_size = page_size
+        self.hash_algo = hash_algo
+        self.sim = VllmSimWorker(name, block_size=page_size, capacity_blocks=capacity_pages, hash_algo=hash_algo, dp_rank=0)
+        self.content_errors = 0  # no storage tier: nothing can be served across namespaces
+
+    def serve(self, request: Request) -> ServeResult:
+        res = self.sim.serve_request(request)
+        return ServeResult(res.num_tokens, res.hit_tokens, 0, True)
+
+    def restart(self) -> None:
+        self.sim.reset()
+
+    def take_payload(self) -> bytes | None:
+        """The step's batch, encoded as vLLM 0.33 does (None: nothing happened)."""
+        return self.sim.take_payload(time.time())
+
+    def expected_copies(self) -> Counter[int]:
+        """What a router's index must hold for this worker: the contract key of every cached block."""
+        out: Counter[int] = Counter()
+        for cb in self.sim.cached_blocks():
+            out[event_hashes_int64(cb.prefix, self.page_size, Namespace(cache_salt=cb.cache_salt))[-1]] += 1
+        return out
+
+
+DemoWorker = Union[SimWorker, VllmClusterWorker]
 
 
 @dataclass
@@ -57,13 +109,19 @@ class PolicyStats:
 class Cluster:
     """N SimWorkers sharing one page store; `serve(i, request)` records the policy's figures."""
 
-    def __init__(self, name: str, n: int, *, page_size: int, capacity_pages: int) -> None:
+    def __init__(
+        self, name: str, n: int, *, page_size: int, capacity_pages: int, engines: Sequence[str] | None = None
+    ) -> None:
         self.name = name
         self.store = MemoryStore(capacity_pages=16 * capacity_pages * n)
-        self.workers = [
-            SimWorker(f"worker-{i}", page_size=page_size, capacity_pages=capacity_pages, store=self.store)
-            for i in range(n)
-        ]
+        self.engines = list(engines) if engines is not None else ["contract"] * n
+        self.workers: list[DemoWorker] = []
+        for i, engine in enumerate(self.engines):
+            if engine == "vllm":  # alternate vLLM's two reproducible algos
+                algo = "sha256" if self.engines[:i].count("vllm") % 2 == 0 else "sha256_cbor"
+                self.workers.append(VllmClusterWorker(f"vllm-{i}", page_size=page_size, capacity_pages=capacity_pages, hash_algo=algo))
+            else:
+                self.workers.append(SimWorker(f"worker-{i}", page_size=page_size, capacity_pages=capacity_pages, store=self.store))
         self.stats = PolicyStats()
 
     def serve(self, i: int, request: Request) -> ServeResult:

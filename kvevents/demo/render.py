@@ -46,7 +46,10 @@ class DemoProgress:
 def render_result(result: dict[str, Any], console: Console) -> None:
     """The final tables: transport, policies, contract checks."""
     t = result["transport"]
-    head = Table(title=f"kvevents demo: {result['workers']} workers, {result['requests']} requests in "
+    engines = result.get("engines", {})
+    n_vllm = sum(1 for e in engines.values() if e == "vllm")
+    fleet = f" ({result['workers'] - n_vllm} contract + {n_vllm} vLLM 0.33)" if n_vllm else ""
+    head = Table(title=f"kvevents demo: {result['workers']} workers{fleet}, {result['requests']} requests in "
                  f"{result['duration_s']:.1f}s, seed {result['seed']}")
     head.add_column("transport")
     head.add_column("value", justify="right")
@@ -92,7 +95,15 @@ def render_result(result: dict[str, Any], console: Console) -> None:
         "router_index_equals_worker_caches": "index == union of published_copies()"
         + (f"; differs for {', '.join(c['index_mismatched_workers'])}" if c["index_mismatched_workers"] else ""),
         "injected_faults_observed": f"{t['batches_replayed']} batches replayed, {t['restarts_detected']} restarts seen by the router",
+        "key_mode_detected_per_source": ", ".join(f"{w}: {m}" for w, m in result.get("key_modes", {}).items()),
     }
+    probe = result.get("vllm_probe")
+    if probe:
+        mp = probe["matched_pages"]
+        details["vllm_prefix_found_as_on_contract_worker"] = (
+            f"{probe['pages']}-page salted LoRA prompt: {probe['contract_worker']} {mp['prefix']['contract']} pages, "
+            f"{probe['vllm_worker']} {mp['prefix']['vllm']} (longer request: {mp['longer']['contract']} / {mp['longer']['vllm']})"
+        )
     chk = Table(title="live contract checks")
     chk.add_column("check")
     chk.add_column("result")

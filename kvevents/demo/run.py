@@ -7,6 +7,12 @@ of the run one publisher drops a burst of live frames (replay heals them); aroun
 worker restarts (its publisher is closed and recreated on the same
 ports with a new epoch; every cluster resets that worker). At the end the router must have
 caught up and its index must equal the union of the live workers' caches.
+
+A mixed fleet (`fleet="mixed"`, the default) runs half of the workers as vLLM 0.33 workers
+(VllmClusterWorker: vLLM's hashes and events, published as vLLM encodes them); the router keys
+every source automatically (contract or token-derived keys, consumers.keying) and routes all of
+them. Extra live checks: each source got the right key mode, and a prefix cached on a vLLM
+worker is found exactly as the same prefix cached on a contract worker.
 """
 
 from __future__ import annotations
@@ -17,7 +23,15 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from consumers.service import RouterService
-from kvevents.demo.cluster import BoundedLoad, Cluster, random_policy, round_robin_policy
+from kvevents.demo.cluster import (
+    BoundedLoad,
+    Cluster,
+    DemoWorker,
+    VllmClusterWorker,
+    fleet_engines,
+    random_policy,
+    round_robin_policy,
+)
 from kvevents.events import BlockStored, Event
 from kvevents.hashing import Namespace, event_hashes, to_int64
 from kvevents.publisher import Publisher
@@ -42,6 +56,7 @@ class DemoConfig:
     drop_burst: int = 20
     heartbeat_s: float = 0.2
     settle_timeout_s: float = 15.0
+    fleet: str = "mixed"
 
     def validate(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 1 <= self.workers <= 64:
@@ -50,6 +65,7 @@ class DemoConfig:
             raise ValueError(f"--duration must be > 0 seconds, got {self.duration!r}")
         if self.page_size < 1 or self.capacity_pages < 1 or self.drop_burst < 0:
             raise ValueError("page_size and capacity_pages must be >= 1, drop_burst >= 0")
+        fleet_engines(self.fleet, self.workers)
 
 
 def check_stored_hashes(request: Request, events: list[Event], page_size: int) -> tuple[int, int]:
@@ -75,15 +91,37 @@ def check_stored_hashes(request: Request, events: list[Event], page_size: int) -
     return len(stored), bad
 
 
-def _publisher(cfg: DemoConfig, endpoint: str = LOOPBACK, replay: str = LOOPBACK) -> Publisher:
-    return Publisher(endpoint=endpoint, replay_endpoint=replay, bind=True, heartbeat_interval_s=cfg.heartbeat_s)
+def _publisher(cfg: DemoConfig, endpoint: str = LOOPBACK, replay: str = LOOPBACK, *, vllm: bool = False) -> Publisher:
+    # a vLLM worker has replay but no snapshots (vLLM's feature set): its payloads go out as encoded
+    return Publisher(endpoint=endpoint, replay_endpoint=replay, bind=True, heartbeat_interval_s=cfg.heartbeat_s,
+                     snapshots=not vllm)
 
 
-def _recreate(cfg: DemoConfig, old: Publisher) -> Publisher:
+def _recreate(cfg: DemoConfig, old: Publisher, *, vllm: bool = False) -> Publisher:
     """Close a publisher and bind a new one (new epoch, seq from 0) on the same two ports."""
     endpoint, replay = old.endpoint, old.replay_endpoint
     old.close(timeout=0.2)  # close() releases the ports before it returns
-    return _publisher(cfg, endpoint, replay or LOOPBACK)
+    return _publisher(cfg, endpoint, replay or LOOPBACK, vllm=vllm)
+
+
+def _publish_step(pub: Publisher, worker: DemoWorker) -> list[Event]:
+    """Publish what the worker queued (vLLM: its own payload, as encoded); returns contract events."""
+    if isinstance(worker, VllmClusterWorker):
+        payload = worker.take_payload()
+        if payload is not None:
+            pub.publish_payload(payload)
+        return []
+    events = worker.take_events()
+    if events:
+        pub.publish(events)
+    return events
+
+
+def _truth(worker: DemoWorker) -> Any:
+    """The copies a router's index must hold for this worker (contract keys)."""
+    if isinstance(worker, VllmClusterWorker):
+        return worker.expected_copies()
+    return worker.cache.published_copies()
 
 
 def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str, Any]:
@@ -91,23 +129,27 @@ def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str
     cfg.validate()
     n = cfg.workers
     rng = random.Random(cfg.seed)
-    live = Cluster("prefix", n, page_size=cfg.page_size, capacity_pages=cfg.capacity_pages)
+    engines = fleet_engines(cfg.fleet, n)
+    kw: dict[str, Any] = {"page_size": cfg.page_size, "capacity_pages": cfg.capacity_pages, "engines": engines}
+    live = Cluster("prefix", n, **kw)
     shadows = {
-        "random": (Cluster("random", n, page_size=cfg.page_size, capacity_pages=cfg.capacity_pages), random_policy(n, cfg.seed + 1)),
-        "round_robin": (Cluster("round_robin", n, page_size=cfg.page_size, capacity_pages=cfg.capacity_pages), round_robin_policy(n)),
+        "random": (Cluster("random", n, **kw), random_policy(n, cfg.seed + 1)),
+        "round_robin": (Cluster("round_robin", n, **kw), round_robin_policy(n)),
     }
     names = [w.name for w in live.workers]
     pubs: list[Publisher] = []
     service: RouterService | None = None
     retired: list[dict[str, int]] = []
     try:
-        for _ in range(n):
-            pubs.append(_publisher(cfg))
+        for engine in engines:
+            pubs.append(_publisher(cfg, vllm=engine == "vllm"))
         sources = [Source(p.endpoint, p.replay_endpoint, name) for p, name in zip(pubs, names)]
-        service = RouterService(sources, page_size=cfg.page_size, seed=cfg.seed, stale_after_s=max(2.0, 10 * cfg.heartbeat_s))
+        service = RouterService(sources, page_size=cfg.page_size, seed=cfg.seed, stale_after_s=max(2.0, 10 * cfg.heartbeat_s),
+                                default_key_mode="auto")
         service.start()
-        for w, p in zip(live.workers, pubs):  # the construction-time AllBlocksCleared
-            p.publish(w.take_events())
+        for w, p in zip(live.workers, pubs):  # the construction-time AllBlocksCleared (vLLM: nothing)
+            if not _publish_step(p, w):
+                p.publish([])
         # Faults only test something once the router follows every stream (a restart it never
         # saw the old epoch of is just a first contact), so the clock starts after the join.
         _wait_applied(service, names, pubs, cfg.settle_timeout_s, nudge=True)
@@ -115,6 +157,8 @@ def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str
         drop_at, restart_at = 0.4 * cfg.duration, 0.6 * cfg.duration
         drop_victim = rng.randrange(n)
         restart_victim = (drop_victim + 1) % n if n > 1 else 0
+        while engines[restart_victim] == "vllm":  # vLLM has no snapshots: the restart hits a contract worker
+            restart_victim = (restart_victim + 1) % n
         faults: dict[str, Any] = {"dropped_live": 0, "drop_worker": None, "restart_worker": None}
         drop_mark = 0
         hash_checked = hash_bad = hash_checked_extra = 0
@@ -142,14 +186,12 @@ def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str
             balance.record(names[pick])
             routed_to_best += 1 if ranked and ranked[0].worker == names[pick] else 0
             live.serve(pick, req)
-            events = live.workers[pick].take_events()
+            events = _publish_step(pubs[pick], live.workers[pick])
             checked, bad = check_stored_hashes(req, events, cfg.page_size)
             hash_checked += checked
             hash_bad += bad
             if checked and req.namespace.extra_key is not None:
                 hash_checked_extra += checked
-            if events:
-                pubs[pick].publish(events)
             for cluster, policy in shadows.values():
                 cluster.serve(policy(req), req)
             if on_progress is not None and elapsed - last_progress >= 0.2:
@@ -158,9 +200,11 @@ def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str
         run_s = time.monotonic() - start
         if faults["drop_worker"] is not None and not (restart_victim == drop_victim and faults["restart_worker"]):
             _flush_drops(pubs[drop_victim], cfg.drop_burst, drop_mark)
+        probe = probe_vllm_prefix(cfg, service, live, pubs, names, rng) if "vllm" in engines else None
         settled, settle_s, mismatched = _settle(cfg, service, live, pubs, names)
-        sub = service.subscriber.counters()
+        sub = dict(service.feed.counters())
         svc = service.stats()
+        key_modes = {name: service.keyer.mode(name) for name in names}
     finally:
         if service is not None:
             service.stop()
@@ -191,8 +235,16 @@ def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str
         "router_index_equals_worker_caches": settled,
         "injected_faults_observed": transport["batches_replayed"] >= 1 and transport["restarts_detected"] >= 1,
     }
+    if probe is not None:
+        checks["key_mode_detected_per_source"] = all(
+            key_modes[name] == ("tokens" if e == "vllm" else "contract") for name, e in zip(names, engines))
+        checks["vllm_prefix_found_as_on_contract_worker"] = probe["ok"]
     return {
         "workers": n,
+        "fleet": cfg.fleet,
+        "engines": dict(zip(names, engines)),
+        "key_modes": key_modes,
+        "vllm_probe": probe,
         "duration_s": round(run_s, 3),
         "seed": cfg.seed,
         "requests": live.stats.requests,
@@ -260,11 +312,11 @@ def _wait_applied(
 def _restart(cfg: DemoConfig, live: Cluster, shadows: dict, pub: Publisher, i: int, retired: list) -> Publisher:
     """A worker crash: every cluster resets worker i; the live one restarts its publisher too."""
     retired.append(pub.stats())
-    new = _recreate(cfg, pub)
+    new = _recreate(cfg, pub, vllm=isinstance(live.workers[i], VllmClusterWorker))
     live.restart(i)
     for cluster, _ in shadows.values():
         cluster.restart(i)
-    new.publish(live.workers[i].take_events())  # AllBlocksCleared from the fresh engine
+    _publish_step(new, live.workers[i])  # AllBlocksCleared from the fresh engine
     return new
 
 
@@ -273,7 +325,7 @@ def _settle(
 ) -> tuple[bool, float, list[str]]:
     """Wait until the router applied every published seq and its index equals the caches."""
     start = time.monotonic()
-    truth = {name: w.cache.published_copies() for name, w in zip(names, live.workers)}
+    truth = {name: _truth(w) for name, w in zip(names, live.workers)}
     mismatched = list(names)
     while True:
         targets = [p.stats()["next_seq"] - 1 for p in pubs]
@@ -296,3 +348,26 @@ def _progress_figures(live: Cluster, shadows: dict, service: RouterService) -> d
     out["events_applied"] = service.events_applied
     return out
 
+
+
+def probe_vllm_prefix(
+    cfg: DemoConfig, service: RouterService, live: Cluster, pubs: list[Publisher], names: list[str], rng: random.Random
+) -> dict[str, Any]:
+    """One fresh salted LoRA prompt cached on a contract worker and on a vLLM worker: the router must
+    credit both with every page, and a longer request with the same prefix pages on both."""
+    ci = next(i for i, w in enumerate(live.workers) if not isinstance(w, VllmClusterWorker))
+    vi = next(i for i, w in enumerate(live.workers) if isinstance(w, VllmClusterWorker))
+    pages = 8
+    tokens = [rng.randrange(100_000, 200_000) for _ in range(pages * cfg.page_size)]
+    req = Request(tokens, Namespace("lora-probe", "tenant-probe"), "lora-probe")
+    for i in (ci, vi):
+        live.workers[i].serve(req)
+        _publish_step(pubs[i], live.workers[i])
+    applied = _wait_applied(service, [names[ci], names[vi]], [pubs[ci], pubs[vi]], cfg.settle_timeout_s)
+    longer = tokens + [rng.randrange(100_000, 200_000) for _ in range(3 * cfg.page_size)]
+    found: dict[str, dict[str, int]] = {}
+    for label, toks in (("prefix", tokens), ("longer", longer)):
+        got = {s.worker: s.matched_pages for s in service.score(toks, "tenant-probe", "lora-probe")}
+        found[label] = {"contract": got.get(names[ci], 0), "vllm": got.get(names[vi], 0)}
+    ok = applied and all(f["contract"] == f["vllm"] == pages for f in found.values())
+    return {"contract_worker": names[ci], "vllm_worker": names[vi], "pages": pages, "matched_pages": found, "ok": ok}
