@@ -26,7 +26,7 @@ __all__ = [
 
 # stats() key -> (metric name, help, kind)
 PUBLISHER_METRICS: dict[str, tuple[str, str, str]] = {
-    "batches_published": ("kvevents_publisher_batches_total", "Batches published (seq consumed), heartbeats included", "counter"),
+    "batches_published": ("kvevents_publisher_batches_total", "Batches published (seq consumed), heartbeats included; ZeroMQ's own PUB HWM drops are not seen here (subscribers see a gap, replay heals it)", "counter"),
     "events_published": ("kvevents_publisher_events_total", "Events published", "counter"),
     "heartbeats": ("kvevents_publisher_heartbeats_total", "Empty heartbeat batches published", "counter"),
     "dropped_queue_full": ("kvevents_publisher_dropped_total", "Batches dropped (queue full): unrecoverable gaps", "counter"),

@@ -22,10 +22,11 @@ def _kv(*args: str) -> list[str]:
     return [sys.executable, "-m", "kvevents", *args]
 
 
-def _start_recorder(out: Path, endpoint: str, replay: str, count: int, name: str = "w0") -> subprocess.Popen:
+def _start_recorder(out: Path, endpoint: str, replay: str, count: int, name: str = "w0",
+                    start: str = "oldest") -> subprocess.Popen:
     p = subprocess.Popen(
         _kv("record", "--publisher", f"{name}={endpoint},{replay}", "-o", str(out), "--count", str(count),
-            "--duration", "15"),
+            "--duration", "15", "--from", start),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     assert p.stdout is not None
@@ -107,14 +108,14 @@ def test_replay_seq_range_and_speed(tmp_path: Path) -> None:
     src = tmp_path / "s.kvlog"
     with RecordWriter(src) as w:
         for i in range(20):
-            w.write(payload([], ts=float(i)), source="w", seq=i, recv_time=100.0 + i * 0.01)
+            w.write(payload([], ts=float(i), epoch=None), source="w", seq=i, recv_time=100.0 + i * 0.01)
     out = tmp_path / "o.kvlog"
     rp, live, rep = _start_replay(str(src), "--speed", "1", "--from-seq", "4", "--to-seq", "9", "--delay", "0.8",
                                   "--linger", "1.5", "--heartbeat", "1")
     rec = _start_recorder(out, live, rep, 6)
     _finish(rp)
     _finish(rec)
-    assert [x.payload for x in read_records(out)] == [payload([], ts=float(i)) for i in range(4, 10)]
+    assert [x.payload for x in read_records(out)] == [payload([], ts=float(i), epoch=None) for i in range(4, 10)]
 
 
 def test_replay_into_index(tmp_path: Path) -> None:
@@ -211,7 +212,7 @@ def test_replay_loop_until_interrupted(tmp_path: Path) -> None:
     from test_recordlog_helpers import payload
 
     src = tmp_path / "l.kvlog"
-    pays = [payload([], ts=float(i)) for i in range(5)]
+    pays = [payload([], ts=float(i), epoch=None) for i in range(5)]
     with RecordWriter(src) as w:
         for i, x in enumerate(pays):
             w.write(x, source="w", seq=i, recv_time=float(i) * 0.01)

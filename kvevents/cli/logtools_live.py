@@ -16,11 +16,14 @@ from typing import Any, List, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from kvevents.cli.app import app, user_error
+from kvevents.cli.app import CheckFailed, app, user_error
 from kvevents.cli.logtools_common import err_console, out_console, warn, warn_damage
 from kvevents.errors import DecodeError
 from kvevents.events import decode_batch
-from kvevents.recordlog import Recorder, RecordWriter, apply_log, paced, parse_speed, select_records
+from kvevents.recordlog import START_MODES, Recorder, RecordWriter, apply_log, paced, parse_speed, select_records
+
+SNAPSHOT_TIMEOUT_S = 2.0  # a publisher with snapshots=False never answers KVE/SNAPSHOT
+SILENCE_HINT_S = 3.0  # nothing received for this long: print what to check
 
 
 @app.command("record")
@@ -33,14 +36,20 @@ def record_cmd(
     append: bool = typer.Option(False, "--append", help="Append to an existing log (a torn tail is cut first)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
     fsync: bool = typer.Option(False, "--fsync", help="fsync every record (survives power loss; slower)."),
+    start: str = typer.Option("snapshot", "--from", help="Where the log starts. snapshot (default): a reset "
+                              "marker and the publisher's KVE/SNAPSHOT, then the batches after it (a publisher "
+                              "without a replay endpoint or without snapshots: as oldest); oldest: the "
+                              "publisher's kept history first; now: nothing before the first live batch."),
 ) -> None:
     """Capture live batches, with the subscriber's gap repair, into a record log.
 
     Replayed batches are written in seq order; a resync is written as a reset marker followed by
-    the snapshot batches. Stops at --count, --duration or Ctrl-C.
+    the snapshot batches. Stops at --count, --duration or Ctrl-C; exit 1 if nothing was received.
     """
     from kvevents.subscriber import Reset, Subscriber, parse_source
 
+    if start not in START_MODES:
+        user_error(f"--from must be one of {', '.join(START_MODES)}, got {start!r}")
     if count is not None and count < 1:
         user_error(f"--count must be >= 1, got {count}")
     if duration is not None and duration <= 0:
@@ -51,16 +60,21 @@ def record_cmd(
         user_error(f"--publisher names must be unique, got {names}")
     _check_overwrite(output, append or force)
     writer = RecordWriter(output, append=append, durability="fsync" if fsync else "flush", on_damage=warn_damage)
-    rec = Recorder(writer, count=count)
+    rec = Recorder(writer, count=count, start=start)  # type: ignore[arg-type]
     sub = Subscriber(sources, topic=topic, on_delivery=rec.on_delivery, on_reset=rec.on_reset)
-    t0 = time.monotonic()
-    deadline = None if duration is None else t0 + duration
     econ = err_console()
     interrupted = False
     _log_to_stderr()
+    for s in sources:
+        _say(f"connecting to {s.name} at {s.endpoint}" + (f" (replay {s.replay_endpoint})" if s.replay_endpoint else ""))
+    t0 = time.monotonic()
     try:
         for item in sub.poll(0):  # opens the sockets here: a bad endpoint is one error line, exit 2
             (rec.on_reset if isinstance(item, Reset) else rec.on_delivery)(item)
+        if start == "snapshot":
+            _begin_with_snapshots(rec, sources)
+        t0 = time.monotonic()  # the recording window starts once the snapshots are in
+        deadline = None if duration is None else t0 + duration
         sub.start()
         out_console().print(f"recording {len(sources)} source(s) -> {output}"
                             + (f" until {count} batches" if count else "")
@@ -69,12 +83,19 @@ def record_cmd(
         with Progress(TextColumn("recording"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=econ, disable=not econ.is_terminal, transient=True) as prog:
             task = prog.add_task("record", total=count)
+            hinted = skip_told = False
             while not rec.done.is_set():
                 wait = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
                 if wait <= 0:
                     break
                 rec.done.wait(wait)
                 prog.update(task, completed=rec.batches)
+                if not hinted and _nothing_received(rec) and time.monotonic() - t0 >= SILENCE_HINT_S:
+                    hinted = True
+                    warn(f"nothing received after {SILENCE_HINT_S:g}s; {_silence_hint(sources, topic)}")
+                if rec.skipped and not skip_told:
+                    skip_told = True
+                    warn(f"a message could not be recorded and was skipped ({rec.skip_reason}); recording goes on")
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -85,18 +106,63 @@ def record_cmd(
         raise rec.error  # one line, exit 2 (the log keeps what was written before)
     counters = sub.counters()
     elapsed = time.monotonic() - t0
+    size = os.path.getsize(output)  # the whole file, header included: what `log inspect` reports
     out_console().print(
-        f"recorded {rec.batches} batches and {rec.resets} resets from {len(sources)} source(s) in {elapsed:.2f}s "
-        f"-> {output} ({writer.bytes_written} bytes); repaired gaps {counters.get('gaps', 0)}, "
-        f"replayed {counters.get('replayed', 0)}, snapshot batches {counters.get('snapshot_batches', 0)}, "
-        f"losses {counters.get('losses', 0)}" + (" (interrupted)" if interrupted else ""),
+        f"recorded {rec.batches} batches"
+        + (f" after a snapshot of {rec.snapshot_batches} batches" if rec.snapshot_batches else "")
+        + f" and {rec.resets} resets from {len(sources)} source(s) in {elapsed:.2f}s -> {output} ({size} bytes); "
+        f"repaired gaps {counters.get('gaps', 0)}, replayed {counters.get('replayed', 0)}, "
+        f"snapshot batches {counters.get('snapshot_batches', 0)}, losses {counters.get('losses', 0)}"
+        + (f", left out {rec.history_dropped} from before the start (--from {start})" if rec.history_dropped else "")
+        + (f", skipped {rec.skipped} that could not be stored" if rec.skipped else "")
+        + (" (interrupted)" if interrupted else ""),
         highlight=False,
     )
+    if _nothing_received(rec):
+        raise CheckFailed(f"nothing received in {elapsed:.1f}s; {_silence_hint(sources, topic)}")
     if count is not None and rec.batches < count and not interrupted:
         warn(f"stopped after {duration}s with {rec.batches} of {count} batches")
 
 
+def _say(message: str) -> None:
+    sys.stderr.write(f"kvevents: {message}\n")
+    sys.stderr.flush()
+
+
+def _nothing_received(rec: Recorder) -> bool:
+    return rec.received == 0 and rec.snapshots_taken == 0
+
+
+def _silence_hint(sources: list[Any], topic: str) -> str:
+    """What `kvevents doctor` would check, naming the first source."""
+    s = sources[0]
+    doctor = f"kvevents doctor {s.endpoint}" + (f" --replay {s.replay_endpoint}" if s.replay_endpoint else "")
+    return (f"is a publisher running and bound at {s.endpoint}"
+            + (f", does its topic start with {topic!r}" if topic else "")
+            + f"? `{doctor}` checks the address, the topic and the replay endpoint")
+
+
+def _begin_with_snapshots(rec: Recorder, sources: list[Any]) -> None:
+    """--from snapshot: each source with a replay endpoint starts with its KVE/SNAPSHOT (else: oldest)."""
+    from kvevents.doctor import ProbeError, request_snapshot
+
+    for s in sources:
+        if not s.replay_endpoint:
+            continue
+        try:
+            payloads, seq = request_snapshot(s.replay_endpoint, timeout=SNAPSHOT_TIMEOUT_S)
+        except ProbeError as exc:
+            warn(f"{s.name}: no snapshot ({exc}; a publisher with snapshots=False sends none): "
+                 "recording from its oldest kept batch")
+            continue
+        rec.begin_with_snapshot(str(s.name), payloads, seq, endpoint=s.endpoint)
+
+
 def _check_overwrite(path: str, allowed: bool) -> None:
+    if os.path.isdir(path):
+        user_error(f"{path} is a directory: give a file name for the log, e.g. {os.path.join(path, 'capture.kvlog')}")
+    if os.path.exists(path) and not os.path.isfile(path):
+        user_error(f"{path} is not a regular file (a FIFO, socket or device): give a file name for the log")
     if not allowed and os.path.exists(path) and os.path.getsize(path) > 0:
         user_error(f"{path} exists: use --append to continue it or --force to overwrite it")
 
@@ -124,8 +190,8 @@ def _scan_sources(path: str, **sel: Any) -> tuple[int, dict[str, int]]:
 @app.command("replay")
 def replay_cmd(
     file: Optional[str] = typer.Argument(None, help="Record log to replay (not with --fetch)."),
-    to: Optional[str] = typer.Option(None, "--to", help="Publish on this endpoint, e.g. tcp://*:6557 (binds) or tcp://host:6557 (connects to a consumer that binds)."),
-    bind: Optional[bool] = typer.Option(None, "--bind/--connect", help="Force binding or connecting (default: the vLLM rule)."),
+    to: Optional[str] = typer.Option(None, "--to", help="Publish on this endpoint, e.g. tcp://127.0.0.1:6557 (bound: tail, route or record connect to it)."),
+    bind: bool = typer.Option(True, "--bind/--connect", help="Bind --to (default: a replayer is a publisher for others to reach), or connect to a consumer that binds."),
     replay_endpoint: Optional[str] = typer.Option(None, "--replay-endpoint", help="Also serve replay/snapshot here."),
     speed: str = typer.Option("1", "--speed", help="1 (recorded timing), 10 (ten times faster), ..., or max."),
     from_seq: Optional[int] = typer.Option(None, "--from-seq", help="First recorded seq to replay."),
