@@ -95,6 +95,21 @@ class _Chain:
         self.loras: dict[int | bytes, str] = {}
 
 
+def parse_key_modes(specs: Sequence[str], names: Sequence[str], default: str = "auto") -> tuple[str, dict[str, str]]:
+    """`--key-mode` values: NAME=MODE per publisher, or a bare MODE for every other one ->
+    (default mode, {name: mode}); ValueError for an unknown mode or a name that is not a publisher."""
+    modes: dict[str, str] = {}
+    for spec in specs:
+        if "=" not in spec and spec.strip() in KEY_MODES:
+            default = spec.strip()
+            continue
+        name, mode = parse_key_mode(spec)
+        if name not in names:
+            raise ValueError(f"key mode {spec!r}: no publisher is named {name!r}")
+        modes[name] = mode
+    return default, modes
+
+
 def _refs_when_only_interned() -> int:
     probe = bytes(bytearray(32))
     canon = {probe: probe}

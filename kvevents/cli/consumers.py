@@ -44,6 +44,9 @@ def route_cmd(
     stale_after: float = typer.Option(5.0, "--stale-after", help="Seconds without a message before a source is stale."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the random tie-break (default: random)."),
     max_connections: int = typer.Option(1000, "--max-connections", help="HTTP connections served at once; past it requests get 503."),
+    key_mode: List[str] = typer.Option([], "--key-mode", help="NAME=contract|tokens|auto: how a publisher's blocks are keyed "
+                                       "(auto, the default: detected from its first stored blocks; tokens: any engine, e.g. vLLM); "
+                                       "a bare MODE sets it for every publisher not named."),
 ) -> None:
     """Subscribe to publishers, keep a block index, and rank workers for requests over HTTP.
 
@@ -54,6 +57,7 @@ def route_cmd(
     Request and response schemas: GET /openapi.json (README: "The router's HTTP API").
     """
     from consumers.http_api import HttpLimits
+    from consumers.keying import parse_key_modes
     from consumers.service import RouterService, parse_publisher
 
     if page_size < 1:
@@ -66,10 +70,15 @@ def route_cmd(
         sources = [parse_publisher(spec) for spec in publisher]
     except ValueError as exc:
         user_error(str(exc))
+    try:
+        default_mode, modes = parse_key_modes(key_mode, [s.name or "" for s in sources])
+    except ValueError as exc:
+        user_error(str(exc))
     host, port = _host_port(http)
     # this command prints its own stale / back lines (below): the subscriber's warning would repeat them
     logging.getLogger("kvevents.subscriber").setLevel(logging.ERROR)
-    service = RouterService(sources, page_size=page_size, lora_strict=lora_strict, seed=seed, stale_after_s=stale_after)
+    service = RouterService(sources, page_size=page_size, lora_strict=lora_strict, seed=seed, stale_after_s=stale_after,
+                            key_modes=modes, default_key_mode=default_mode)
     stop = threading.Event()
     try:
         try:
