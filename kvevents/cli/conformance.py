@@ -6,6 +6,7 @@ applicable rule passes, 1 when one fails, 2 for a usage error (one line on stder
 
 from __future__ import annotations
 
+import json
 import sys
 
 import typer
@@ -104,6 +105,7 @@ def drive_cmd(
     pages: int = typer.Option(4, min=1, help="Pages per prompt."),
     seed: int = typer.Option(20, help="Prompt seed."),
     timeout: float = typer.Option(5.0, min=0.1, help="Seconds to wait for a response or a prompt's events."),
+    body_extra: str | None = typer.Option(None, "--body-extra", help='JSON object merged into every request body, e.g. \'{"temperature": 0}\'.'),
     hash_seed: str | None = typer.Option(None, "--hash-seed", help="vLLM profiles: the engine's PYTHONHASHSEED."),
     lora_path: str | None = typer.Option(None, "--lora-path", help="vLLM profiles: LoRA path template, {name} = lora name."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -118,8 +120,16 @@ def drive_cmd(
         user_error(f"--http must be a URL (http://HOST:PORT), got {http!r}")
     _check_endpoint("--endpoint", endpoint)
     _check_endpoint("--replay", replay)
+    extra: dict = {}
+    if body_extra:
+        try:
+            extra = json.loads(body_extra)
+        except ValueError as exc:
+            user_error(f"--body-extra is not JSON: {exc}")
+        if not isinstance(extra, dict):
+            user_error("--body-extra must be a JSON object")
     opts = DriveOptions(http, endpoint, replay, page_size, profile, model, (adapter[0], adapter[1]), (salt[0], salt[1]),
-                        pages, seed, timeout, hash_seed=hash_seed, lora_path=lora_path)
+                        pages, seed, timeout, hash_seed=hash_seed, lora_path=lora_path, extra_body=extra)
     try:
         report = drive(opts)
     except ProfileUnavailable as exc:

@@ -137,6 +137,9 @@ class StreamObserver:
         while time.monotonic() < end and self.pump(0.02):
             pass
         c = self.checker
+        if not self.received:
+            c.t["live-frames"].fail(f"no live message in {self.opts.duration:g} s: is {self.opts.endpoint} right? "
+                                    "(an idle engine publishes nothing: send it requests while the kit observes)")
         if self.opts.replay and self.opts.probes:
             self._replay(0, None, heal=False)  # a start older than the ring: answered from the oldest kept
             newest = c.last_live if c.last_live is not None else 0
