@@ -4,6 +4,7 @@ Every section of the golden file is checked: cases (storage and event chains, se
 ints, the BlockStored events), namespace seeds, direct vectors (incl. rejected token ids),
 scenario wire bytes and the wire section (decode to the golden events; our bytes equal the golden
 ones once the keys we always write and SGLang omits, `medium` / `lora_name` as nil, are inserted).
+A vLLM golden file (schemas/golden/vllm-*.json) is checked by kvevents.cli.golden_vllm instead.
 """
 
 from __future__ import annotations
