@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -48,15 +49,27 @@ def test_bridge_nats_unreachable_gives_up_with_one_line_exit_2(refused_url):
 def test_bridge_retries_until_nats_comes_up_then_forwards(tmp_path):
     srv = NatsServer(tmp_path).start()
     url = srv.url
-    srv.stop()  # the port is known; nothing listens there now
+    srv.stop()  # the port is known; hold it (bound, not listening) so that nothing else takes it meanwhile
+    hold = socket.socket()
+    hold.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        hold.bind(("127.0.0.1", srv.port))
+    except OSError:
+        hold.close()
+        pytest.skip(f"port {srv.port} was taken by another process between two runs of the server")
     e = Engine("w0", 11)
     proc = subprocess.Popen([*KVEVENTS, "bridge", "--publisher", f"w0={e.pub.endpoint},{e.pub.replay_endpoint}",
                              "--nats", url, "--stream", "KV", "--snapshot-every", "1", "--status-every", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err_lines: list[str] = []
+    reader = threading.Thread(target=lambda: err_lines.extend(iter(proc.stderr.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
     try:
-        time.sleep(1.5)  # it must stay up, retrying
+        wait_until("the unreachable notice", lambda: any("NATS unreachable" in ln for ln in err_lines), timeout=30)
+        time.sleep(0.5)  # it must stay up, retrying
         assert proc.poll() is None
         e.step(30)
+        hold.close()
         srv.start()  # same port
         wait_until("the bridge stored the engine's batches",
                    lambda: subject_counts(NatsOptions(url), "KV").get("kvevents.KV.w0.0", 0) > e.last_seq(), timeout=30)
@@ -64,12 +77,15 @@ def test_bridge_retries_until_nats_comes_up_then_forwards(tmp_path):
         rep = stream_report(NatsOptions(url), "KV")
         assert rep.exists and [s.source for s in rep.sources] == ["w0"]
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=15)
+        proc.wait(15)
+        reader.join(5)
+        err = "".join(err_lines)
         assert proc.returncode == 0, err
         lines = _lines(err)
         assert "Traceback" not in err
         assert sum("NATS unreachable" in ln for ln in lines) == 1  # one line, however long it retried
     finally:
+        hold.close()
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
