@@ -48,7 +48,7 @@ def feed(keyer: SourceKeyer, idx: BlockIndex, sim: VllmSimWorker) -> None:
         keyer.apply(idx, sim.name, None, payload)
 
 
-@settings(max_examples=25)
+@settings(max_examples=60)
 @given(
     seed=st.integers(0, 10_000),
     capacities=st.lists(st.integers(6, 60), min_size=1, max_size=3),
