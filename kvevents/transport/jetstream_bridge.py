@@ -203,28 +203,30 @@ class Bridge:
         while self._inflight and time.monotonic() < deadline:
             await self._settle(wait=True)
 
-    async def _describe(self, name: str) -> dict[str, Any] | None:
+    async def _describe(self, name: str, timeout: float | None = None) -> dict[str, Any] | None:
         src = self._sources[name]
         if not src.replay_endpoint:
             return None
         loop = asyncio.get_running_loop()
+        wait = self.request_timeout_s if timeout is None else timeout
         try:
             return await loop.run_in_executor(
-                self._req_exec, lambda: request_describe(src.replay_endpoint, timeout=self.request_timeout_s))  # type: ignore[arg-type]
+                self._req_exec, lambda: request_describe(src.replay_endpoint, timeout=wait))  # type: ignore[arg-type]
         except (ProbeError, OSError) as exc:
             self._counters["describe_failures"] += 1
             log.info("source %s: KVE/DESCRIBE failed: %s", name, exc)
             return None
 
     async def _epoch_of(self, name: str) -> int | None:
-        """The engine's epoch from KVE/DESCRIBE, asked at most once a second per source."""
+        """The engine's epoch from KVE/DESCRIBE when the Subscriber did not give one (asked at most
+        every 5 s per source, briefly: forwarding waits for the answer)."""
         if name in self._epochs:
             return self._epochs[name]
         now = time.monotonic()
-        if now - self._described_at.get(name, -10.0) < 1.0:
+        if now - self._described_at.get(name, -10.0) < 5.0:
             return None
         self._described_at[name] = now
-        d = await self._describe(name)
+        d = await self._describe(name, timeout=min(0.5, self.request_timeout_s))
         epoch = d.get("epoch") if d else None
         if isinstance(epoch, int):
             self._epochs[name] = epoch
