@@ -76,10 +76,11 @@ def _step(cache: RadixCache, reqs: Iterator, n: int = 1) -> None:
         cache.flush_events()
 
 
-def _capture(tmp_path: Path, start: str, *, snapshots: bool = True, count: int = 12) -> tuple[list[Record], str, str, Path]:
+def _capture(tmp_path: Path, start: str, *, snapshots: bool = True, count: int = 12,
+             buffer_steps: int = 10000) -> tuple[list[Record], str, str, Path]:
     """40 steps of history, then `record --from START --count N` while the engine keeps going."""
     pub = Publisher(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0.2,
-                    snapshots=snapshots)
+                    snapshots=snapshots, buffer_steps=buffer_steps)
     cache = RadixCache(PAGE, capacity_pages=64, on_events=pub.publish)
     reqs = iter(Workload(seed=3, page_size=PAGE).take(5000))
     out = tmp_path / f"{start}.kvlog"
@@ -122,6 +123,16 @@ def test_record_from_snapshot_is_the_default_and_verifies(tmp_path: Path) -> Non
     size = int(re.search(r"\((\d+) bytes\)", stdout).group(1))  # type: ignore[union-attr]
     assert size == j["size"] == out.stat().st_size
     assert "--from" in _run("record", "--help").stdout
+
+
+def test_record_from_snapshot_keeps_one_starting_state_when_the_ring_has_wrapped(tmp_path: Path) -> None:
+    """The subscriber cannot replay from seq 0 and resyncs by its own snapshot: the log holds one."""
+    recs, _, _, out = _capture(tmp_path, "snapshot", buffer_steps=8)
+    kinds = [r.kind for r in recs]
+    n = kinds.count("snapshot")
+    assert kinds[0] == "reset" and n > 0 and kinds[1 : 1 + n] == ["snapshot"] * n
+    assert set(kinds[1 + n :]) == {"live"} | ({"replay"} & set(kinds))  # no second reset or snapshot
+    _verified(out)
 
 
 def test_record_from_oldest_starts_with_the_kept_history(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ def _log(tmp_path: Path, start: str, feed: list, snapshot: tuple | None = None) 
             rec.begin_with_snapshot("w0", *snapshot)
         for item in feed:
             (rec.on_reset if isinstance(item, sub.Reset) else rec.on_delivery)(item)
+        rec.stop()
     return [(r.kind, r.seq) for r in read_records(p)], rec
 
 
@@ -58,10 +59,23 @@ def test_snapshot_filter_ends_at_a_restart_or_a_subscriber_reset(tmp_path: Path)
     restarted = [_d(0, "replay"), _d(2, "live", epoch=8), _d(3, "live", epoch=8)]  # a new epoch starts at low seqs
     got, _ = _log(tmp_path, "snapshot", restarted, ([SNAP], 10))
     assert got == [("reset", None), ("snapshot", 10), ("live", 2), ("live", 3)]
-    resync = [sub.Reset("w0", 0, "first", 7), _d(12, "snapshot"), _d(3, "live")]
+    # the subscriber could not replay from 0 and resyncs by its own snapshot: one starting state, its own
+    resync = [_d(9, "replay"), sub.Reset("w0", 0, "first", 7), _d(12, "snapshot"), _d(13, "live")]
     (tmp_path / "b").mkdir()
-    got, _ = _log(tmp_path / "b", "snapshot", resync, ([SNAP], 10))
-    assert got == [("reset", None), ("snapshot", 10), ("reset", None), ("snapshot", 12), ("live", 3)]
+    got, rec = _log(tmp_path / "b", "snapshot", resync, ([SNAP], 10))
+    assert got == [("reset", None), ("snapshot", 12), ("live", 13)] and rec.snapshot_batches == 0
+
+
+def test_a_held_snapshot_is_written_at_stop(tmp_path: Path) -> None:
+    p = tmp_path / "idle.kvlog"
+    with RecordWriter(p) as w:
+        rec = Recorder(w, start="snapshot")
+        assert rec.begin_with_snapshot("w0", [SNAP, SNAP], 4) == 2
+        rec.on_delivery(_d(3, "replay"))  # already in the snapshot
+        rec.stop()
+        rec.on_delivery(_d(5, "live"))  # after stop: nothing
+    assert [(r.kind, r.seq) for r in read_records(p)] == [("reset", None), ("snapshot", 4), ("snapshot", 4)]
+    assert rec.snapshot_batches == 2 and rec.history_dropped == 1
 
 
 def test_snapshot_of_a_publisher_that_published_nothing_writes_nothing(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ class Recorder:
     - "now": per (source, dp_rank), nothing before its first live batch;
     - "snapshot": a source given to `begin_with_snapshot` starts with a reset marker and the
       snapshot, then only batches after the snapshot's seq S; other sources behave as "oldest".
+    Call stop() before closing the writer (it writes a snapshot still held).
     A delivery that cannot be stored (a topic over 65,535 bytes...) is counted in `skipped` and
     left out; only a failing write (disk full, closed writer) stops recording (`error`).
     """
@@ -53,10 +54,14 @@ class Recorder:
         self._lock = threading.Lock()
         self._live: set[tuple[str, Any]] = set()  # "now": streams whose first live batch was seen
         self._after: dict[str, tuple[int, int | None]] = {}  # "snapshot": source -> (S, epoch)
+        self._pending: dict[str, tuple[list[bytes], list[tuple[Any, Any]], int, str, str]] = {}  # held snapshots
 
     def stop(self) -> None:
-        """Write nothing more (waits for a write in progress)."""
+        """Write any snapshot still held, then nothing more (waits for a write in progress)."""
         with self._lock:
+            if not self.done.is_set():
+                for source in list(self._pending):
+                    self._write_pending(source)
             self.done.set()
 
     def _fail(self, exc: Exception) -> None:
@@ -70,39 +75,45 @@ class Recorder:
 
     def begin_with_snapshot(self, source: str, payloads: Sequence[bytes], seq: int | None, *,
                             endpoint: str = "", topic: str = "") -> int:
-        """Write a reset marker and a publisher's KVE/SNAPSHOT batches (reflecting seqs <= `seq`); later
-        deliveries of `source` with seq <= `seq` are left out. `seq` None (nothing published yet)
-        writes nothing: the stream from seq 0 is the whole state. Returns the batches written."""
-        epoch = rank = None
-        metas = []
+        """Start `source` with a reset marker and its publisher's KVE/SNAPSHOT batches (reflecting seqs
+        <= `seq`); its later deliveries with seq <= `seq` are left out. The snapshot is written just
+        before the first delivery kept (or at stop()); if the subscriber resyncs `source` first (a
+        Reset, then its own snapshot), this one is dropped, so a log holds one starting state.
+        `seq` None (nothing published yet) keeps nothing: the stream from seq 0 is the whole state.
+        Returns the number of snapshot batches held."""
+        metas: list[tuple[Any, Any]] = []
         for p in payloads:
             try:
                 b = decode_batch(p)
                 metas.append((b.epoch, b.data_parallel_rank))
             except DecodeError:
                 metas.append((None, None))
-        if metas:
-            epoch, rank = metas[0]
         with self._lock:
             self.snapshots_taken += 1
             if self.done.is_set() or seq is None:
                 return 0
-            n = 0
-            try:
-                self.writer.write_reset(source=source, reason="first", endpoint=endpoint, dp_rank=rank)
-                self.resets += 1
-                for p, (e, r) in zip(payloads, metas):
-                    self.writer.write(p, source=source, endpoint=endpoint, topic=topic, seq=seq, epoch=e,
-                                      dp_rank=r, kind="snapshot")
-                    self.snapshot_batches += 1
-                    n += 1
-            except BadRecordError as exc:
-                self._skip(exc)
-            except (OSError, ValueError) as exc:
-                self._fail(exc)
-                return n
-            self._after[source] = (seq, epoch)
-            return n
+            self._pending[source] = (list(payloads), metas, seq, endpoint, topic)
+            self._after[source] = (seq, metas[0][0] if metas else None)
+            return len(payloads)
+
+    def _write_pending(self, source: str) -> None:
+        """Write the snapshot held for `source` (under the lock)."""
+        held = self._pending.pop(source, None)
+        if held is None:
+            return
+        payloads, metas, seq, endpoint, topic = held
+        try:
+            self.writer.write_reset(source=source, reason="first", endpoint=endpoint,
+                                    dp_rank=metas[0][1] if metas else None)
+            self.resets += 1
+            for p, (e, r) in zip(payloads, metas):
+                self.writer.write(p, source=source, endpoint=endpoint, topic=topic, seq=seq, epoch=e,
+                                  dp_rank=r, kind="snapshot")
+                self.snapshot_batches += 1
+        except BadRecordError as exc:
+            self._skip(exc)
+        except (OSError, ValueError) as exc:
+            self._fail(exc)
 
     def _before_start(self, d: Any, rank: Any, epoch: Any) -> bool:
         """Does this delivery precede where the log starts (and so stays out)?"""
@@ -112,12 +123,14 @@ class Recorder:
                 self._live.add((source, rank))
             return (source, rank) not in self._live
         after = self._after.get(source)
-        if after is None or kind == "snapshot":
+        if after is None:
             return False
         seq, snap_epoch = after
         d_seq = getattr(d, "seq", None)
-        if (epoch is not None and snap_epoch is not None and epoch != snap_epoch) or d_seq is None or d_seq > seq:
+        if kind == "snapshot" or (epoch is not None and snap_epoch is not None and epoch != snap_epoch) \
+                or d_seq is None or d_seq > seq:
             del self._after[source]  # past the snapshot (or another epoch): keep everything from here
+            self._write_pending(source)
             return False
         return True
 
@@ -165,7 +178,8 @@ class Recorder:
             if self.start == "now" and (source, rank) not in self._live:
                 self.history_dropped += 1
                 return
-            self._after.pop(source, None)  # the subscriber resyncs: everything after it is kept
+            self._after.pop(source, None)  # the subscriber resyncs: everything after it is kept,
+            self._pending.pop(source, None)  # and its own snapshot replaces the one held
             try:
                 self.writer.write_reset(source=source, reason=str(getattr(r, "reason", "") or ""), dp_rank=rank)
             except BadRecordError as exc:
