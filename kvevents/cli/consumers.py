@@ -34,8 +34,10 @@ def _host_port(spec: str) -> tuple[str, int]:
 @app.command("route")
 def route_cmd(
     publisher: List[str] = typer.Option(
-        ..., "--publisher", help="NAME=ENDPOINT[,REPLAY_ENDPOINT]; repeat for every publisher."
+        [], "--publisher", help="NAME=ENDPOINT[,REPLAY_ENDPOINT]; repeat for every publisher."
     ),
+    nats_url: Optional[str] = typer.Option(None, "--nats", help="Read a NATS JetStream stream (kvevents bridge) instead: server URL(s)."),
+    stream: str = typer.Option("kvevents", "--stream", help="With --nats: the JetStream stream name."),
     http: str = typer.Option(
         "127.0.0.1:8080", "--http", help="HOST:PORT to serve POST /score, GET /workers, GET /metrics, GET /openapi.json."
     ),
@@ -66,6 +68,8 @@ def route_cmd(
         user_error(f"--stale-after must be > 0, got {stale_after}")
     if max_connections < 1:
         user_error(f"--max-connections must be >= 1, got {max_connections}")
+    if (nats_url is None) == (not publisher):
+        user_error("give --publisher NAME=ENDPOINT[,REPLAY] ... or --nats URL --stream NAME (one of them)")
     try:
         sources = [parse_publisher(spec) for spec in publisher]
     except ValueError as exc:
@@ -77,8 +81,15 @@ def route_cmd(
     host, port = _host_port(http)
     # this command prints its own stale / back lines (below): the subscriber's warning would repeat them
     logging.getLogger("kvevents.subscriber").setLevel(logging.ERROR)
-    service = RouterService(sources, page_size=page_size, lora_strict=lora_strict, seed=seed, stale_after_s=stale_after,
-                            key_modes=modes, default_key_mode=default_mode)
+    if nats_url is not None:  # kvevents.cli.nats: the JetStream feed (one line while NATS is unreachable)
+        from kvevents.cli.nats import jetstream_source
+
+        service = RouterService(feed=jetstream_source(nats_url, stream, "route", stale_after_s=stale_after),
+                                page_size=page_size, lora_strict=lora_strict, seed=seed, key_modes=modes,
+                                default_key_mode=default_mode)
+    else:
+        service = RouterService(sources, page_size=page_size, lora_strict=lora_strict, seed=seed,
+                                stale_after_s=stale_after, key_modes=modes, default_key_mode=default_mode)
     stop = threading.Event()
     try:
         try:
@@ -87,7 +98,7 @@ def route_cmd(
         except ValueError as exc:
             user_error(str(exc))
         sys.stderr.write(
-            f"kvevents route: {len(sources)} publisher(s); http://{bound[0]}:{bound[1]} "
+            f"kvevents route: {f'stream {stream}' if nats_url else f'{len(sources)} publisher(s)'}; http://{bound[0]}:{bound[1]} "
             "(POST /score, GET /workers, GET /metrics, GET /openapi.json); Ctrl-C to stop\n"
         )
         sys.stderr.flush()
