@@ -15,7 +15,13 @@ import zmq
 
 from kvevents.metrics import PUBLISHER_METRICS
 from kvevents.publisher import Publisher
-from kvevents.transport.router import MAX_FRAME_BYTES, MAX_REQUEST_BYTES, ROUTER_COUNTERS, RouterService
+from kvevents.transport.router import (
+    MAX_FRAME_BYTES,
+    MAX_REQUEST_BYTES,
+    ROUTER_COUNTERS,
+    RouterService,
+    prepare_router_socket,
+)
 from kvevents.transport.testing import EPH, chain_events, dealer_socket
 from kvevents.transport.wire import DESCRIBE_REQUEST, END_SEQ, SEQ, SNAPSHOT_REQUEST
 
@@ -46,9 +52,10 @@ def rig():
     sock.setsockopt(zmq.SNDHWM, 10)
     sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
     sock.setsockopt(zmq.LINGER, 0)
-    clock = Clock()
-    svc = RouterService(pub, sock, clock=clock)  # sets MAXMSGSIZE / RCVHWM before the bind, as peers see them
+    prepare_router_socket(sock)  # before the bind, as the publisher does
     sock.bind("tcp://127.0.0.1:0")
+    clock = Clock()
+    svc = RouterService(pub, sock, clock=clock)
     yield pub, svc, sock.getsockopt_string(zmq.LAST_ENDPOINT), clock, ctx
     sock.close(0)
     pub.close(0)
@@ -166,7 +173,6 @@ def test_describe_is_answered_inline_and_never_held(rig):
         _pump(svc, 1)
     stats = pub.stats()
     assert stats["describe_requests"] == sent and svc.jobs == 0
-    assert stats["replies_abandoned"] > 0  # the peer's queue was full: those replies were dropped
     good = dealer_socket(ctx, ep)
     good.send_multipart([b"", DESCRIBE_REQUEST])
     _pump(svc)
@@ -234,6 +240,24 @@ def test_the_service_thread_keeps_replay_open_under_a_hog():
                 break
         assert [SEQ.unpack(f[-2])[0] for f in frames[:-1]] == [2998, 2999]
         assert frames[-1][-2] == END_SEQ
+    finally:
+        pub.close(0)
+        ctx.destroy(0)
+
+
+def test_the_publisher_sets_the_request_limits_before_it_binds():
+    """A frame over MAX_FRAME_BYTES never reaches the publisher's own ROUTER (the limit applies to
+    its connections only if set before the bind)."""
+    ctx = zmq.Context()
+    pub = Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0)
+    try:
+        big = dealer_socket(ctx, pub.replay_endpoint or "")
+        big.send_multipart([b"", b"z" * (MAX_FRAME_BYTES + 1)])
+        good = dealer_socket(ctx, pub.replay_endpoint or "")
+        good.send_multipart([b"", DESCRIBE_REQUEST])
+        assert good.poll(3000)  # served after the big one had its chance to arrive
+        time.sleep(0.2)
+        assert pub.stats()["rejected_requests"] == 0
     finally:
         pub.close(0)
         ctx.destroy(0)

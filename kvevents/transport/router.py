@@ -15,7 +15,8 @@ No peer can starve the others or grow the publisher's memory (issue 18):
 - a job must be drained within `replay_job_timeout_s` of its start, else the peer loses it (and
   its queued ones): `jobs_expired`;
 - KVE/DESCRIBE is answered inline (one non-blocking send) and never becomes a job;
-- frames over MAX_FRAME_BYTES drop the peer's connection inside ZeroMQ, unread (MAXMSGSIZE);
+- frames over MAX_FRAME_BYTES drop the peer's connection inside ZeroMQ, unread (MAXMSGSIZE, set
+  by `prepare_router_socket` before the bind);
   ZeroMQ delivers a multipart message only whole and MAXMSGSIZE bounds frames, not messages, so
   a request of more than 3 frames is read and discarded frame by frame, never kept
   (`rejected_oversized`), and RCVHWM bounds how many requests a peer can queue;
@@ -60,7 +61,7 @@ _malloc_trim = _load_malloc_trim()
 if TYPE_CHECKING:  # pragma: no cover
     from kvevents.publisher import Publisher
 
-__all__ = ["RouterService", "ROUTER_COUNTERS", "MAX_FRAME_BYTES", "MAX_REQUEST_BYTES"]
+__all__ = ["RouterService", "prepare_router_socket", "ROUTER_COUNTERS", "MAX_FRAME_BYTES", "MAX_REQUEST_BYTES"]
 
 log = logging.getLogger("kvevents.publisher")
 
@@ -74,6 +75,13 @@ YIELD_S = 0.0003  # the pause after a turn that ran out of budget (lets caller t
 
 #: Counters this module adds to Publisher.stats() (written by the service thread only).
 ROUTER_COUNTERS = ("rejected_peer_cap", "rejected_oversized", "jobs_expired")
+
+
+def prepare_router_socket(sock: zmq.Socket) -> None:
+    """The ROUTER's request limits. Call it before bind: a listener copies the socket's options
+    when it is bound, and its connections get those (set later, they would not apply)."""
+    sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
+    sock.setsockopt(zmq.RCVHWM, REQUEST_HWM)
 
 
 class _Job:
@@ -106,8 +114,6 @@ class RouterService:
         self._trim_due = False  # an oversized request was dropped since the last malloc_trim
         self._enc = BatchEncoder(cfg.event_encoding)
         self._describe_enc = msgspec.msgpack.Encoder()
-        sock.setsockopt(zmq.MAXMSGSIZE, MAX_FRAME_BYTES)
-        sock.setsockopt(zmq.RCVHWM, REQUEST_HWM)
 
     # ------------------------------------------------------------ requests
     def handle_requests(self, limit: int = 64) -> int:
