@@ -93,10 +93,11 @@ def observe_fake(
     replay: bool = True,
     page_size: int = 2,
     allow_epoch: bool = False,
+    reply_timeout: float = 1.5,
 ) -> Report:
     """Connect the kit, send the script [(seq, payload, live)], let the kit see it all, judge."""
     opts = StreamOptions(engine.endpoint, engine.replay_endpoint if replay else None, page_size,
-                         reply_timeout=1.5, allow_epoch=allow_epoch)
+                         reply_timeout=reply_timeout, allow_epoch=allow_epoch)
     with StreamObserver(opts) as obs:
         engine.wait_joined()
         for seq, data, live in script:

@@ -84,7 +84,8 @@ def test_start_older_than_the_ring_is_answered_from_the_oldest() -> None:
     assert report.figures["complete"] is False  # the history before the ring is unknown: not checkable
 
 
-_HAS_EPOCH_FLAG = "--epoch-in-batch" in kve("serve", "--help").stdout
+_SERVE_HELP = kve("serve", "--help").stdout
+_HAS_EPOCH_FLAG = "--epoch-in-batch" in _SERVE_HELP
 
 
 @pytest.mark.skipif(not _HAS_EPOCH_FLAG, reason="kvevents serve has no --epoch-in-batch")
@@ -99,7 +100,7 @@ def test_opt_in_epoch_fails_batch_shape_unless_allowed(served: tuple[str, str]) 
     assert tolerant.returncode == 0, tolerant.stdout + tolerant.stderr
 
 
-_HAS_HTTP_FLAG = "--http" in kve("serve", "--help").stdout
+_HAS_HTTP_FLAG = "--http" in _SERVE_HELP
 
 
 @pytest.mark.skipif(not _HAS_HTTP_FLAG, reason="kvevents serve has no --http")

@@ -65,13 +65,6 @@ for line in sys.stdin:''')
     assert report.result("hash-property").status is Status.FAIL
 
 
-def test_silent_adapter_times_out_per_case(tmp_path: Path) -> None:
-    code = "import sys, time\nfor line in sys.stdin:\n    time.sleep(30)\n"
-    report = run_adapter(write(tmp_path, "silent.py", code), CASES[:2], timeout=0.2)
-    assert report.failed() == ["hash-golden"]
-    assert "no answer within 0.2 s" in report.result("hash-golden").examples[0]
-
-
 def test_crashing_adapter_is_a_clear_failure(tmp_path: Path) -> None:
     code = readme_adapter().replace("for line in sys.stdin:", "for n, line in enumerate(sys.stdin):\n    if n == 3:\n"
                                     "        sys.exit('engine blew up')")
@@ -109,7 +102,6 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
     assert bad.returncode == 1, bad.stderr
     assert "adapter exited (code 3)" in bad.stdout and "Traceback" not in bad.stdout + bad.stderr
     assert_user_error(kve("conformance", "hash", "--cmd", "no-such-adapter-binary"), 2, "cannot be started")
-    assert_user_error(kve("conformance", "hash", "--cmd", "'unclosed"), 2, "--cmd")
 
 
 @pytest.mark.parametrize("args", [["conformance", "stream", "nonsense://x", "--page-size", "4"],
@@ -125,4 +117,5 @@ def test_unresponsive_adapter_is_given_up_after_a_few_cases(tmp_path: Path) -> N
     code = "import sys, time\nfor line in sys.stdin:\n    time.sleep(30)\n"
     report = run_adapter(write(tmp_path, "silent.py", code), CASES, timeout=0.1)
     assert report.figures["seconds"] < 5
+    assert report.result("hash-golden").examples[0].endswith("no answer within 0.1 s")
     assert any("not run: adapter gave no answer to 3 cases in a row" in ex for ex in report.result("hash-property").examples)

@@ -121,7 +121,7 @@ def test_replay_without_end_marker_fails_replay_protocol() -> None:
     script = [(0, payload([AllBlocksCleared()]), True), (1, payload([]), False), (2, payload([]), True)]
     eng = FakeEngine(replay_mode="no-end")
     try:
-        report = observe_fake(eng, script)
+        report = observe_fake(eng, script, reply_timeout=0.4)  # each reply comes at once; only the marker never does
     finally:
         eng.close()
     assert "replay-protocol" in report.failed(), report.table()
