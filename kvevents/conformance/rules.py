@@ -36,6 +36,7 @@ RULES = {
     "snapshot": "KVE/SNAPSHOT rebuilds exactly the live blocks at its seq",
 }
 MAX_EXAMPLES = 8
+KEEP_PAYLOADS = 20000  # live payloads kept to compare replayed bytes with (vLLM's ring holds 10000)
 
 
 @dataclass
@@ -109,6 +110,9 @@ class StreamChecker:
                 self.t["seq-increasing"].ok()
         self.last_live = seq
         self.live_payloads[seq] = frames[2]
+        if len(self.live_payloads) > 2 * KEEP_PAYLOADS:  # replies are compared with the recent ones only
+            for old in list(self.live_payloads)[:KEEP_PAYLOADS]:
+                del self.live_payloads[old]
         if self.expected is not None and seq > self.expected:
             if self._gap_reported != seq:  # on_replay already said why it could not heal this one
                 why = "not replayed" if self.replay_offered else "no replay endpoint to heal them"
