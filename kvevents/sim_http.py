@@ -15,6 +15,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from kvevents import sim
 from kvevents.hashing import Namespace
 from kvevents.sim import Request
 
@@ -33,19 +34,11 @@ def parse_http_address(spec: str) -> tuple[str, int]:
 
 
 def serve_and_publish(worker: Any, publisher: Any, request: Request) -> int:
-    """Serve one request on a contract SimWorker or a vLLM-style worker and publish its events;
-    returns the prompt tokens that were already cached."""
-    if hasattr(worker, "take_payload"):  # kvevents.sim_vllm.VllmSimWorker: vLLM's own batch bytes
-        res = worker.serve_request(request)
-        payload = worker.take_payload(time.time())
-        if payload is not None:
-            publisher.publish_payload(payload)
-        return int(res.hit_tokens)
-    res = worker.serve(request)
-    events = worker.take_events()
-    if events:
-        publisher.publish(events)
-    return int(res.device_hit_tokens)
+    """Serve one request on a contract or a vLLM simulated worker and publish its events (the
+    engine step of `kvevents.sim.serve_and_publish`); returns the prompt tokens already cached."""
+    before = worker.device_hit_tokens
+    sim.serve_and_publish(worker, request, publisher)
+    return int(worker.device_hit_tokens - before)
 
 
 def _prompts(body: dict[str, Any]) -> list[list[int]]:
