@@ -122,3 +122,15 @@ def test_drive_against_kvevents_serve_http() -> None:
     statuses = {r["rule"]: r["status"] for r in report["rules"]}
     for rule in ("drive-events", "adapters-same-hash", "salts-differ", "hashes-profile", "hash-recompute", "batch-shape"):
         assert statuses[rule] == "pass", out.stdout
+
+
+@pytest.mark.skipif("--engine" not in _SERVE_HELP, reason="kvevents serve has no --engine")
+@pytest.mark.parametrize("served", [("--engine", "vllm")], indirect=True)
+def test_kvevents_serve_vllm_engine_passes_under_the_vllm_profile(served: tuple[str, str]) -> None:
+    live, replay = served
+    proc = kve("conformance", "stream", live, "--replay", replay, "--page-size", "4", "--duration", "1",
+               "--profile", "vllm-sha256", "--lora-path", "/adapters/{name}", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    statuses = {r["rule"]: r["status"] for r in json.loads(proc.stdout)["rules"]}
+    for rule in ("batch-shape", "hash-recompute", "parents-first", "removes-live"):
+        assert statuses[rule] == "pass", proc.stdout
