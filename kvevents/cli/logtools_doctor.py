@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from kvevents.cli.app import CheckFailed, app
+from kvevents.cli.app import CheckFailed, app, user_error
 from kvevents.cli.logtools_common import out_console
 
 _MARK = {"ok": "[green]✓ ok[/]", "fail": "[red]✗ FAIL[/]", "warn": "[yellow]! warn[/]", "skip": "[dim]- skip[/]"}
@@ -17,7 +17,9 @@ _MARK = {"ok": "[green]✓ ok[/]", "fail": "[red]✗ FAIL[/]", "warn": "[yellow]
 
 @app.command("doctor")
 def doctor_cmd(
-    endpoint: str = typer.Argument(..., help="The publisher's live endpoint, e.g. tcp://127.0.0.1:5557."),
+    endpoint: Optional[str] = typer.Argument(None, help="The publisher's live endpoint, e.g. tcp://127.0.0.1:5557."),
+    nats_url: Optional[str] = typer.Option(None, "--nats", help="Check a NATS JetStream stream (URL) instead of an endpoint."),
+    stream: str = typer.Option("kvevents", "--stream", help="With --nats: the JetStream stream name."),
     replay: Optional[str] = typer.Option(None, "--replay", help="Its replay endpoint (replay, snapshot, describe)."),
     page_size: Optional[int] = typer.Option(None, "--page-size", "-p", help="Page size, to recompute published hashes."),
     topic: Optional[str] = typer.Option(None, "--topic", help="The topic your consumer subscribes to."),
@@ -30,6 +32,12 @@ def doctor_cmd(
     Exit 1 if any check fails."""
     from kvevents.doctor import run_doctor
 
+    if nats_url is not None:  # kvevents.cli.nats: stream, sources, snapshot ages, lag
+        from kvevents.cli.nats import doctor_nats
+
+        return doctor_nats(nats_url, stream, timeout, as_json)
+    if endpoint is None:
+        user_error("missing ENDPOINT (or --nats URL --stream NAME)")
     rep = run_doctor(endpoint, replay=replay, page_size=page_size, topic=topic, timeout=timeout, salts=salt)
     if as_json:
         sys.stdout.write(json.dumps(rep.as_dict(), default=str) + "\n")

@@ -28,8 +28,12 @@ SILENCE_HINT_S = 3.0  # nothing received for this long: print what to check
 
 @app.command("record")
 def record_cmd(
-    publisher: List[str] = typer.Option(..., "--publisher", help="NAME=ENDPOINT[,REPLAY] (repeatable)."),
+    publisher: List[str] = typer.Option([], "--publisher", help="NAME=ENDPOINT[,REPLAY] (repeatable)."),
     output: str = typer.Option(..., "--output", "-o", help="Record log file to write."),
+    nats_url: Optional[str] = typer.Option(None, "--nats", help="Record a NATS JetStream stream (kvevents bridge) instead: server URL(s)."),
+    stream: str = typer.Option("kvevents", "--stream", help="With --nats: the JetStream stream name."),
+    durable: Optional[str] = typer.Option(None, "--durable", help="With --nats: a durable consumer name; "
+                                          "with --append, recording resumes where it stopped."),
     count: Optional[int] = typer.Option(None, "--count", "-n", help="Stop after N batches (heartbeats count)."),
     duration: Optional[float] = typer.Option(None, "--duration", "-d", help="Stop after S seconds."),
     topic: str = typer.Option("", "--topic", help="ZeroMQ topic prefix to subscribe to (default: all)."),
@@ -54,6 +58,8 @@ def record_cmd(
         user_error(f"--count must be >= 1, got {count}")
     if duration is not None and duration <= 0:
         user_error(f"--duration must be > 0, got {duration}")
+    if (nats_url is None) == (not publisher):
+        user_error("give --publisher NAME=ENDPOINT[,REPLAY] ... or --nats URL --stream NAME (one of them)")
     sources = [parse_source(p, require_name=False) for p in publisher]
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
@@ -61,7 +67,13 @@ def record_cmd(
     _check_overwrite(output, append or force)
     writer = RecordWriter(output, append=append, durability="fsync" if fsync else "flush", on_damage=warn_damage)
     rec = Recorder(writer, count=count, start=start)  # type: ignore[arg-type]
-    sub = Subscriber(sources, topic=topic, on_delivery=rec.on_delivery, on_reset=rec.on_reset)
+    if nats_url is not None:  # kvevents.cli.nats: the JetStream feed, resuming at the log's positions
+        from kvevents.cli.nats import jetstream_source, record_positions
+
+        sub = jetstream_source(nats_url, stream, "record", on_delivery=rec.on_delivery, on_reset=rec.on_reset,
+                               durable=durable, resume=record_positions(output) if append else None)
+    else:
+        sub = Subscriber(sources, topic=topic, on_delivery=rec.on_delivery, on_reset=rec.on_reset)
     econ = err_console()
     interrupted = False
     _log_to_stderr()
@@ -99,6 +111,8 @@ def record_cmd(
     except KeyboardInterrupt:
         interrupted = True
     finally:
+        if nats_url is not None:
+            sub.stop()  # the feed first: all it acknowledges to a durable consumer has been written
         rec.stop()  # no write after this, even from a callback still running
         sub.stop()
         writer.close()
@@ -135,6 +149,8 @@ def _nothing_received(rec: Recorder) -> bool:
 
 def _silence_hint(sources: list[Any], topic: str) -> str:
     """What `kvevents doctor` would check, naming the first source."""
+    if not sources:
+        return "is a kvevents bridge feeding the stream? `kvevents doctor --nats URL --stream NAME` checks it"
     s = sources[0]
     doctor = f"kvevents doctor {s.endpoint}" + (f" --replay {s.replay_endpoint}" if s.replay_endpoint else "")
     return (f"is a publisher running and bound at {s.endpoint}"
@@ -205,7 +221,9 @@ def replay_cmd(
     into_index: bool = typer.Option(False, "--into-index", help="Rebuild a BlockIndex offline and print its summary."),
     as_json: bool = typer.Option(False, "--json", help="With --into-index: print the summary as JSON."),
     fetch: Optional[str] = typer.Option(None, "--fetch", help="Pull this replay endpoint's buffer into a log (-o)."),
-    since: int = typer.Option(0, "--since", help="With --fetch: first seq to ask for."),
+    since: int = typer.Option(0, "--since", help="With --fetch: first seq to ask for; with --from-nats: seconds back from now."),
+    from_nats: Optional[str] = typer.Option(None, "--from-nats", help="Read a NATS JetStream stream (URL) into -o FILE or --into-index."),
+    stream: str = typer.Option("kvevents", "--stream", help="With --from-nats: the JetStream stream name."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="With --fetch: the log to write."),
     name: Optional[str] = typer.Option(None, "--name", help="With --fetch: source name to record (default: the endpoint)."),
     force: bool = typer.Option(False, "--force", help="With --fetch: overwrite an existing output file."),
@@ -213,6 +231,14 @@ def replay_cmd(
 ) -> None:
     """Republish a record log through a real Publisher (new seqs, original payload bytes), rebuild a
     BlockIndex from it (--into-index), or pull a live publisher's replay buffer into a log (--fetch)."""
+    if from_nats is not None:  # kvevents.cli.nats: as a cold router reads it (or --since N seconds of batches)
+        from kvevents.cli.nats import replay_from_nats
+
+        if file is not None or to is not None or fetch is not None:
+            user_error("--from-nats takes no FILE, --to or --fetch: write it with -o FILE or use --into-index")
+        if output is not None:
+            _check_overwrite(output, force)
+        return replay_from_nats(from_nats, stream, float(since) if since else None, output, into_index, as_json)
     modes = [m for m, on in (("--to", to is not None), ("--into-index", into_index), ("--fetch", fetch is not None)) if on]
     if len(modes) != 1:
         user_error("choose exactly one of --to ENDPOINT, --into-index or --fetch ENDPOINT"
