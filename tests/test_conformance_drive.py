@@ -188,3 +188,14 @@ def test_plugin_runs_the_drive_checks_with_kvevents_http(tmp_path: Path, publish
     for rule in DRIVE_RULES:
         assert f'kvevents-conformance.drive" name="{rule}"' in xml
     assert xml.count("<testcase") == 1 + len(DRIVE_RULES) + 11
+
+
+def test_server_whose_events_go_elsewhere_fails_drive_events(publisher: Publisher) -> None:
+    """The HTTP server serves, but nothing reaches the endpoint the kit watches: one clear failure, quickly."""
+    sim = SimWorker("w0", page_size=4, capacity_pages=500)
+    started = time.monotonic()
+    with CompletionsServer("127.0.0.1:0", lambda r: sim.serve(r).device_hit_tokens) as srv:
+        report = drive(DriveOptions(srv.url, publisher.endpoint, publisher.replay_endpoint, page_size=4, timeout=0.5))
+    assert report.failed()[0] == "drive-events", report.table()
+    assert report.result("adapters-same-hash").status is Status.NOT_CHECKABLE
+    assert time.monotonic() - started < 10

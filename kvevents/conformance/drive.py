@@ -144,8 +144,14 @@ def drive(opts: DriveOptions) -> Report:
             if all(h is not None for h in d.send(d.prompt())):
                 joined = True
                 break
-        results.append(_rule("drive-events", [] if joined else ["no BlockStored seen for 3 warm-up prompts"], 1,
-                             "the stream carries each prompt's pages"))
+        results.append(_rule("drive-events", [] if joined else [
+            f"no BlockStored with the pages of 3 warm-up prompts on {opts.endpoint} (the worker behind {opts.http}?)"],
+            1, "the stream carries each prompt's pages"))
+        if not joined:
+            results.extend(RuleResult(r, Status.NOT_CHECKABLE, "no events seen for the warm-up prompts")
+                           for r in ("adapters-same-hash", "salts-differ", "hashes-profile"))
+            stream = obs.finish()
+            return Report("conformance drive", results + stream.results, dict(stream.figures))
         a, b = opts.adapters
         x = d.prompt()
         ha, hb = d.send(x, model=a), d.send(x, model=b)
