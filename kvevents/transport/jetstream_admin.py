@@ -144,8 +144,8 @@ def nats_doctor(nats: NatsOptions, stream: str, *, timeout: float = 5.0, stale_a
     try:
         sr = stream_report(nats, stream, timeout=timeout)
     except NatsUnavailable as exc:
-        rep.add("nats reachable", "fail", str(exc), "is nats-server running with JetStream (-js)? check the --nats URL, "
-                "--creds and TLS flags; a cluster takes several URLs, comma-separated")
+        rep.add("nats reachable", "fail", str(exc), "is nats-server running with JetStream (-js)? check the --nats URL (a cluster takes several, "
+                "comma-separated) and credentials / TLS (KVEVENTS_NATS_CREDS, KVEVENTS_NATS_TLS_CA ...)")
         return rep
     rep.add("nats reachable", "ok", nats.redacted())
     if not sr.exists:
