@@ -119,3 +119,33 @@ def test_unresponsive_adapter_is_given_up_after_a_few_cases(tmp_path: Path) -> N
     assert report.figures["seconds"] < 5
     assert report.result("hash-golden").examples[0].endswith("no answer within 0.1 s")
     assert any("not run: adapter gave no answer to 3 cases in a row" in ex for ex in report.result("hash-property").examples)
+
+
+VLLM_ADAPTER = """
+import json, sys
+from kvevents.engines.vllm import vllm_block_hashes
+from kvevents.conformance.hashkit_vllm import tagged_from_json
+for line in sys.stdin:
+    r = json.loads(line)
+    keys = tagged_from_json(r["hash_extra_keys"]) if USE_KEYS else None
+    ds = vllm_block_hashes(r["token_ids"], r["page_size"], hash_algo=r["hash_algo"], seed=r["seed"],
+                           parent=bytes.fromhex(r["prior"]) if r["prior"] else None, extra_keys_per_block=keys)
+    print(json.dumps({"id": r["id"], "hashes": [d.hex() for d in ds] if HEX else [int(d[-8:].hex(), 16) for d in ds]}),
+          flush=True)
+"""
+
+
+@pytest.mark.parametrize("algo", ["sha256", "sha256_cbor"])
+def test_vllm_profile_cases(tmp_path: Path, algo: str) -> None:
+    from kvevents.conformance.hashkit_vllm import vllm_cases
+
+    cases = vllm_cases(algo, seed=4, n=20)
+    assert any(c.group == "golden" for c in cases) and any(c.group == "chunked" for c in cases)
+    good = write(tmp_path, "v.py", "USE_KEYS, HEX = True, False\n" + VLLM_ADAPTER)  # the published uint64 form
+    report = run_adapter(good, cases, timeout=5)
+    assert report.ok, report.table()
+    blind = write(tmp_path, "b.py", "USE_KEYS, HEX = False, True\n" + VLLM_ADAPTER)  # ignores LoRA and salt keys
+    report = run_adapter(blind, cases, timeout=5)
+    assert "hash-property" in report.failed()
+    if algo == "sha256_cbor":
+        assert any(ex.startswith("V03_cbor_lora: page 0") for ex in report.result("hash-golden").examples)

@@ -48,14 +48,25 @@ def hash_cmd(
     seed: int = typer.Option(20, help="Seed of the generated property cases."),
     cases: int = typer.Option(120, min=0, help="Generated property cases (plus a chunked continuation of each)."),
     timeout: float = typer.Option(5.0, min=0.01, help="Seconds to wait for each answer."),
-    golden: str | None = typer.Option(None, "--golden", help="The golden file (default: schemas/golden/sglang-0.5.20.json of this checkout)."),
+    golden: str | None = typer.Option(None, "--golden", help="The golden file (default: the profile's in schemas/golden of this checkout)."),
+    profile: str = typer.Option("contract", "--profile", help="contract, or vllm-sha256 / vllm-sha256_cbor (vLLM 0.33's chain; "
+                                "requests then carry hash_algo, seed and tagged hash_extra_keys)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> int:
     """Check a hash implementation through a JSON-lines adapter: golden vectors plus generated cases."""
     from kvevents.conformance.hashkit import GOLDEN_PATH, all_cases, run_adapter
+    from kvevents.conformance.profiles import PROFILES
 
+    if profile not in PROFILES:
+        user_error(f"--profile must be one of {', '.join(PROFILES)}, got {profile!r}")
     try:
-        report = run_adapter(cmd, all_cases(seed, cases, golden or GOLDEN_PATH), timeout=timeout)
+        if profile == "contract":
+            chosen = all_cases(seed, cases, golden or GOLDEN_PATH)
+        else:
+            from kvevents.conformance.hashkit_vllm import VLLM_GOLDEN_PATH, vllm_cases
+
+            chosen = vllm_cases(profile.removeprefix("vllm-"), seed, cases, golden or VLLM_GOLDEN_PATH)
+        report = run_adapter(cmd, chosen, timeout=timeout)
     except ValueError as exc:
         user_error(str(exc))
     return _emit(report, as_json)
