@@ -138,10 +138,12 @@ def test_nats_server_restart_loses_nothing_acknowledged(nats_server):
         e.close()
 
 
-def test_engine_restart_seen_through_jetstream(nats_server):
+@pytest.mark.parametrize("drop_first", [False, True], ids=["seen", "first-batches-missed"])
+def test_engine_restart_seen_through_jetstream(nats_server, drop_first):
     a = Engine("w0", 7)
     endpoint, replay = a.pub.endpoint, a.pub.replay_endpoint
     bridge = _bridge(nats_server.url, [a])
+    spare = _bridge(nats_server.url, [a])  # HA: two bridges see the restart, at their own pace
     r = JSRouter(nats_server.url)
     b = None
     try:
@@ -150,6 +152,8 @@ def test_engine_restart_seen_through_jetstream(nats_server):
         a.close()
         b = Engine("w0", 8, endpoint=endpoint, replay=replay)  # the same addresses, a new epoch
         assert b.pub.epoch != a.pub.epoch
+        if drop_first:
+            b.pub.drop_live(15)  # the bridges never hear the new process's first batches live
         b.step(60)
         wait_until("router resynced to the new process", caught_up([r], [b]), lambda: r.pump(0.02), timeout=20)
         c = r.src.counters()
@@ -159,6 +163,7 @@ def test_engine_restart_seen_through_jetstream(nats_server):
     finally:
         r.stop()
         bridge.stop()
+        spare.stop()
         (b or a).close()
 
 
