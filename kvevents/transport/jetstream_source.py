@@ -61,7 +61,16 @@ def pick_snapshots(msgs: Sequence[tuple[str, dict[str, str], bytes, int]]) -> di
 
 
 class JetStreamSource:
-    """Delivery / Reset objects from a kvevents JetStream stream; the Subscriber's interface."""
+    """Delivery / Reset objects from a kvevents JetStream stream; the Subscriber's interface.
+
+    Drive `poll()` from one thread (or `start()` with `on_delivery`); `status()` may be read from
+    others. `sources` keeps only those source names; `reorder_wait_s` is how long a batch stored
+    out of order is waited for before it counts as a gap; `resync_timeout_s` how long a source
+    waits for a snapshot before starting clean (a counted loss). `durable` names a pull consumer
+    acknowledged once deliveries are consumed (a restart goes on after the last ack; `resume`
+    positions, e.g. from `positions_from_records`, drop what a log already holds); `start_time`
+    reads the live batches stored since then instead of a snapshot and its tail.
+    """
 
     def __init__(
         self,
@@ -125,6 +134,7 @@ class JetStreamSource:
         return self
 
     def stop(self, timeout: float = 3.0) -> None:
+        """Stop the delivery thread and the NATS connection (durable mode: consumed messages acked first)."""
         self._stop.set()
         self._q.put(_STOP)
         if self._thread is not None and self._thread is not threading.current_thread():
