@@ -264,3 +264,21 @@ def test_missing_vllm_module_is_profile_not_available(monkeypatch: pytest.Monkey
         get_profile("vllm-sha256")
     with pytest.raises(ValueError, match="unknown profile"):
         get_profile("sglang-9")
+
+
+def test_vllm_raw_digest_hashes_recompute() -> None:
+    """VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0: hashes travel as the raw digests (bytes), parents too."""
+    from kvevents.conformance.profiles import get_profile
+    from kvevents.conformance.rules import StreamChecker
+    from kvevents.engines.vllm import vllm_block_hashes
+    from kvevents.engines.vllm_wire import encode_vllm_batch, stored_event
+    from kvevents.transport.wire import pack_seq
+
+    toks = list(range(16))
+    ds = vllm_block_hashes(toks, 4)
+    checker = StreamChecker(get_profile("vllm-sha256"), 4)
+    checker.on_live([b"", pack_seq(0), encode_vllm_batch(1.0, [stored_event(ds[:2], None, toks[:8], 4)], 0)])
+    checker.on_live([b"", pack_seq(1), encode_vllm_batch(1.0, [stored_event(ds[2:], ds[1], toks[8:], 4)], 0)])
+    report = checker.report()
+    assert report.ok and report.result("hash-recompute").checked == 2, report.table()
+    assert report.result("parents-first").status is Status.PASS

@@ -44,7 +44,7 @@ class Profile(Protocol):
 
     def digests(self, fields: dict[str, Any], prior: bytes | None) -> list[bytes]: ...
 
-    def published(self, digests: Sequence[bytes]) -> list[int]: ...
+    def published(self, digests: Sequence[bytes], fields: dict[str, Any] | None = None) -> list[int]: ...
 
     def prompt_hashes(self, tokens: Sequence[int], page_size: int, *, salt: str | None, lora: str | None) -> list[int]: ...
 
@@ -65,7 +65,7 @@ class ContractProfile:
         pages = split_pages(pack_tokens(fields["token_ids"]), fields["block_size"])
         return digest_chain(pages, prior)
 
-    def published(self, digests: Sequence[bytes]) -> list[int]:
+    def published(self, digests: Sequence[bytes], fields: dict[str, Any] | None = None) -> list[int]:
         return digests_to_int64(list(digests))
 
     def prompt_hashes(self, tokens: Sequence[int], page_size: int, *, salt: str | None, lora: str | None) -> list[int]:
@@ -160,7 +160,12 @@ class VllmProfile:
         return list(mod.vllm_block_hashes(tokens, bs, hash_algo=self.hash_algo, extra_keys_per_block=tagged,
                                           seed=self.seed, parent=prior))
 
-    def published(self, digests: Sequence[bytes]) -> list[int]:
+    def published(self, digests: Sequence[bytes], fields: dict[str, Any] | None = None) -> list[int]:
+        """uint64 of the last 8 bytes (vLLM's default); raw digest bytes on the wire (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0)
+        are read by our decoder as the int64 of their first 8 bytes."""
+        raw = (fields or {}).get("raw_block_hashes")
+        if raw and isinstance(raw[0], (bytes, bytearray)):
+            return [int.from_bytes(d[:8], "big", signed=True) for d in digests]
         return [_signed_tail(d) for d in digests]
 
     def prompt_hashes(self, tokens: Sequence[int], page_size: int, *, salt: str | None, lora: str | None) -> list[int]:

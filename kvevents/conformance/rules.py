@@ -288,10 +288,11 @@ class StreamChecker:
             if prior is None:
                 t.unknown += 1
                 return
-        fields = {**fields, "token_ids": ev.token_ids, "block_size": ev.block_size, "block_hashes": ev.block_hashes}
+        fields = {**fields, "token_ids": ev.token_ids, "block_size": ev.block_size, "block_hashes": ev.block_hashes,
+                  "raw_block_hashes": fields.get("block_hashes")}
         try:
             digests = self.profile.digests(fields, prior)
-            want = self.profile.published(digests)
+            want = self.profile.published(digests, fields)
         except NotCheckable as exc:
             t.unknown += 1
             t.note = str(exc)
