@@ -72,6 +72,7 @@ KeyMode = Literal["contract", "tokens", "auto"]
 KEY_MODES: tuple[str, ...] = ("contract", "tokens", "auto")
 _U64 = (1 << 64) - 1
 _UNKEYED = b""  # map value of a block that could not be keyed exactly (its children cannot either)
+_INT_ONLY = {int}
 _REMOVED_HAS_LORA = "lora_name" in BlockRemoved.__struct_fields__
 _sha256 = hashlib.sha256
 
@@ -343,7 +344,7 @@ class SourceKeyer:
 
     def _store(self, c: Counter[str], chain: _Chain, ev: Any) -> BlockStored | None:
         raw = ev.block_hashes
-        if type(raw) is list and raw and all(type(h) is int for h in raw) and min(raw) >= 0 and max(raw) <= _U64:
+        if type(raw) is list and raw and set(map(type, raw)) == _INT_ONLY and min(raw) >= 0 and max(raw) <= _U64:
             maybe: list[Any] = raw  # the common case (vLLM's uint64s): no per-hash call
         else:
             maybe = [engine_hash_key(h) for h in raw] if isinstance(raw, list) else [None]
@@ -411,6 +412,12 @@ class SourceKeyer:
         keys = ints
         cmap, dups, loras = chain.digests, chain.dups, chain.loras
         get, intern = cmap.get, self._canon.setdefault
+        if cmap.keys().isdisjoint(hashes) and len(set(hashes)) == n:  # all new (the common case): C-level
+            cmap.update(zip(hashes, map(intern, digests, digests)))  # one bytes object per distinct key
+            if lora is not None:
+                loras.update(dict.fromkeys(hashes, lora))
+            c["stored_blocks"] += n
+            return BlockStored(keys, parent_key, tokens, ps, ev.lora_id, ev.medium, lora)
         for k, (h, d) in enumerate(zip(hashes, digests)):
             old = get(h)
             if old is None:

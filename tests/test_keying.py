@@ -270,3 +270,13 @@ def test_modes_parse_and_validate():
     keyer = SourceKeyer(4, modes={"a": "contract"})
     assert keyer.mode("a") == "contract" and keyer.mode("b") == "auto"
     assert keyer.translate("a", None, b"\xc1") == [] and keyer.stats()["a"]["undecodable"] == 1
+
+
+def test_an_engine_hash_reused_for_other_tokens_is_a_counted_conflict_never_a_wrong_key():
+    keyer, idx = SourceKeyer(PS, default_mode="tokens"), BlockIndex()
+    run(keyer, idx, store([1, 2], None, list(range(8))))
+    s = run(keyer, idx, store([3, 2], None, [9] * 8))  # hash 2 now claims other tokens: only 3 is indexed
+    assert s["hash_conflict"] == 1
+    assert set(idx.copies()) == set(keys(list(range(8)))) | {keys([9] * 4)[0]}
+    run(keyer, idx, store([1, 2], None, list(range(8))))  # the same block again: a duplicate copy
+    assert idx.copies()[keys(list(range(8)))[1]] == 2
