@@ -251,7 +251,7 @@ def test_router_service_on_a_jetstream_feed_and_doctor(nats_server):
     if not _router_service_takes_a_feed():
         pytest.skip("this RouterService has no feed= parameter yet")
     from consumers.service import RouterService
-    from kvevents.transport.jetstream_admin import nats_doctor
+    from kvevents.doctor_nats import nats_doctor
     from kvevents.transport.jetstream_source import JetStreamSource
 
     engines = [Engine("w0", 12), Engine("w1", 13)]

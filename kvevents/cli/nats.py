@@ -243,7 +243,7 @@ def doctor_nats(url: str, stream: str, timeout: float, as_json: bool) -> None:
     from rich.table import Table
 
     from kvevents.cli.app import CheckFailed
-    from kvevents.transport.jetstream_admin import nats_doctor
+    from kvevents.doctor_nats import nats_doctor
 
     rep = nats_doctor(nats_options(url, name="kvevents-doctor"), stream, timeout=timeout)
     if as_json:

@@ -19,11 +19,32 @@ from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
-from kvevents.doctor import ProbeError, request_describe, request_snapshot
 from kvevents.subscriber import Delivery, Reset, Source, Subscriber
+from kvevents.transport.engine_requests import EngineRequestError
+from kvevents.transport.engine_requests import describe as request_describe
+from kvevents.transport.engine_requests import snapshot as request_snapshot
 from kvevents.transport.nats_link import (
-    H_EPOCH, H_FROM, H_KIND, H_PART, H_PARTS, H_RANK, H_SEQ, H_SNAP, H_SOURCE, LoopThread, NatsOptions, NatsUnavailable,
-    StreamOptions, check_token, close, connect, ensure_stream, epoch_text, live_subject, retry, snap_subject,
+    H_EPOCH,
+    H_FROM,
+    H_KIND,
+    H_PART,
+    H_PARTS,
+    H_RANK,
+    H_SEQ,
+    H_SNAP,
+    H_SOURCE,
+    LoopThread,
+    NatsOptions,
+    NatsUnavailable,
+    StreamOptions,
+    check_token,
+    close,
+    connect,
+    ensure_stream,
+    epoch_text,
+    live_subject,
+    retry,
+    snap_subject,
 )
 
 __all__ = ["Bridge", "msg_id"]
@@ -212,7 +233,7 @@ class Bridge:
         try:
             return await loop.run_in_executor(
                 self._req_exec, lambda: request_describe(src.replay_endpoint, timeout=wait))  # type: ignore[arg-type]
-        except (ProbeError, OSError) as exc:
+        except (EngineRequestError, OSError) as exc:
             self._counters["describe_failures"] += 1
             log.info("source %s: KVE/DESCRIBE failed: %s", name, exc)
             return None

@@ -18,10 +18,30 @@ from collections import deque
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from kvevents.subscriber import Delivery, Reset, SourceStatus
-from kvevents.transport.jetstream_order import LiveMsg, Snapshot, SnapshotAssembler, StreamOrder
+from kvevents.transport.jetstream_order import (
+    LiveMsg,
+    Snapshot,
+    SnapshotAssembler,
+    StreamOrder,
+)
 from kvevents.transport.nats_link import (
-    H_EPOCH, H_FROM, H_KIND, H_PART, H_PARTS, H_SEQ, H_SNAP, ROOT, LoopThread, NatsOptions, NatsUnavailable, check_token, close, connect,
-    parse_epoch, parse_subject, stream_filter,
+    H_EPOCH,
+    H_FROM,
+    H_KIND,
+    H_PART,
+    H_PARTS,
+    H_SEQ,
+    H_SNAP,
+    ROOT,
+    LoopThread,
+    NatsOptions,
+    NatsUnavailable,
+    check_token,
+    close,
+    connect,
+    parse_epoch,
+    parse_subject,
+    stream_filter,
 )
 
 __all__ = ["JetStreamSource", "pick_snapshots", "positions_from_records"]
