@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import sys
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, cast
 
 from consumers.keys import (
@@ -147,7 +147,7 @@ class SourceKeyer:
         self.auto_max_batches = auto_max_batches
         self._modes: dict[str, str] = {}
         self._configured: dict[str, str] = {}
-        self._pending: dict[str, list[tuple[KVEventBatch | None, bytes | None]]] = {}
+        self._pending: dict[str, list[tuple[KVEventBatch, bytes | None]]] = {}
         self._chains: dict[tuple[str, int], _Chain] = {}
         self._canon: dict[bytes, bytes] = {}
         self._counters: dict[str, Counter[str]] = {}
@@ -238,9 +238,11 @@ class SourceKeyer:
         pending = self._pending.setdefault(source, [])
         if not pending and b is not None and all(type(e) is AllBlocksCleared for e in b.events):
             return [b]  # nothing keyed in it (heartbeat, reset): applies alike in both modes, so now
-        pending.append((batch, payload))
+        if b is None:
+            return []  # undecodable (counted): nothing to hold
+        pending.append((b, payload))
         self._count(source)["auto_held_batches"] += 1
-        decided = self._detect(b) if b is not None else None
+        decided = self._detect(b)
         if decided is None and len(pending) >= self.auto_max_batches:
             decided = "tokens"  # tokens mode keys any engine exactly; only costlier
             self._count(source)["auto_undecided"] += 1
@@ -284,7 +286,7 @@ class SourceKeyer:
             events, rank, ts = batch.events, batch.data_parallel_rank, batch.ts
         else:
             raise ValueError("translate needs a decoded batch or its payload")
-        r = rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 else 0
+        r = _rank(rank)
         chain = self._chains.get((source, r))
         if chain is None:
             chain = self._chains[(source, r)] = _Chain()
@@ -482,7 +484,18 @@ class SourceKeyer:
         for key in [k for k in self._chains if k[0] == source and (dp_rank is None or k[1] == dp_rank)]:
             chain = self._chains.pop(key)
             self._drop_chain(chain)
-        if dp_rank is None:
-            self._pending.pop(source, None)
+        pending = self._pending.get(source)
+        if pending:  # batches held by auto from before the reset must not be applied after it
+            kept = [(b, p) for b, p in pending if dp_rank is not None and _rank(b.data_parallel_rank) != dp_rank]
+            self._count(source)["auto_dropped_on_reset"] += len(pending) - len(kept)
+            if kept:
+                self._pending[source] = kept
+            else:
+                del self._pending[source]
+
+
+def _rank(rank: Any) -> int:
+    """A batch's dp rank as BlockIndex files it (None or invalid: 0)."""
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 else 0
 
 

@@ -280,3 +280,13 @@ def test_an_engine_hash_reused_for_other_tokens_is_a_counted_conflict_never_a_wr
     assert set(idx.copies()) == set(keys(list(range(8)))) | {keys([9] * 4)[0]}
     run(keyer, idx, store([1, 2], None, list(range(8))))  # the same block again: a duplicate copy
     assert idx.copies()[keys(list(range(8)))[1]] == 2
+
+
+def test_a_reset_drops_what_auto_still_holds_for_that_rank():
+    keyer, idx = SourceKeyer(PS), BlockIndex()
+    run(keyer, idx, removed_event([5]), rank=0)
+    run(keyer, idx, removed_event([6]), rank=1)
+    keyer.reset("v", 0)
+    assert keyer.stats()["v"]["auto_dropped_on_reset"] == 1
+    run(keyer, idx, store([1], None, [1, 2, 3, 4]), rank=1)
+    assert keyer.mode("v") == "tokens" and keyer.stats()["v"]["unknown_remove"] == 1  # rank 1's held remove replayed
