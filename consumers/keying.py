@@ -265,7 +265,10 @@ class SourceKeyer:
             n = len(ev.block_hashes)
             if ev.block_size != ps or len(ev.token_ids) != n * ps:
                 continue  # inconclusive: another page size, or a span over skipped blocks
-            want = event_hashes_int64(ev.token_ids, ps, Namespace(cache_salt=ev.cache_salt))
+            try:
+                want = event_hashes_int64(ev.token_ids, ps, Namespace(cache_salt=ev.cache_salt))
+            except ValueError:
+                continue  # bad token ids: inconclusive (tokens mode will count the event)
             return "contract" if want == list(ev.block_hashes) else "tokens"
         return None
 
