@@ -2,8 +2,9 @@
 
 One asyncio loop takes every connection (no thread per connection): keep-alive, a timeout for a
 request's headers and one for its body, a cap on connections in service (503 past it) and a large
-listen backlog. POST /score runs on the app's thread pool (the index lock may be held by the
-subscriber thread for a batch); the service hashes outside the lock and looks up inside.
+listen backlog. POST /score is scored on the event loop (a thread hop costs more than the usual
+request), a body over INLINE_BODY_BYTES on the thread pool so the loop keeps serving meanwhile;
+the service hashes outside the index lock and looks up inside.
 OpenAPI is served at /openapi.json, generated from the models below.
 """
 
@@ -35,6 +36,7 @@ __all__ = ["HttpLimits", "HttpServer", "build_app", "ScoreResponse", "WorkerEntr
 log = logging.getLogger("consumers.http")
 
 _json = msgspec.json.Encoder()
+INLINE_BODY_BYTES = 64 * 1024  # POST /score bodies up to this are scored on the event loop itself
 
 
 class HttpLimits(BaseModel):
@@ -137,7 +139,10 @@ def build_app(service: "RouterService", limits: HttpLimits) -> FastAPI:
             return _reply(408, {"error": f"body not received within {limits.body_timeout_s:g} s"}, {"Connection": "close"})
         if len(body) > limits.max_body_bytes:
             return _reply(413, {"error": f"body of {len(body)} bytes exceeds {limits.max_body_bytes}"}, {"Connection": "close"})
-        status, obj = await run_in_threadpool(service.handle_score, body)
+        if len(body) <= INLINE_BODY_BYTES:  # the usual request: ~0.4 ms, cheaper than a thread hop
+            status, obj = service.handle_score(body)
+        else:  # a long one on the pool, so the loop keeps accepting and reading meanwhile
+            status, obj = await run_in_threadpool(service.handle_score, body)
         return _reply(status, obj)
 
     @app.get("/workers", summary="Per worker: blocks by medium, last seq, epoch, lag, stale")

@@ -70,7 +70,7 @@ SNAPSHOT_BLOCKS_PER_BATCH = 512
 MAX_FRAME_BYTES = 512  # ZeroMQ drops a peer sending a bigger frame (a 255-byte routing id still fits)
 MAX_REQUEST_BYTES = 256  # a request body longer than this is refused (the longest valid one is 12)
 REQUEST_HWM = 2  # requests a peer can queue in ZeroMQ before its connection is back-pressured
-TURN_BUDGET_S = 0.0001  # work per handle_requests() / step() call before yielding the interpreter
+TURN_BUDGET_S = 0.0003  # work per handle_requests() / step() call before yielding the interpreter
 YIELD_S = 0.0003  # the pause after a turn that ran out of budget (lets caller threads take the GIL)
 
 #: Counters this module adds to Publisher.stats() (written by the service thread only).
