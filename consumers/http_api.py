@@ -24,6 +24,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from consumers.metrics import CONTENT_TYPE
@@ -93,6 +94,11 @@ def _reply(status: int, obj: Any, headers: dict[str, str] | None = None) -> Resp
     return Response(_json.encode(obj) + b"\n", status, headers=headers, media_type="application/json")
 
 
+def _bug(request: Request, exc: Exception) -> Response:
+    log.error("%s %s failed: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
+    return _reply(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
+
+
 def build_app(service: "RouterService", limits: HttpLimits) -> FastAPI:
     """The FastAPI app: POST /score, GET /workers, GET /metrics, GET / (and /healthz)."""
     app = FastAPI(
@@ -109,10 +115,6 @@ def build_app(service: "RouterService", limits: HttpLimits) -> FastAPI:
         detail = exc.detail if exc.status_code != 404 else f"no such path: {request.url.path}"
         return _reply(exc.status_code, {"error": str(detail)}, dict(exc.headers or {}))
 
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, exc: Exception) -> Response:  # a bug answers 500, never a dropped connection
-        log.error("%s %s failed: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
-        return _reply(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
 
     @app.post(
         "/score",
@@ -137,21 +139,32 @@ def build_app(service: "RouterService", limits: HttpLimits) -> FastAPI:
             body = await asyncio.wait_for(request.body(), limits.body_timeout_s)
         except asyncio.TimeoutError:
             return _reply(408, {"error": f"body not received within {limits.body_timeout_s:g} s"}, {"Connection": "close"})
+        except ClientDisconnect:  # the client left mid-body: nobody to answer, nothing to log
+            return Response(status_code=400)
         if len(body) > limits.max_body_bytes:
             return _reply(413, {"error": f"body of {len(body)} bytes exceeds {limits.max_body_bytes}"}, {"Connection": "close"})
-        if len(body) <= INLINE_BODY_BYTES:  # the usual request: ~0.4 ms, cheaper than a thread hop
-            status, obj = service.handle_score(body)
-        else:  # a long one on the pool, so the loop keeps accepting and reading meanwhile
-            status, obj = await run_in_threadpool(service.handle_score, body)
+        try:
+            if len(body) <= INLINE_BODY_BYTES:  # the usual request: ~0.4 ms, cheaper than a thread hop
+                status, obj = service.handle_score(body)
+            else:  # a long one on the pool, so the loop keeps accepting and reading meanwhile
+                status, obj = await run_in_threadpool(service.handle_score, body)
+        except Exception as exc:  # noqa: BLE001 - a bug answers 500 in one logged line, never a traceback
+            return _bug(request, exc)
         return _reply(status, obj)
 
     @app.get("/workers", summary="Per worker: blocks by medium, last seq, epoch, lag, stale")
-    def workers() -> Response:
-        return _reply(200, service.workers_view())
+    def workers(request: Request) -> Response:
+        try:
+            return _reply(200, service.workers_view())
+        except Exception as exc:  # noqa: BLE001 - as above
+            return _bug(request, exc)
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
-    def metrics() -> Response:
-        return Response(service.metrics.render(), 200, media_type=CONTENT_TYPE)
+    def metrics(request: Request) -> Response:
+        try:
+            return Response(service.metrics.render(), 200, media_type=CONTENT_TYPE)
+        except Exception as exc:  # noqa: BLE001 - as above
+            return _bug(request, exc)
 
     @app.get("/", summary="What is served here")
     @app.get("/healthz", include_in_schema=False)
@@ -213,7 +226,7 @@ class HttpServer:
             lifespan="off",
             access_log=False,
             log_config=None,
-            log_level="warning",
+            log_level="error",  # not a line per malformed request or dropped client
             timeout_keep_alive=int(max(1, round(limits.keep_alive_s))),
             limit_concurrency=limits.max_connections,
             backlog=limits.backlog,

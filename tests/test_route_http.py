@@ -258,3 +258,14 @@ def test_request_counters_are_exact_under_concurrent_clients(rig):
     for t in threads:
         t.join(30)
     assert rig.service.metrics_snapshot()["score_requests"][200] == 200
+
+
+def test_clients_that_leave_mid_request_are_not_errors(rig, caplog):
+    """Issue 18 item 6: client disconnects printed raw tracebacks; now nothing is logged."""
+    caplog.set_level("WARNING")
+    for raw in (b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"tok", b"GARBAGE\r\n\r\n"):
+        with socket.create_connection((rig.host, rig.port), timeout=5) as s:
+            s.sendall(raw)
+    status, _ = rig.score()
+    assert status == 200
+    assert [r for r in caplog.records if r.levelno >= 30] == []
