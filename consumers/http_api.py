@@ -126,7 +126,7 @@ def build_app(service: "RouterService", limits: HttpLimits) -> FastAPI:
             408: {"model": ErrorBody, "description": "The body did not arrive within the body timeout."},
             411: {"model": ErrorBody, "description": "No Content-Length."},
             413: {"model": ErrorBody, "description": "Body over the size limit."},
-            503: {"model": ErrorBody, "description": "Too many connections in service."},
+            503: {"description": "Too many connections in service (uvicorn's plain-text Service Unavailable)."},
         },
     )
     async def score(request: Request) -> Response:

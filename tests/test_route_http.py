@@ -269,3 +269,55 @@ def test_clients_that_leave_mid_request_are_not_errors(rig, caplog):
     status, _ = rig.score()
     assert status == 200
     assert [r for r in caplog.records if r.levelno >= 30] == []
+
+
+def test_connections_past_the_limit_get_503():
+    """The cap on connections in service: past it uvicorn answers 503 (plain text) at once."""
+    r = Rig(HttpLimits(max_connections=2))
+
+    def status() -> int:
+        c = r.conn()
+        try:
+            c.request("POST", "/score", json.dumps({"tokens": r.doc}).encode())
+            return c.getresponse().status
+        finally:
+            c.close()
+
+    try:
+        idle = [socket.create_connection((r.host, r.port), timeout=5) for _ in range(2)]
+        try:
+            _wait(lambda: status() == 503, what="a 503 past the connection limit")
+        finally:
+            for s in idle:
+                s.close()
+        _wait(lambda: status() == 200, what="service again once the idle connections left")
+    finally:
+        r.close()
+
+
+def test_route_prints_when_a_source_turns_stale_and_comes_back():
+    """`kvevents route` (a subprocess): one line when the publisher goes silent, one when it is back."""
+    import re
+    import subprocess
+    import sys
+
+    pub = Publisher(endpoint=EPH, replay_endpoint=EPH, bind=True, heartbeat_interval_s=0.1)
+    endpoint, replay = pub.endpoint, pub.replay_endpoint
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kvevents", "route", "--publisher", f"w1={endpoint},{replay}",
+         "--http", "127.0.0.1:0", "--stale-after", "0.5"],
+        stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        banner = proc.stderr.readline()
+        assert re.search(r"http://127\.0\.0\.1:\d+ .*GET /openapi\.json", banner), banner
+        pub.close(0)
+        assert "w1: nothing heard for 0.5 s" in proc.stderr.readline()
+        pub = Publisher(endpoint=endpoint, replay_endpoint=replay, bind=True, heartbeat_interval_s=0.1)
+        assert "w1: heard again" in proc.stderr.readline()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        pub.close(0)
+    assert proc.returncode == 0
