@@ -43,12 +43,12 @@ INLINE_BODY_BYTES = 64 * 1024  # POST /score bodies up to this are scored on the
 class HttpLimits(BaseModel):
     """Connection handling of the router's HTTP server (defaults documented in the README)."""
 
-    backlog: int = Field(2048, ge=1)  # pending connections the kernel queues (capped by somaxconn)
-    max_connections: int = Field(1000, ge=1)  # connections in service; past it requests get 503
-    keep_alive_s: float = Field(5.0, gt=0)  # an idle keep-alive connection is closed after this
-    header_timeout_s: float = Field(10.0, gt=0)  # a request's headers must be complete within this
-    body_timeout_s: float = Field(10.0, gt=0)  # and its body within this (else 408)
-    max_body_bytes: int = Field(16 * 1024 * 1024, ge=1)  # a longer body is refused (413)
+    backlog: int = Field(default=2048, ge=1)  # pending connections the kernel queues (capped by somaxconn)
+    max_connections: int = Field(default=1000, ge=1)  # connections in service; past it requests get 503
+    keep_alive_s: float = Field(default=5.0, gt=0)  # an idle keep-alive connection is closed after this
+    header_timeout_s: float = Field(default=10.0, gt=0)  # a request's headers must be complete within this
+    body_timeout_s: float = Field(default=10.0, gt=0)  # and its body within this (else 408)
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1)  # a longer body is refused (413)
 
 
 # ---------------------------------------------------------------- documented shapes (OpenAPI)
@@ -65,7 +65,7 @@ class WorkerEntry(BaseModel):
     load: float = Field(description="Load hint used to break ties (0 unless set).")
     stale: bool = Field(description="Nothing heard from this worker's publisher for --stale-after seconds.")
     pages_by_medium: dict[str, int] | None = Field(
-        None, description="With explain only: matched pages by the medium credited for each."
+        default=None, description="With explain only: matched pages by the medium credited for each."
     )
 
 
@@ -78,7 +78,7 @@ class ScoreResponse(BaseModel):
     best_dp_rank: int | None = Field(description="Its dp rank (null with best).")
     stale: bool = Field(description="True when any publisher is stale: the index may hold blocks that are gone.")
     workers: list[WorkerEntry] = Field(description="Every known worker (or the top_k), best first.")
-    hashes: list[str] | None = Field(None, description="With explain only: the request's int64 page hashes, as strings.")
+    hashes: list[str] | None = Field(default=None, description="With explain only: the request's int64 page hashes, as strings.")
 
 
 class ErrorBody(BaseModel):

@@ -254,7 +254,7 @@ class RouterService:
         try:
             req = ScoreRequest.model_validate_json(body)
         except ValidationError as exc:
-            first = exc.errors()[0] if exc.error_count() else {}
+            first: dict[str, Any] = dict(exc.errors()[0]) if exc.error_count() else {}
             if first.get("type") == "json_invalid":
                 return self._count(400, {"error": f"body is not valid JSON: {first.get('msg', '')}"})
             return self._count(400, {"error": _validation_message(exc)})
@@ -270,7 +270,7 @@ class RouterService:
             else:
                 hashes = self.router.hash_array(req.tokens, req.cache_salt)
                 with self.lock:
-                    ranked = self.router.score_hashes(hashes, req.lora_name)
+                    ranked = self.router.score_hashes(hashes, req.lora_name)  # type: ignore[arg-type]  # an int64 array
                     names = dict(self._names)
         except ValueError as exc:
             return self._count(400, {"error": str(exc)})

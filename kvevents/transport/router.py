@@ -166,7 +166,7 @@ class RouterService:
     def _maybe_trim(self) -> None:
         """After oversized requests, once the socket is drained, hand freed memory back to the
         system (glibc keeps ZeroMQ's freed frames otherwise: RSS would stay at the peak)."""
-        if not self._trim_due or self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        if not self._trim_due or int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
             return  # nothing dropped, or more requests are queued (the flood goes on)
         self._trim_due = False
         if _malloc_trim is not None:
