@@ -349,6 +349,7 @@ class RouterService:
                             "last_heard_age_s": None if sst.last_heard is None else round(now - sst.last_heard, 3),
                             "stale": sst.stale,
                             "repairing": sst.busy,
+                            "key_mode": self.keyer.mode(name),  # contract | tokens | auto (still detecting)
                         }
                     )
             return {"workers": out, "index": self.index.stats()}

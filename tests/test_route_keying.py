@@ -56,6 +56,11 @@ def test_route_keys_a_vllm_publisher_by_tokens_and_a_contract_one_by_detection()
             except OSError:
                 continue
         assert pages == {"vllm-0": 10, "sglang-0": 10}
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        conn.request("GET", "/workers")
+        modes = {w["worker"]: w["key_mode"] for w in json.loads(conn.getresponse().read())["workers"]}
+        conn.close()
+        assert modes == {"vllm-0": "tokens", "sglang-0": "contract"}  # forced / detected
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
