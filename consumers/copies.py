@@ -87,42 +87,47 @@ def store_many(
 
 
 def remove_each(
-    views: list[HashTable], extra: Extra, mi: int, col: int, wi: int, hashes: list[int]
+    views: list[HashTable], extra: Extra, mi: int, col: int, wi: int, hashes: list[int], prefer: int | None = None,
+    exact: bool = False,
 ) -> tuple[int, int, int]:
     """Drop one copy per listed hash, in order (a repeated hash drops two); (unknown, ambiguous, removed).
 
-    The copy goes from the lowest view holding it: BlockRemoved carries no lora_name, so when
-    several views hold the hash (ambiguous) which adapter's copy went is unknowable.
+    The copy goes from view `prefer` (the remove's lora_name) when that view holds it, else from
+    the lowest view holding it. A hash several views hold is ambiguous unless `exact` (the remove
+    named its adapter, or the worker names adapters on removes): which copy went is then known.
     """
     bit = 1 << (wi % WORD)
     unknown = ambiguous = removed = 0
     for h in hashes:
         holder: tuple[int, HashTable, int] | None = None
+        several = False
         for vid, t in enumerate(views):
             s = t.find1(h)
-            if s >= 0 and t._mv[s * t.nc + col] & bit:
+            if s >= 0 and t.bit_set(s, col, bit):
                 if holder is not None:
-                    ambiguous += 1
+                    several = True
+                    if holder[0] == prefer:
+                        break
+                if holder is None or vid == prefer:
+                    holder = (vid, t, s)
+                if several and prefer is None:
                     break
-                holder = (vid, t, s)
         if holder is None:
             unknown += 1
             continue
+        if several and not (exact and holder[0] == prefer):
+            ambiguous += 1
         removed += 1
         vid, t, s = holder
         if extra and _take_extra(extra, (vid, mi, wi, h)):
             continue  # an extra copy went; the bit stays
-        mv, nc = t._mv, t.nc
-        i = s * nc + col
-        left = mv[i] & ~bit
-        mv[i] = left
-        if not left and (nc == 1 or not any(mv[s * nc : s * nc + nc].tolist())):
-            t.delete1(s)
+        t.clear_bit(s, col, bit)
     return unknown, ambiguous, removed
 
 
 def remove_many(
-    views: list[HashTable], extra: Extra, mi: int, col: int, wi: int, q: np.ndarray
+    views: list[HashTable], extra: Extra, mi: int, col: int, wi: int, q: np.ndarray, prefer: int | None = None,
+    exact: bool = False,
 ) -> tuple[int, int, int]:
     """`remove_each` for a long event of distinct hashes, vectorised; (unknown, ambiguous, removed)."""
     bit = np.uint64(1 << (wi % WORD))
@@ -131,6 +136,12 @@ def remove_many(
     nheld = held.sum(0)
     unknown = int(np.count_nonzero(nheld == 0))
     first = held.argmax(0)  # the lowest view holding each hash
+    several = nheld > 1
+    if prefer is not None:
+        mine_pref = held[prefer]
+        first = np.where(mine_pref, prefer, first)  # the named adapter's copy goes where it is held
+        if exact:
+            several &= ~mine_pref
     for vid, t in enumerate(views):
         mine = held[vid] & (first == vid)
         if not mine.any():
@@ -139,7 +150,7 @@ def remove_many(
             if _take_extra(extra, (vid, mi, wi, int(q[i]))):
                 mine[i] = False  # an extra copy went; the bit stays
         clear_bits(t, slots[vid][mine], col, bit)
-    return unknown, int(np.count_nonzero(nheld > 1)), len(q) - unknown
+    return unknown, int(np.count_nonzero(several)), len(q) - unknown
 
 
 def clear_bits(t: HashTable, slots: np.ndarray, col: int, bit: np.uint64) -> None:

@@ -71,6 +71,7 @@ class BlockIndex:
         self._counts: Counter[tuple[int, int]] = Counter()  # (worker index, medium index) -> copies
         self._medium_copies: list[int] = [0] * len(self._media)  # medium index -> copies (router)
         self._lora_sources: set[int] = set()  # workers that ever published a lora_name
+        self._lora_removers: set[int] = set()  # workers that name the adapter on BlockRemoved
         self._plans: dict[tuple[str | None, bool], list[tuple[HashTable, np.ndarray | None]]] = {}  # router cache
         self._layout_version = 0  # bumped by _changed(): routers re-read the layout
         self._counters: Counter[str] = Counter()
@@ -238,18 +239,26 @@ class BlockIndex:
         if col is None:
             self.counters["unknown_remove"] += n
             return
+        # The remove's lora_name picks the adapter's copy. A worker that names adapters on removes
+        # means "no adapter" by a remove without one; for other workers that is unknowable.
+        lora = ev.lora_name
+        if lora is not None and wi not in self._lora_removers:
+            self._lora_removers.add(wi)
+        exact = wi in self._lora_removers
+        prefer = self._lora_ix.get(lora)
         if n <= self._small or len(set(hashes)) < n:  # small, or a hash removed twice: one copy at a time
             if not _all_int64(hashes, None):
                 self.counters["bad_hash"] += 1
                 return
-            self._count_removal(wi, mi, *remove_each(self._views, self._extra, mi, col, wi, hashes))  # type: ignore[arg-type]
+            found = remove_each(self._views, self._extra, mi, col, wi, hashes, prefer, exact)  # type: ignore[arg-type]
+            self._count_removal(wi, mi, *found)
             return
         try:
             q = as_hashes(hashes)
         except ValueError:
             self.counters["bad_hash"] += 1
             return
-        self._count_removal(wi, mi, *remove_many(self._views, self._extra, mi, col, wi, q))  # type: ignore[arg-type]
+        self._count_removal(wi, mi, *remove_many(self._views, self._extra, mi, col, wi, q, prefer, exact))  # type: ignore[arg-type]
 
     def _count_removal(self, wi: int, mi: int, unknown: int, ambiguous: int, removed: int) -> None:
         if unknown:
@@ -298,6 +307,7 @@ class BlockIndex:
                 del self._by_index[w.index]
                 self._word_bits[w.index // WORD] &= ~(1 << (w.index % WORD))
                 self._lora_sources.discard(w.index)
+                self._lora_removers.discard(w.index)
                 self._changed()
                 self._free.append(w.index)
         self.counters["dropped_sources"] += 1

@@ -228,6 +228,19 @@ class HashTable:
             mv[i] = 0
         self.live -= 1
 
+    def bit_set(self, s: int, col: int, bit: int) -> bool:
+        """True if slot `s` has `bit` set in mask column `col`."""
+        return bool(self._mv[s * self.nc + col] & bit)
+
+    def clear_bit(self, s: int, col: int, bit: int) -> None:
+        """Clear `bit` of slot `s` in column `col`; a row left with no bit anywhere is deleted."""
+        mv, nc = self._mv, self.nc
+        i = s * nc + col
+        left = mv[i] & ~bit
+        mv[i] = left
+        if not left and (nc == 1 or not any(mv[s * nc : s * nc + nc].tolist())):
+            self.delete1(s)
+
     def reserve(self, n: int) -> None:
         """Make room for `n` more keys (may rebuild: slot numbers change)."""
         buckets = rebuild_buckets(len(self.keys), self.used, self.live, n)

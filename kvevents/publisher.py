@@ -22,14 +22,15 @@ import zmq
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kvevents.events import BatchEncoder, BlockStored, Event, decode_batch
-from kvevents.transport.router import RouterService, describe
+from kvevents.transport.router import RouterService, prepare_router_socket
 from kvevents.transport.view import FrozenView, LiveView
-from kvevents.transport.wire import check_endpoint, offset_endpoint, pack_seq, should_bind
+from kvevents.transport.wire import HASH_SCHEME, SCHEMA_VERSION, check_endpoint, offset_endpoint, pack_seq, should_bind
 
 __all__ = ["Publisher", "PublisherConfig", "publish_steps"]
 
 log = logging.getLogger("kvevents.publisher")
 
+_STRICT_BATCH = b"\x93"  # msgpack fixarray of 3: [ts, events, rank]
 _MORE = int(zmq.SNDMORE) | int(zmq.NOBLOCK)
 _LAST = int(zmq.NOBLOCK)
 
@@ -74,7 +75,15 @@ class PublisherConfig(BaseModel):
     event_encoding: Literal["map", "array"] = "map"
     metrics_port: int | None = Field(None, ge=0, le=65535)  # 0: a free port (Publisher.metrics_port)
     epoch: int | None = Field(None, ge=0, le=2**63 - 1)  # None: random; set it to continue a stream
+    # Off (default): batches are exactly [ts, events, rank] as vLLM/SGLang send, and consumers learn
+    # the epoch from KVE/DESCRIBE. On: a 4th element carries it, which strict decoders reject.
+    epoch_in_batch: bool = False
     snapshots: bool = True  # keep the live view for KVE/SNAPSHOT (needs replay_endpoint); see above
+    # replay ROUTER bounds (transport/router.py): jobs held by one peer and by all, and the time a
+    # peer has to drain a reply before it loses the job (counted in jobs_expired)
+    replay_jobs_per_peer: int = Field(4, ge=1)
+    replay_max_jobs: int = Field(64, ge=1)
+    replay_job_timeout_s: float = Field(10.0, gt=0)
 
     @model_validator(mode="before")
     @classmethod
@@ -126,6 +135,9 @@ _SVC_KEYS = (
     "rejected_requests",
     "replies_abandoned",
     "bytes_sent",
+    "rejected_peer_cap",  # transport.router.ROUTER_COUNTERS
+    "rejected_oversized",
+    "jobs_expired",
 )
 
 
@@ -159,10 +171,13 @@ class Publisher:
         self._epoch: int = secrets.randbits(63) if config.epoch is None else config.epoch
         self._topic_b = config.topic.encode()
         self._rank = config.dp_rank
-        # (rank, epoch) the stream carries: ours, or the last republished payload's (publish_payload),
-        # so heartbeats and snapshots never look like another stream or a restart to consumers.
-        self._own_id: tuple[int | None, int | None] = (config.dp_rank, self._epoch)
+        # (rank, epoch element) the stream's batches carry: ours, or the last republished payload's
+        # (publish_payload), so heartbeats and snapshots never look like another stream or a restart
+        # to consumers. The epoch element is None (left out) unless epoch_in_batch; the stream's epoch
+        # (what KVE/DESCRIBE reports) is kept apart. Both change only under the lock.
+        self._own_id: tuple[int | None, int | None] = (config.dp_rank, self._epoch if config.epoch_in_batch else None)
         self._stream_id = self._own_id
+        self._stream_epoch = self._epoch
         self._enc = BatchEncoder(config.event_encoding)
         # map encoding: msgspec directly on the (ts, events, rank, epoch) tuple, the bytes BatchEncoder writes
         self._fast_encode = msgspec.msgpack.Encoder().encode_into if config.event_encoding == "map" else None
@@ -207,7 +222,7 @@ class Publisher:
             if config.replay_endpoint:
                 r = self._router = self._ctx.socket(zmq.ROUTER)
                 r.setsockopt(zmq.ROUTER_MANDATORY, 1)
-                r.setsockopt(zmq.MAXMSGSIZE, 1024)  # requests are tiny; a huge one drops its peer
+                prepare_router_socket(r)  # request limits; before bind: ZeroMQ's listener copies the options
                 r.setsockopt(zmq.LINGER, 0)
                 r.bind(offset_endpoint(config.replay_endpoint, config.dp_rank))
                 self.replay_endpoint = r.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -251,14 +266,24 @@ class Publisher:
         Any thread may call it. The events are kept by reference for snapshots: do not mutate them
         after publishing (RadixCache.take_events() hands over fresh lists).
         """
-        self._stream_id = self._own_id
-        return self._publish(events, time.time() if ts is None else ts, None)
+        return self._publish(events, time.time() if ts is None else ts, None, self._own_id, self._epoch)
 
     def publish_payload(self, payload: bytes) -> int:
-        """Republish an already-encoded payload under a new seq (the view, if kept, is updated from it)."""
+        """Republish an already-encoded payload under a new seq (the view, if kept, is updated from it).
+
+        The payload's bytes go out unchanged, except that without `epoch_in_batch` a payload of more
+        than 3 elements is re-encoded as [ts, events, rank]: the default wire stays strict.
+        """
         batch = decode_batch(payload)  # DecodeError (a ValueError) before anything changes
-        self._stream_id = (batch.data_parallel_rank, batch.epoch)
-        seq = self._publish(batch.events, batch.ts, bytes(payload))
+        rank, epoch = batch.data_parallel_rank, batch.epoch
+        stream_epoch = self._epoch if epoch is None else epoch
+        if self.config.epoch_in_batch:
+            ids = (rank, stream_epoch)
+            raw = bytes(payload)
+        else:
+            ids = (rank, None)
+            raw = bytes(payload) if payload[:1] == _STRICT_BATCH else None
+        seq = self._publish(batch.events, batch.ts, raw, ids, stream_epoch)
         with self._lock:
             self._stats["payloads_republished"] += 1
         return seq
@@ -288,8 +313,55 @@ class Publisher:
         return out
 
     def describe(self) -> dict[str, Any]:
-        """What a KVE/DESCRIBE request answers (page_size is learned only when a replay endpoint is set)."""
-        return describe(self)
+        """What a KVE/DESCRIBE request answers: one map, None where nothing is known yet (page_size
+        is learned only when a replay endpoint is set). Consumers read `epoch` here to find restarts."""
+        newest, oldest = self.seq_range()
+        with self._lock:
+            epoch = self._stream_epoch
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "hash_scheme": HASH_SCHEME,
+            "page_size": self._view.page_size,
+            "epoch": epoch,
+            "topic": self.config.topic,
+            "dp_rank": self.config.dp_rank,
+            "newest_seq": newest,
+            "oldest_replayable_seq": oldest,
+            "event_encoding": self.config.event_encoding,
+            "epoch_in_batch": self.config.epoch_in_batch,
+        }
+
+    # ------------------------------------------------------------------ the replay server's seam
+    @property
+    def topic_bytes(self) -> bytes:
+        """The topic frame of every message."""
+        return self._topic_b
+
+    def batch_ids(self) -> tuple[int | None, int | None]:
+        """(rank, epoch element) that batches of the current stream carry (epoch None: left out)."""
+        with self._lock:
+            return self._stream_id
+
+    def ring_items(self) -> list[tuple[int, bytes, bytes]]:
+        """A copy of the replay ring: (seq, 8-byte seq frame, payload), oldest first."""
+        with self._lock:
+            return list(self._ring)
+
+    def freeze_view(self) -> tuple[FrozenView, int]:
+        """The live-block view and the newest seq it reflects (-1 before the first batch)."""
+        with self._lock:
+            return self._view.freeze(), self._seq - 1
+
+    def seq_range(self) -> tuple[int | None, int | None]:
+        """(newest published seq, oldest replayable seq); None where there is none."""
+        with self._lock:
+            newest = self._seq - 1 if self._seq else None
+            oldest = self._ring[0][0] if self._ring else None
+            return newest, oldest
+
+    def count(self, key: str, n: int = 1) -> None:
+        """Add to a service counter (the replay server's thread is the only writer)."""
+        self._svc_stats[key] += n
 
     def close(self, timeout: float = 1.0) -> int:
         """Flush pending batches for up to `timeout` s, stop, close; returns unsent batches (queue mode).
@@ -337,16 +409,31 @@ class Publisher:
         self.close()
 
     # ------------------------------------------------------------------ internals
-    def _publish(self, events: Sequence[Event], ts: float, payload: bytes | None) -> int:
-        """The one publish path: seq, view, then send (caller mode) or enqueue (queue mode)."""
+    def _publish(
+        self,
+        events: Sequence[Event],
+        ts: float,
+        payload: bytes | None,
+        ids: tuple[int | None, int | None] | None = None,
+        stream_epoch: int | None = None,
+    ) -> int:
+        """The one publish path: seq, view, then send (caller mode) or enqueue (queue mode).
+
+        `ids` (with `stream_epoch`) switch the stream identity under the lock, so a batch never
+        goes out with another caller's rank and epoch; None keeps the current one (heartbeats).
+        """
         q = self._queue
         with self._lock:
+            if ids is not None:
+                self._stream_id = ids
+                self._stream_epoch = stream_epoch
             if payload is None and q is None:
                 rank, epoch = self._stream_id
                 try:
                     fast = self._fast_encode
-                    if fast is not None and epoch is not None:
-                        fast((float(ts), events, rank, epoch), self._scratch)
+                    if fast is not None:
+                        wire = (float(ts), events, rank) if epoch is None else (float(ts), events, rank, epoch)
+                        fast(wire, self._scratch)
                         payload = bytes(self._scratch)  # ~0.3 us cheaper than encode() for 4 KB
                     else:
                         payload = self._enc.encode(ts, events, rank, epoch)
@@ -464,24 +551,6 @@ class Publisher:
                 if errors % 100 == 1:
                     log.warning("publisher ROUTER error (%d in a row): %s", errors, exc)
                 self._stop.wait(min(1.0, 0.01 * errors))
-
-    def _count(self, key: str, n: int = 1) -> None:
-        """Service-thread counters (only that thread writes them)."""
-        self._svc_stats[key] += n
-
-    def _ring_items(self) -> list[tuple[int, bytes, bytes]]:
-        with self._lock:
-            return list(self._ring)
-
-    def _freeze_view(self) -> tuple[FrozenView, int]:
-        with self._lock:
-            return self._view.freeze(), self._seq - 1
-
-    def _seq_range(self) -> tuple[int | None, int | None]:
-        with self._lock:
-            newest = self._seq - 1 if self._seq else None
-            oldest = self._ring[0][0] if self._ring else None
-            return newest, oldest
 
     def _close_sockets(self) -> None:
         """Close both sockets, then terminate an owned context (waits until ZeroMQ has let go)."""

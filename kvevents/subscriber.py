@@ -1,8 +1,13 @@
-"""ZeroMQ subscriber: many publishers, per-(source, dp_rank) sequencing and repair (SPEC section 9).
+"""ZeroMQ subscriber: many publishers, per-(source, dp_rank) sequencing and repair.
 
 Gaps are filled by replay over a DEALER, duplicates dropped, live batches buffered while a
 replay is in flight; restarts and unrecoverable gaps become a `Reset` followed by snapshot
 deliveries (or a counted clean start). Drive it with `poll()` or run it on its own thread.
+
+Restarts are found without an epoch in the batch (schemas/README.md, "Restarts"): a seq that goes
+backwards, or a KVE/DESCRIBE epoch that changed, asked on first contact, after the SUB reconnects
+or a source comes back from stale, and before every gap replay. A publisher without a replay
+endpoint (plain vLLM, SGLang) has only the first signal.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from kvevents.errors import DecodeError
 from kvevents.events import KVEventBatch, decode_batch
 from kvevents.transport.repair import RepairMixin
 from kvevents.transport.streams import Item, SourceState as _Src, Stream
+from zmq.utils.monitor import recv_monitor_message
 from kvevents.transport.wire import SEQ, check_endpoint
 
 __all__ = ["Source", "parse_source", "Delivery", "Reset", "SourceStatus", "Subscriber"]
@@ -30,7 +36,8 @@ _COUNTERS = (
     "live", "replayed", "snapshot_batches", "heartbeats", "duplicates", "gaps", "replays_requested",
     "replay_timeouts", "unrecoverable_gaps", "restarts", "resets", "snapshots_requested", "snapshots_applied",
     "snapshot_failures", "losses", "bad_payloads", "bad_frames", "stale_buffered", "buffer_overflows",
-    "stale_sources", "callback_errors", "loop_errors",
+    "stale_sources", "callback_errors", "loop_errors", "describes_requested", "describe_timeouts", "reconnects",
+    "stale_returns",
 )
 
 
@@ -237,6 +244,10 @@ class Subscriber(RepairMixin):
             src, is_sub = self._by_sock.get(sock, (None, True))
             if src is None:
                 continue
+            if src.monitor is not None and (is_sub or sock is src.monitor):
+                self._read_monitor(src)  # a reconnect is noticed before the new connection's data
+                if not is_sub:
+                    continue
             for _ in range(2000):
                 try:
                     frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -298,6 +309,11 @@ class Subscriber(RepairMixin):
             s.sub = sub
             self._by_sock[sub] = (s, True)
             self._poller.register(sub, zmq.POLLIN)
+            if s.source.replay_endpoint and not s.source.endpoint.startswith("inproc://"):
+                # connection events: a reconnect may be a restarted publisher, to be asked DESCRIBE
+                s.monitor = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED)
+                self._by_sock[s.monitor] = (s, False)
+                self._poller.register(s.monitor, zmq.POLLIN)
             what, ep = "endpoint", s.source.endpoint
             try:
                 if s.source.bind:
@@ -320,6 +336,7 @@ class Subscriber(RepairMixin):
         """Undo a failed _open: close what was opened, keep the subscriber as it was."""
         for s in self._srcs:
             self._drop_dealer(s)
+            self._drop_monitor(s)
             if s.sub is not None:
                 s.sub.close(0)
                 s.sub = None
@@ -345,6 +362,30 @@ class Subscriber(RepairMixin):
         self._poller.register(d, zmq.POLLIN)
         return d
 
+    def _drop_monitor(self, s: _Src) -> None:
+        if s.monitor is not None:
+            if s.sub is not None and not s.sub.closed:
+                s.sub.disable_monitor()
+            s.monitor.close(0)
+            s.monitor = None
+
+    def _read_monitor(self, s: _Src) -> None:
+        """Drain connection events: every connection after the first is a reconnect."""
+        mon = s.monitor
+        assert mon is not None
+        while True:
+            try:
+                recv_monitor_message(mon, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:
+                return
+            s.connects += 1
+            if s.connects > 1:
+                self._counters["reconnects"] += 1
+                s.describes = None if s.describes is False else s.describes  # ask a new process again
+                s.unverify()
+
     def _drop_dealer(self, s: _Src) -> None:
         if s.dealer is not None:
             if self._poller is not None:
@@ -363,6 +404,7 @@ class Subscriber(RepairMixin):
             metrics.forget_subscriber(self)
         for s in self._srcs:
             self._drop_dealer(s)
+            self._drop_monitor(s)
             if s.sub is not None:
                 s.sub.close(0)
                 s.sub = None
@@ -401,6 +443,11 @@ class Subscriber(RepairMixin):
     def _on_live(self, s: _Src, frames: list[bytes]) -> None:
         now = time.time()
         s.last_heard = now
+        if s.stale:  # back from a silence: the publisher may be a new process
+            s.stale = False
+            self._counters["stale_returns"] += 1
+            log.info("source %s: heard again after being stale", s.name)
+            s.unverify()
         if len(frames) != 3 or len(frames[1]) != 8:
             return self._bad(f"source {s.name}: malformed live message", f"{len(frames)} frames", "bad_frames")
         topic_b, seq_b, payload = frames
@@ -436,8 +483,13 @@ class Subscriber(RepairMixin):
         if it.batch.epoch is not None and st.epoch is not None and it.batch.epoch != st.epoch:
             self._counters["stale_buffered"] += 1
             return
+        if not st.verified and s.can_describe:  # confirm the epoch before applying anything more
+            self._request(s, st, "describe", 0)
+            st.buffer.append(it)
+            return
         if st.next_seq is None:
-            st.epoch = it.batch.epoch
+            if it.batch.epoch is not None or not st.verified:
+                st.epoch = it.batch.epoch
             if st.clean_start or it.seq == 0 or not s.source.replay_endpoint:
                 if it.seq > 0 and not st.clean_start:
                     self._counters["losses"] += 1  # joined late with no replay: what came before is lost
@@ -468,7 +520,8 @@ class Subscriber(RepairMixin):
         self._out.append(
             Delivery(
                 s.name, it.seq if seq is None else seq, it.batch, it.payload, it.topic.decode("utf-8", "replace"),
-                kind, st.rank, it.batch.epoch, s.source.endpoint, it.received_at,
+                kind, st.rank, st.epoch if it.batch.epoch is None else it.batch.epoch, s.source.endpoint,
+                it.received_at,
             )
         )
 

@@ -122,7 +122,7 @@ def test_tail_reports_heartbeats_and_bad_endpoint():
 
 
 def test_replay_cli_publishes_with_the_recorded_epoch(tmp_path):
-    """`kvevents replay` sets PublisherConfig.epoch: heartbeats and describe carry the log's epoch at once."""
+    """`kvevents replay` sets PublisherConfig.epoch: DESCRIBE reports the log's epoch at once."""
     import msgspec
     import zmq
 
@@ -153,7 +153,7 @@ def test_replay_cli_publishes_with_the_recorded_epoch(tmp_path):
         d.connect(rep)
         assert s.poll(2500), "no heartbeat during --delay"
         hb = decode_batch(s.recv_multipart()[2])
-        assert hb.events == [] and hb.epoch == 4242  # before any recorded payload went out
+        assert hb.events == [] and hb.epoch is None  # strict 3-element wire; the epoch is in DESCRIBE
         d.send_multipart([b"", DESCRIBE_REQUEST])
         assert d.poll(2000)
         assert msgspec.msgpack.decode(d.recv_multipart()[1])["epoch"] == 4242

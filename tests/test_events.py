@@ -144,7 +144,7 @@ def test_batch_envelope() -> None:
 
 def test_event_to_dict() -> None:
     d = event_to_dict(BlockRemoved([1], "GPU"))
-    assert list(d) == ["type", "block_hashes", "medium"] and d["type"] == "BlockRemoved"
+    assert list(d) == ["type", "block_hashes", "medium", "lora_name"] and d["type"] == "BlockRemoved"
     assert event_to_dict(AllBlocksCleared()) == {"type": "AllBlocksCleared"}
     assert event_to_dict(sample_batch().events[1])["lora_name"] is None
 

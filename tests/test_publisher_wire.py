@@ -14,8 +14,9 @@ from kvevents.transport.wire import DESCRIBE_REQUEST, END_SEQ, SNAPSHOT_REQUEST,
 # ------------------------------------------------------------------ live wire
 
 
-def test_live_frames_seq_epoch_and_topic(ctx):
-    p = Publisher(endpoint=EPH, topic="kv@w0", heartbeat_interval_s=0)
+@pytest.mark.parametrize("epoch_in_batch", [False, True])
+def test_live_frames_seq_epoch_and_topic(ctx, epoch_in_batch):
+    p = Publisher(endpoint=EPH, topic="kv@w0", heartbeat_interval_s=0, epoch_in_batch=epoch_in_batch)
     s = sub_socket(ctx, p.endpoint)
     try:
         wait_joined(p, s)
@@ -26,7 +27,8 @@ def test_live_frames_seq_epoch_and_topic(ctx):
             topic, seq_b, payload = s.recv_multipart()
             assert topic == b"kv@w0" and len(seq_b) == 8 and int.from_bytes(seq_b, "big") == seq
             raw = msgspec.msgpack.decode(payload)
-            assert raw[0] == 1700000000.5 and raw[2] == 0 and raw[3] == p.epoch
+            assert raw[0] == 1700000000.5 and raw[2] == 0
+            assert raw[3:] == ([p.epoch] if epoch_in_batch else [])  # opt-in 4th element only
             assert 0 <= p.epoch < 2**63
     finally:
         s.close(0)
@@ -175,7 +177,7 @@ def test_live_payload_bytes_equal_encode_batch(ctx, encoding):
         d = dealer_socket(ctx, p.replay_endpoint)
         d.send_multipart([b"", pack_seq(0)])
         got = recv_all(d)[0][3]
-        assert got == encode_batch(KVEventBatch(5.0, EVENTS, 0, 77), event_encoding=encoding)
+        assert got == encode_batch(KVEventBatch(5.0, EVENTS, 0), event_encoding=encoding)
         d.close(0)
     finally:
         p.close()
@@ -191,13 +193,15 @@ def test_publish_rejects_non_events_without_consuming_a_seq(pub):
 def test_publish_payload_republishes_bytes_and_updates_view(ctx, pub):
     from kvevents.events import encode_batch, KVEventBatch
 
-    raw = encode_batch(KVEventBatch(1.0, [stored(7)], 0, 123))
-    seq = pub.publish_payload(raw)
-    assert seq == 0 and pub.stats()["live_blocks"] == 1
+    raw = encode_batch(KVEventBatch(1.0, [stored(7)], 0))
+    with_epoch = encode_batch(KVEventBatch(2.0, [stored(8)], 0, 123))
+    assert pub.publish_payload(raw) == 0 and pub.publish_payload(with_epoch) == 1
+    assert pub.stats()["live_blocks"] == 2 and pub.describe()["epoch"] == 123
     d = dealer_socket(ctx, pub.replay_endpoint)
     d.send_multipart([b"", pack_seq(0)])
     msgs = recv_all(d)
     assert msgs[0][3] == raw  # exact bytes kept
+    assert msgs[1][3] == encode_batch(KVEventBatch(2.0, [stored(8)], 0))  # the default wire stays 3 elements
     d.close(0)
     with pytest.raises(ValueError):
         pub.publish_payload(b"\xc1garbage")
@@ -276,3 +280,33 @@ def test_snapshots_off_live_frames_are_the_same_bytes(ctx):
             s.close(0)
             p.close()
     assert got[True] == got[False] and len(got[True]) == 23
+
+
+def test_publish_and_publish_payload_on_two_threads_never_mix_stream_ids():
+    """Each batch carries its own caller's rank and epoch (the ids switch under the publish lock)."""
+    import threading
+
+    from kvevents.events import KVEventBatch, encode_batch
+
+    p = Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0, epoch_in_batch=True, buffer_steps=50000,
+                  snapshots=False)
+    other = encode_batch(KVEventBatch(1.0, [stored(99)], 9, 4242))
+    n = 8000
+    try:
+        t = threading.Thread(target=lambda: [p.publish_payload(other) for _ in range(n)])
+        t.start()
+        for _ in range(n):
+            p.publish([stored(1)])
+        t.join()
+        mine = other_seen = 0
+        for _, _, payload in p.ring_items():
+            b = decode_batch(payload)
+            if b.events[0].block_hashes == [1]:
+                mine += 1
+                assert (b.data_parallel_rank, b.epoch) == (0, p.epoch)
+            else:
+                other_seen += 1
+                assert (b.data_parallel_rank, b.epoch) == (9, 4242)
+        assert mine == other_seen == n
+    finally:
+        p.close()

@@ -81,7 +81,10 @@ def check_count(value: Any, what: str) -> int:
 class Node:
     """One radix node: a run of whole pages under one namespace."""
 
-    __slots__ = ("parent", "children", "data", "ns", "storage", "events", "content", "last_access", "lock", "alive", "serial")
+    __slots__ = (
+        "parent", "children", "data", "ns", "storage", "events", "content", "last_access", "lock", "alive", "serial",
+        "lora_name",
+    )
 
     def __init__(self, serial: int = 0) -> None:
         self.parent: Node | None = None
@@ -95,6 +98,7 @@ class Node:
         self.lock = 0
         self.alive = True
         self.serial = serial
+        self.lora_name: str | None = None  # the adapter its BlockStored named: its BlockRemoved names it too
 
     def ev(self) -> bytes:
         """Packed event digests (the storage ones in the default namespace)."""

@@ -28,7 +28,7 @@ class EventQueue:
         if q:
             last = q[-1]
             if type(ev) is BlockRemoved:
-                if type(last) is BlockRemoved and last.medium == ev.medium:
+                if type(last) is BlockRemoved and last.medium == ev.medium and last.lora_name == ev.lora_name:
                     last.block_hashes.extend(ev.block_hashes)
                     return
             elif type(ev) is BlockStored:

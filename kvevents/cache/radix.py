@@ -134,6 +134,7 @@ class RadixCache:
         head = Node(self._serial)
         head.parent = parent
         head.ns = node.ns
+        head.lora_name = node.lora_name
         head.lock = node.lock
         head.data = node.data[:nbytes]
         node.data = node.data[nbytes:]
@@ -263,6 +264,7 @@ class RadixCache:
         leaf = Node(self._serial)
         leaf.parent = parent
         leaf.ns = ns
+        leaf.lora_name = lora_name
         leaf.data = tail
         leaf.storage = digests(tail, step, sprior)
         if not ns.is_default:
@@ -325,7 +327,7 @@ class RadixCache:
             freed += npages
             self._num_pages -= npages
             self._num_nodes -= 1
-            self._queue.push(BlockRemoved(published(node.ev()), self.medium))
+            self._queue.push(BlockRemoved(published(node.ev()), self.medium, node.lora_name))
             if parent is not root and not parent.children and not parent.lock:
                 heappush(heap, (parent.last_access, parent.serial, parent))
         return freed

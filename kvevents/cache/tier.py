@@ -50,10 +50,12 @@ class StorageTier:
         # since its last reset: AllBlocksCleared makes consumers forget every medium, so after a
         # reset a page already in the store is announced again the next time an insert writes it.
         self.announced: dict[str, int] = {}
+        self.announced_lora: dict[str, str] = {}  # storage key -> lora_name, for pages announced under one
 
     def reset(self) -> None:
         """The cache queued AllBlocksCleared: nothing is announced any more."""
         self.announced.clear()
+        self.announced_lora.clear()
 
     # ------------------------------------------------------------- writes
     def write_through(
@@ -83,6 +85,8 @@ class StorageTier:
                 written += 1
             if self.events and key not in announced:
                 announced[key] = pub[i]
+                if lora_name is not None:
+                    self.announced_lora[key] = lora_name
                 run.append(i)
             elif run:
                 self._stored_run(run, events, parent_event, tokens, ns, lora_name, session_id)
@@ -143,19 +147,18 @@ class StorageTier:
     def remove(self, token_ids: Sequence[int], namespace: Namespace) -> int:
         """Delete a sequence's pages (from the root) from the store; the number deleted.
 
-        With storage events, one STORAGE BlockRemoved lists the deleted pages that were announced.
+        With storage events, a STORAGE BlockRemoved lists the deleted pages that were announced (one
+        per run of pages announced under the same lora_name).
         """
         arr = _whole_pages(token_ids, self.page_size)
         keys = storage_hashes(arr, self.page_size, namespace)
-        removed: list[int] = []
         count = 0
         for key in keys:
             if self.store.delete(key):
                 count += 1
-            if key in self.announced:
-                removed.append(self.announced.pop(key))
-        if removed:
-            self._queue.push(BlockRemoved(removed, STORAGE_MEDIUM))
+            if key in self.announced:  # one event per page: the queue joins runs of one lora_name
+                lora = self.announced_lora.pop(key, None)
+                self._queue.push(BlockRemoved([self.announced.pop(key)], STORAGE_MEDIUM, lora))
         return count
 
     # ------------------------------------------------------------- reads

@@ -37,6 +37,10 @@ def serve(
     heartbeat: float = typer.Option(1.0, min=0.0, help="Heartbeat interval in seconds (0: none)."),
     bind: bool = typer.Option(True, help="Bind the live endpoint (the project default: loopback, bound)."),
     metrics_port: Optional[int] = typer.Option(None, help="Serve Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed)."),
+    epoch_in_batch: bool = typer.Option(
+        False, "--epoch-in-batch", help="Add the epoch as a 4th batch element (only tolerant decoders read it; "
+        "vLLM-, SGLang- and Dynamo-style strict decoders reject it). Default: the strict 3-element batch."
+    ),
 ) -> None:
     """Run simulated engine workers, each publishing its KV events; a status line per second."""
     from kvevents.publisher import Publisher, publish_steps
@@ -79,6 +83,7 @@ def serve(
                     bind=bind,
                     heartbeat_interval_s=heartbeat,
                     metrics_port=metrics_port,
+                    epoch_in_batch=epoch_in_batch,
                 )
             )
             metrics_port = pubs[0].metrics_port  # 0 picked a free port: the other ranks share it

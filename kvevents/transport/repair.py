@@ -1,8 +1,10 @@
-"""The subscriber's repair protocol: replay and snapshot requests over one DEALER per source.
+"""The subscriber's repair protocol: replay, snapshot and describe requests over one DEALER per source.
 
 One request in flight per source; timeouts recreate the DEALER (late replies die with it) and
 retry with backoff; a replay that cannot fill the gap becomes a Reset plus a snapshot request,
-and a snapshot that cannot be had becomes a counted clean start (SPEC section 9).
+and a snapshot that cannot be had becomes a counted clean start (schemas/README.md, "Consumer
+rules"). The default wire carries no epoch, so KVE/DESCRIBE confirms it: on first contact, after
+a reconnect or a stale spell, and before every gap replay; a new epoch is a restart.
 """
 
 from __future__ import annotations
@@ -10,18 +12,20 @@ from __future__ import annotations
 import logging
 import time
 
+import msgspec
 import zmq
 
 from kvevents.errors import DecodeError
 from kvevents.events import decode_batch
 from kvevents.transport.streams import Item, Request, SourceState, Stream
-from kvevents.transport.wire import END_SEQ, SEQ, SNAPSHOT_REQUEST, SNAPSHOT_SEQ, pack_seq
+from kvevents.transport.wire import DESCRIBE_REQUEST, END_SEQ, SEQ, SNAPSHOT_REQUEST, SNAPSHOT_SEQ, pack_seq
 
 __all__ = ["RepairMixin"]
 
 log = logging.getLogger("kvevents.subscriber")
 
 _U64 = 2**64
+DESCRIBE_TIMEOUT_S = 1.0  # a publisher without KVE/DESCRIBE (vLLM, SGLang) costs this once per (re)contact
 
 
 class RepairMixin:
@@ -45,6 +49,13 @@ class RepairMixin:
             return
         req = s.queue.popleft()
         dealer = s.dealer or self._new_dealer(s)
+        if req.kind == "describe" or (req.kind == "replay" and not req.first and s.can_describe and not req.describing):
+            self._counters["describes_requested"] += 1
+            req.describing = True
+            dealer.send_multipart([b"", DESCRIBE_REQUEST], zmq.NOBLOCK)
+            req.deadline = time.time() + min(self.request_timeout_s, DESCRIBE_TIMEOUT_S)
+            s.active = req
+            return
         if req.kind == "replay":
             self._counters["replays_requested"] += 1
             dealer.send_multipart([b"", pack_seq(req.start)], zmq.NOBLOCK)
@@ -60,8 +71,10 @@ class RepairMixin:
         assert req is not None
         s.active = None
         self._drop_dealer(s)
-        self._counters["replay_timeouts"] += 1
         st = req.stream
+        if req.describing:
+            return self._describe_unanswered(s, req)
+        self._counters["replay_timeouts"] += 1
         if req.superseded:
             return
         req.attempts += 1
@@ -89,10 +102,65 @@ class RepairMixin:
         st.clean_start = True
         self._drain(s, st)
 
+    def _describe_unanswered(self, s: SourceState, req: Request) -> None:
+        """No DESCRIBE reply: a publisher without it (vLLM, SGLang). Go on without; seqs find restarts."""
+        self._counters["describe_timeouts"] += 1
+        log.info("source %s: no KVE/DESCRIBE reply; restarts are found by seqs going backwards only", s.name)
+        s.describes = False
+        req.describing = False
+        if req.superseded:
+            return
+        if req.kind == "replay":
+            s.queue.appendleft(req)  # the replay itself, at once
+            return
+        req.stream.verified = True  # nothing to confirm it with
+        self._drain(s, req.stream)
+
+    def _on_describe(self, s: SourceState, req: Request, payload: bytes) -> None:
+        """A DESCRIBE reply: a new epoch is a restart (Reset, then snapshot); else go on."""
+        try:
+            info = msgspec.msgpack.decode(payload)
+            epoch = info.get("epoch") if isinstance(info, dict) else None
+            if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int)):
+                raise ValueError(f"epoch is {type(epoch).__name__}")
+        except (msgspec.DecodeError, ValueError) as exc:
+            self._bad(f"source {s.name}: undecodable KVE/DESCRIBE reply", str(exc))
+            epoch = None
+        s.describes = True
+        st = req.stream
+        req.describing = False
+        if req.superseded:
+            s.active = None
+            self._pump(s)
+            return
+        st.verified = True
+        if st.epoch is not None and epoch is not None and epoch != st.epoch:
+            s.active = None
+            s.not_before = 0.0
+            self._counters["restarts"] += 1
+            log.info("source %s rank %s: new epoch %s (was %s): the publisher restarted", s.name, st.rank, epoch, st.epoch)
+            self._restart(s, st, epoch, "restart", 1)
+            self._pump(s)
+            return
+        if epoch is not None:
+            st.epoch = epoch
+        if req.kind == "replay":  # the epoch holds: now the replay itself
+            assert s.dealer is not None
+            self._counters["replays_requested"] += 1
+            s.dealer.send_multipart([b"", pack_seq(req.start)], zmq.NOBLOCK)
+            req.deadline = time.time() + self.request_timeout_s
+            return
+        s.active = None
+        s.not_before = 0.0
+        self._drain(s, st)
+        self._pump(s)
+
     def _on_reply(self, s: SourceState, frames: list[bytes]) -> None:
         req = s.active
         s.last_heard = time.time()
-        if req is None or len(frames) != 4 or frames[0] != b"":
+        if req is not None and req.describing and len(frames) == 2 and frames[0] == b"":
+            return self._on_describe(s, req, frames[1])
+        if req is None or req.describing or len(frames) != 4 or frames[0] != b"":
             return self._bad(f"source {s.name}: unexpected replay reply", f"{len(frames)} frames", "bad_frames")
         st = req.stream
         req.deadline = time.time() + self.request_timeout_s  # progress extends the deadline
@@ -127,7 +195,8 @@ class RepairMixin:
                 st.next_seq += 1  # it will never decode: skip it, counted
             return
         if req.first and st.next_seq is None:
-            st.epoch = batch.epoch
+            if batch.epoch is not None:
+                st.epoch = batch.epoch
             st.next_seq = req.start
         if batch.epoch is not None and st.epoch is not None and batch.epoch != st.epoch:
             req.aborting = True  # the publisher restarted meanwhile: resync when this reply ends

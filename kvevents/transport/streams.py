@@ -32,7 +32,8 @@ class Stream:
     epoch: int | None = None
     next_seq: int | None = None  # None: nothing applied yet (first contact, or after a reset)
     last_live_seq: int | None = None  # live seqs only grow on one connection; lower means restart
-    busy: bool = False  # a replay or snapshot is queued or in flight
+    busy: bool = False  # a replay, snapshot or describe is queued or in flight
+    verified: bool = False  # epoch confirmed by KVE/DESCRIBE since the last (re)contact
     clean_start: bool = False  # accept the next seq as the start (no snapshot available)
     buffer: list[Item] = field(default_factory=list)
     snapshot: list[Item] = field(default_factory=list)
@@ -40,12 +41,17 @@ class Stream:
 
 @dataclass(slots=True, eq=False)
 class Request:
-    """A replay (from `start`) or snapshot request; one in flight per source DEALER."""
+    """A replay (from `start`), snapshot or describe request; one in flight per source DEALER.
+
+    A gap replay to a publisher that answers KVE/DESCRIBE asks DESCRIBE first (`describing`), so
+    a restart whose new seqs run past ours is found before its batches are replayed onto old state.
+    """
 
     stream: Stream
-    kind: str  # "replay" | "snapshot"
+    kind: str  # "replay" | "snapshot" | "describe"
     start: int
     first: bool = False  # the stream's first contact: a late first reply is reason "first"
+    describing: bool = False  # a DESCRIBE is in flight for this request
     deadline: float = 0.0
     attempts: int = 0
     got_any: bool = False
@@ -69,3 +75,18 @@ class SourceState:
         self.last_heard: float | None = None
         self.stale = False
         self.not_before = 0.0  # backoff: no new request before this time
+        self.monitor: zmq.Socket | None = None  # the SUB's connection events (reconnects)
+        self.connects = 0  # connections the SUB made or accepted
+        # Does the publisher answer KVE/DESCRIBE? None: not known yet; False: a DESCRIBE timed out
+        # (vLLM, SGLang), so seqs alone find restarts until the next reconnect asks again.
+        self.describes: bool | None = None
+
+    @property
+    def can_describe(self) -> bool:
+        """A DESCRIBE may be asked: a replay endpoint that has not been found mute."""
+        return bool(self.source.replay_endpoint) and self.describes is not False
+
+    def unverify(self) -> None:
+        """The connection was re-made or the source was silent: epochs must be confirmed again."""
+        for st in self.streams.values():
+            st.verified = False

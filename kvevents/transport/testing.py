@@ -92,7 +92,7 @@ def apply(state: dict, batch, source: str = "w") -> None:
 def view_counts(pub) -> dict:
     """A publisher's live-block view as {(medium, hash): copies} (compare with a consumer's)."""
     out: dict = {}
-    frozen = pub._freeze_view()[0]
+    frozen = pub.freeze_view()[0]
     for medium, m in frozen.media:
         for h in m:
             out[(medium, h)] = out.get((medium, h), 0) + 1

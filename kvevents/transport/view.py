@@ -107,7 +107,7 @@ class LiveView:
                     if m is None:
                         m = media[md] = {}  # type: ignore[index]
                 if extra:
-                    self._remove_copies(m, md, ev.block_hashes)  # type: ignore[arg-type, union-attr]
+                    self._remove_copies(m, md, ev.block_hashes, ev.lora_name)  # type: ignore[arg-type, union-attr]
                     continue
                 if paged_removes:
                     hs = ev.block_hashes  # type: ignore[union-attr]
@@ -152,17 +152,28 @@ class LiveView:
             else:
                 m[h] = ev
 
-    def _remove_copies(self, m: dict[int, BlockStored], md: str | None, hs: list[int]) -> None:
-        """Removes while some hash has extra copies: an extra copy goes first."""
+    def _remove_copies(self, m: dict[int, BlockStored], md: str | None, hs: list[int], lora: str | None) -> None:
+        """Removes while some hash has extra copies: the copy stored under the remove's lora_name
+        goes (the newest such), else an extra copy; the first copy is replaced by an extra one."""
         extra = self._extra
         for h in hs:
             copies = extra.get((md, h))
-            if copies:
-                copies.pop()
-                if not copies:
-                    del extra[(md, h)]
-            elif h in m:
-                del m[h]
+            if not copies:
+                if h in m:
+                    del m[h]
+                continue
+            i = len(copies) - 1
+            if lora is not None:
+                i = next((j for j in range(len(copies) - 1, -1, -1) if copies[j].lora_name == lora), -1)
+                if i < 0 and m[h].lora_name == lora:
+                    m[h] = copies.pop()  # the first copy is the one removed: an extra one takes its place
+                    i = None
+                elif i < 0:
+                    i = len(copies) - 1
+            if i is not None:
+                copies.pop(i)
+            if not copies:
+                del extra[(md, h)]
 
     def freeze(self) -> FrozenView:
         """A consistent copy (call it under the publisher's lock; events are never mutated)."""
