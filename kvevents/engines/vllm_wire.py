@@ -44,11 +44,14 @@ _REMOVED_REQUIRED = 2
 
 
 class VllmBlockStored(msgspec.Struct, tag="BlockStored", gc=False):
-    """A BlockStored with every vLLM 0.33 field (and the contract's `cache_salt`); hashes as sent."""
+    """A BlockStored with every vLLM 0.33 field (and the contract's `cache_salt`); hashes as sent.
 
-    block_hashes: list[Any]
-    parent_block_hash: Any = None
-    token_ids: Any = msgspec.field(default_factory=list)
+    The typed fields make the common payload decode fast; a payload that does not fit them is read
+    by the generic path, which keeps whatever was sent (consumers count what they cannot use)."""
+
+    block_hashes: list[Union[int, bytes]]
+    parent_block_hash: Union[int, bytes, None] = None
+    token_ids: list[int] = msgspec.field(default_factory=list)
     block_size: Any = None
     lora_id: Any = None
     medium: Any = None
@@ -67,7 +70,7 @@ class VllmBlockStored(msgspec.Struct, tag="BlockStored", gc=False):
 class VllmBlockRemoved(msgspec.Struct, tag="BlockRemoved", gc=False):
     """A BlockRemoved as sent (vLLM's GPU pool sends one hash per event)."""
 
-    block_hashes: list[Any]
+    block_hashes: list[Union[int, bytes]]
     medium: Any = None
     group_idx: Any = None
     locality: Any = None
