@@ -9,6 +9,7 @@ from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, decode_
 from kvevents.publisher import Publisher, PublisherConfig, publish_steps
 from kvevents.transport.testing import EPH, chain_events, dealer_socket, recv_all, stored, sub_socket, wait_joined
 from kvevents.transport.wire import DESCRIBE_REQUEST, END_SEQ, SNAPSHOT_REQUEST, pack_seq
+from strict_decoders import VllmBatch, VllmStored
 
 
 # ------------------------------------------------------------------ live wire
@@ -44,33 +45,6 @@ def test_seq_starts_at_zero_and_epochs_differ():
     finally:
         a.close()
         b.close()
-
-
-class _StoredV033(msgspec.Struct, tag="BlockStored", forbid_unknown_fields=False):
-    """vLLM 0.33's required BlockStored fields (no defaults: absent keys are errors)."""
-
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-
-
-class _RemovedV033(msgspec.Struct, tag="BlockRemoved"):
-    block_hashes: list[int]
-    medium: str | None
-
-
-class _ClearedV033(msgspec.Struct, tag="AllBlocksCleared"):
-    pass
-
-
-class _BatchV033(msgspec.Struct, array_like=True):
-    ts: float
-    events: list[_StoredV033 | _RemovedV033 | _ClearedV033]
-    data_parallel_rank: int | None
 
 
 class _LegacyStored(msgspec.Struct, array_like=True, tag="BlockStored"):
@@ -137,17 +111,14 @@ def test_payloads_decode_with_strict_external_decoders(ctx, encoding):
         s.close(0)
         p.close()
     if encoding == "map":
-        b = msgspec.msgpack.decode(payload, type=_BatchV033)
-        assert isinstance(b.events[1], _StoredV033) and b.events[1].medium is None and b.events[1].lora_name is None
+        b = msgspec.msgpack.decode(payload, type=VllmBatch)  # strict: exactly 3 elements
+        assert isinstance(b.events[1], VllmStored) and b.events[1].medium is None and b.events[1].lora_name is None
     else:  # the salted store takes SGLang's legacy layout
         b = msgspec.msgpack.decode(payload, type=_SGLangBatch)
         assert isinstance(b.events[1], _SGLangStored) and b.events[1].extras == {"cache_salt": "t"}
     assert b.events[1].block_hashes == [-(2**63), 2**63 - 1]
-    assert [type(e).__name__.strip("_").replace("V033", "").replace("Legacy", "").replace("SGLang", "") for e in b.events] == [
-        "ClearedV033".replace("V033", "") if encoding == "map" else "Cleared",
-        "Stored",
-        "Removed",
-    ]
+    names = [type(e).__name__.strip("_").replace("Vllm", "").replace("Legacy", "").replace("SGLang", "") for e in b.events]
+    assert names == ["Cleared", "Stored", "Removed"]
     assert decode_batch(payload).events == EVENTS
 
 
