@@ -14,7 +14,7 @@ probe per chunk, timed alone as `held_probe`), index lookup cold (first walk of 
 warm (the same walk again), ranking, and the whole public `score()` call. Beside them: hashing all
 pages (`hash_array`) and the old hex path (event_hashes + to_int64). Wall-clock and thread-CPU p99
 are both given because p99 wall on a shared machine mostly measures neighbours. The index lookup
-part is `router._walk` (table probes, mask gathers, prefix lengths and scores) over the hashes
+part is `BlockIndex.prefix_match` (table probes, mask gathers, prefix lengths and scores) over the hashes
 score hashed, in one vectorised pass. Ceiling beside it: the bare table probe `HashTable.find` of
 those hashes, cold on alternate requests, where it runs before the walk (the walk's cold figure
 comes from the other half). Machine noise beside them: `fixed` times one and the same warm
@@ -182,7 +182,6 @@ def bench_score(idx: BlockIndex, docs, pages: int, n: int, rnd: random.Random) -
     for toks in reqs[:20]:  # warm up
         router.score(toks)
     table = idx._views[0]  # the one lora view of this profile
-    plan = idx._lookup_plan(None, router.lora_strict)
     prnd = random.Random(1)  # probe keys (rnd stays as it was for what follows)
     hashed = []
 
@@ -194,13 +193,13 @@ def bench_score(idx: BlockIndex, docs, pages: int, n: int, rnd: random.Random) -
         return out
 
     def walk(hs):
-        return router._walk(hs, None, want_detail=False)
+        return idx.prefix_match(hs, None, strict=router.lora_strict, medium_weight=router._weight)
 
     fixed = router.hash_array(reqs[0])  # the noise probe: one request's every page, walked warm
     for i, toks in enumerate(reqs):
         timed("fixed", walk, fixed)
         if i % 2:  # one key's probe, cold: what prefix_hashes asks after each chunk
-            timed("held_probe", idx._held, plan, int(docs[prnd.randrange(len(docs))][1][prnd.randrange(pages)]))
+            timed("held_probe", idx.holds, int(docs[prnd.randrange(len(docs))][1][prnd.randrange(pages)]))
         hs = timed("hash", router.prefix_hashes, toks)  # what score hashes: the int64 array the walk takes
         hashed.append(hs)
         if i % 4 == 2:
@@ -212,7 +211,7 @@ def bench_score(idx: BlockIndex, docs, pages: int, n: int, rnd: random.Random) -
         else:  # odd requests: the bare probe sees them cold (the ceiling)
             timed("find", table.find, hs)
             walked = walk(hs)
-        ranked = timed("rank", router._rank, *walked, None)  # WorkerScore for all workers, sorted
+        ranked = timed("rank", router._rank, walked, None)  # WorkerScore for all workers, sorted
         timed("score", router.score, toks)  # the public call: lazy hashing + lookup + rank
         matched.append(ranked[0].matched_pages)
         if i % 4 == 0:  # the former hex path, for comparison

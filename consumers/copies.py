@@ -40,26 +40,10 @@ def store_each(
     t: HashTable, extra: Extra, vid: int, mi: int, col: int, wi: int, hashes: list[int], prev: int | None
 ) -> int:
     """Store page by page with the scalar table ops (later pages see earlier ones); returns duplicates."""
-    bit = 1 << (wi % WORD)
-    find1, place1 = t.find1, t.place1
-    mv, pv, sv, nc = t._mv, t._pv, t._sv, t.nc
-    dup = 0
-    for h in hashes:
-        s = find1(h)
-        if s < 0:
-            s = place1(h)
-        i = s * nc + col
-        v = mv[i]
-        if v & bit:
-            _add_extra(extra, (vid, mi, wi, h))
-            dup += 1
-        else:
-            mv[i] = v | bit
-        if prev is not None:
-            pv[s] = prev
-            sv[s] |= HAS_PARENT
-        prev = h
-    return dup
+    dups = t.set_bits_each(hashes, col, 1 << (wi % WORD), prev)
+    for h in dups:
+        _add_extra(extra, (vid, mi, wi, h))
+    return len(dups)
 
 
 def store_many(
@@ -70,7 +54,7 @@ def store_many(
     slots = t.find(q)
     missing = slots < 0
     if missing.any():
-        slots[missing] = t._place(q[missing])
+        slots[missing] = t.place(q[missing])
     colv = t.masks[:, col]
     cur = colv.take(slots)
     held = (cur & bit) != 0

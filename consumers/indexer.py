@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, rank_of
 
+from consumers.lookup import PrefixMatch, WordLayout, walk
 from consumers.copies import WORD, Extra, clear_bits, remove_each, remove_many, store_each, store_many
 from consumers.table import HAS_PARENT, HashTable, as_hashes
 
@@ -73,7 +74,8 @@ class BlockIndex:
         self._lora_sources: set[int] = set()  # workers that ever published a lora_name
         self._lora_removers: set[int] = set()  # workers that name the adapter on BlockRemoved
         self._plans: dict[tuple[str | None, bool], list[tuple[HashTable, np.ndarray | None]]] = {}  # router cache
-        self._layout_version = 0  # bumped by _changed(): routers re-read the layout
+        self._layout_version = 0  # bumped by _changed(): lookups re-read the layout
+        self._layout_cache: tuple[int, Callable[[str | None], float], list[float], list[WordLayout]] | None = None
         self._counters: Counter[str] = Counter()
         self._hot = [0, 0, 0]  # batches, stored_copies, removed_copies: plain ints on the hot path
 
@@ -156,7 +158,7 @@ class BlockIndex:
     def apply(self, source: str, batch: KVEventBatch) -> None:
         """Apply one decoded batch from `source` (its dp rank comes from the batch)."""
         rank = batch.data_parallel_rank
-        w = self._worker(source, rank if isinstance(rank, int) and rank >= 0 else 0)
+        w = self._worker(source, rank_of(rank))
         self._hot[0] += 1
         for ev in batch.events:
             t = type(ev)
@@ -222,10 +224,8 @@ class BlockIndex:
         cols = self._worker_cols(wi)
         for t in self._views:
             s = t.find1(h)
-            if s >= 0:
-                mv, nc = t._mv, t.nc
-                if any(mv[s * nc + c] & bit for c in cols):
-                    return True
+            if s >= 0 and any(t.bit_set(s, c, bit) for c in cols):
+                return True
         return False
 
     def _remove(self, w: _Worker, ev: BlockRemoved) -> None:
@@ -438,14 +438,67 @@ class BlockIndex:
         )
         return out
 
-    # ---------------------------------------------------------------- router support (same package)
+    # ---------------------------------------------------------------- lookups (the router's seam)
+
+    def holds(self, block_hash: int, lora_name: str | None = None, *, strict: bool = True) -> bool:
+        """Does any worker hold `block_hash` for a request under `lora_name`? One key, a few us.
+
+        Strict: copies stored under that lora_name, plus lora-less copies of workers that never
+        published a lora_name (their events cannot tell adapters apart); else copies of any adapter.
+        """
+        for t, filt in self._lookup_plan(lora_name, strict):
+            slot = t.find1(block_hash)
+            if slot >= 0 and t.row_holds(slot, filt):
+                return True
+        return False
+
+    def prefix_match(
+        self,
+        hashes: np.ndarray,
+        lora_name: str | None = None,
+        *,
+        strict: bool = True,
+        medium_weight: Callable[[str | None], float] = lambda medium: 1.0,
+    ) -> PrefixMatch:
+        """Per worker index (see `labels`): the consecutive prefix of `hashes` (int64 array, page
+        order) it holds for a request under `lora_name` (as in `holds`), scored by medium weight,
+        with the pages credited per medium (each at the best-weighted medium holding it)."""
+        n = len(hashes)
+        plan = self._lookup_plan(lora_name, strict)
+        if not plan or not self._by_index or not n:
+            return PrefixMatch(n)
+        weights, layout = self._layout(medium_weight)
+        masks: np.ndarray | None = None
+        for t, filt in plan:  # (pages, columns) masks: OR over the plan's filtered views
+            m = t.rows(hashes)
+            if filt is not None:
+                m &= filt
+            masks = m if masks is None else (masks | m)
+        assert masks is not None
+        return walk(masks, layout, self._media, weights)
+
+    def labels(self) -> dict[int, str]:
+        """Worker index -> label, for every known worker (what `prefix_match` results are keyed by)."""
+        return {wi: w.label for wi, w in self._by_index.items()}
+
+    def _layout(self, medium_weight: Callable[[str | None], float]) -> tuple[list[float], list[WordLayout]]:
+        """Medium weights, and per worker word its columns best weight first; cached until the
+        layout (workers, media, columns, media holding copies) or the weight function changes."""
+        cached = self._layout_cache
+        if cached is not None and cached[0] == self._layout_version and cached[1] == medium_weight:
+            return cached[2], cached[3]
+        weights = [medium_weight(m) for m in self._media]
+        layout = []
+        for word, cols in self._word_columns().items():
+            alive = self._word_bits.get(word, 0)
+            if alive:
+                cols.sort(key=lambda c: (-weights[c[1]], c[1]))
+                layout.append(WordLayout(word, cols, alive))
+        self._layout_cache = (self._layout_version, medium_weight, weights, layout)
+        return weights, layout
 
     def _lookup_plan(self, lora_name: str | None, strict: bool) -> list[tuple[HashTable, np.ndarray | None]]:
-        """(view, per-column worker filter or None) pairs whose OR gives a page's masks (cached).
-
-        Strict: copies stored under the request's lora_name, plus lora-less copies of workers
-        that never published a lora_name (their events cannot tell adapters apart).
-        """
+        """(view, per-column worker filter or None) pairs whose OR gives a page's masks (cached)."""
         key = (lora_name, strict)
         plan = self._plans.get(key)
         if plan is None:
@@ -467,38 +520,6 @@ class BlockIndex:
                     filt[col] = sum(1 << (wi % WORD) for wi in blind if wi // WORD == word)
                 plan.append((self._views[0], filt))
         return plan
-
-    def _page_masks(
-        self, plan: list[tuple[HashTable, np.ndarray | None]], q: np.ndarray, *, exact: bool = True
-    ) -> np.ndarray:
-        """(pages, columns) masks of a request's int64 hashes: OR over the plan's filtered views.
-
-        exact=False: keys off their home bucket read as absent (see `_spilled`).
-        """
-        out: np.ndarray | None = None
-        for t, filt in plan:
-            m = t.rows(q, exact=exact)
-            if filt is not None:
-                m &= filt
-            out = m if out is None else (out | m)
-        assert out is not None
-        return out
-
-    def _spilled(self, plan: list[tuple[HashTable, np.ndarray | None]], keys: Iterable[int]) -> bool:
-        """Is any of `keys` off its home bucket in a view of the plan (what exact=False misreads)?"""
-        spills = [t.spill for t, _ in plan if t.spill]
-        return bool(spills) and any(k in sp for k in keys for sp in spills)
-
-    def _held(self, plan: list[tuple[HashTable, np.ndarray | None]], h: int) -> bool:
-        """Does any worker hold int64 hash h under the plan? One key, plain Python (a few us)."""
-        for t, filt in plan:
-            slot = t.find1(h)
-            if slot >= 0:
-                nc = t.nc
-                row = t._mv[slot * nc : slot * nc + nc].tolist()
-                if any(row) if filt is None else any(r & f for r, f in zip(row, filt.tolist())):
-                    return True
-        return False
 
 
 def _all_int64(hashes: list[int], prev: int | None) -> bool:

@@ -1,9 +1,8 @@
 """PrefixRouter: rank workers by the longest cached prefix of a request, weighted by medium.
 
 It recomputes the request's published (event) hashes with kvevents.hashing, the same contract the
-engines use (pages hashed lazily in growing chunks), then looks the hashed pages up in the
-BlockIndex at once: numpy gathers of the pages' mask rows, a running AND per worker word for the longest
-consecutive prefix, and per-bit counts for pages and medium weights. No Python runs per page.
+engines use (pages hashed lazily in growing chunks), then asks the BlockIndex's public lookup,
+`prefix_match` (one vectorised walk, consumers/lookup.py), and ranks the workers.
 """
 
 from __future__ import annotations
@@ -18,14 +17,17 @@ import numpy as np
 
 from kvevents.hashing import (
     Namespace,
+    check_page_size,
     digest_chain,
     event_hashes_int64,
     event_seed,
     pack_tokens,
+    packed_to_int64,
     split_pages,
 )
 
-from consumers.indexer import WORD, BlockIndex
+from consumers.indexer import BlockIndex
+from consumers.lookup import PrefixMatch
 from consumers.table import as_hashes
 
 __all__ = ["PrefixRouter", "WorkerScore", "DEFAULT_MEDIUM_WEIGHTS"]
@@ -79,8 +81,7 @@ class PrefixRouter:
         default_weight: float = 0.5,
         seed: int | None = None,
     ) -> None:
-        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
-            raise ValueError(f"page_size must be an integer >= 1, got {page_size!r}")
+        check_page_size(page_size)
         weights = dict(DEFAULT_MEDIUM_WEIGHTS if medium_weights is None else medium_weights)
         for name, w in weights.items():
             if not isinstance(w, (int, float)) or w < 0:
@@ -91,7 +92,6 @@ class PrefixRouter:
         self.default_weight = float(default_weight)
         self.lora_strict = lora_strict
         self.loads: dict[str, float] = {}
-        self._layout_cache: tuple[Any, list[float], list[tuple[int, list[tuple[int, int]], int]]] | None = None
         self._rng = random.Random(seed)
 
     # ---------------------------------------------------------------- hashing
@@ -112,21 +112,6 @@ class PrefixRouter:
         packed = pack_tokens(token_ids)
         step = 4 * self.page_size  # bytes per page
         return split_pages(packed[: len(packed) - len(packed) % step], self.page_size), seed
-
-    def _layout(self, idx: BlockIndex) -> tuple[list[float], list[tuple[int, list[tuple[int, int]], int]]]:
-        """Medium weights, and per worker word (columns best weight first, known workers); cached
-        until the index's layout (workers, media, columns, media holding copies) changes."""
-        key = idx._layout_version
-        if self._layout_cache is None or self._layout_cache[0] != key:
-            weights = [self._weight(m) for m in idx._media]
-            layout = []
-            for word, cols in idx._word_columns().items():
-                alive = idx._word_bits.get(word, 0)
-                if alive:
-                    cols.sort(key=lambda c: (-weights[c[1]], c[1]))
-                    layout.append((word, cols, alive))
-            self._layout_cache = (key, weights, layout)
-        return self._layout_cache[1], self._layout_cache[2]
 
     def _weight(self, medium: str | None) -> float:
         if medium is None:  # SGLang omits medium for the device tier
@@ -151,8 +136,7 @@ class PrefixRouter:
 
         Pages are hashed lazily (`prefix_hashes`), then looked up in one vectorised walk.
         """
-        hs = self.prefix_hashes(token_ids, cache_salt, lora_name)
-        return self._rank(*self._walk(hs, lora_name, want_detail=False), loads)
+        return self.score_hashes(self.prefix_hashes(token_ids, cache_salt, lora_name), lora_name, loads=loads)
 
     def prefix_hashes(
         self, token_ids: Sequence[int], cache_salt: str | None = None, lora_name: str | None = None
@@ -164,29 +148,32 @@ class PrefixRouter:
         """
         pages, seed = self._pages(token_ids, cache_salt)
         idx = self.index
-        plan = idx._lookup_plan(lora_name, self.lora_strict)
         digests: list[bytes] = []
         prior = seed
         for start, stop in _chunk_bounds(len(pages)):
             digests += digest_chain(pages[start:stop], prior)
             prior = digests[-1]
-            last = int.from_bytes(prior[:8], "big", signed=True)  # the chunk's last page, as published
-            if stop < len(pages) and not (plan and idx._held(plan, last)):
-                break
-        return digests_as_int64(digests) if digests else np.empty(0, np.int64)
+            if stop < len(pages):
+                last = packed_to_int64(prior)[0]  # the chunk's last page, as published
+                if not idx.holds(last, lora_name, strict=self.lora_strict):
+                    break
+        return digests_as_int64(digests)
 
     def score_hashes(
         self, hashes: Sequence[int], lora_name: str | None = None, *, loads: Mapping[str, float] | None = None
     ) -> list[WorkerScore]:
         """`score` for a request whose int64 event hashes are already known (the lookup part alone)."""
-        return self._rank(*self._walk(as_hashes(hashes), lora_name, want_detail=False), loads)
+        found = self.index.prefix_match(
+            as_hashes(hashes), lora_name, strict=self.lora_strict, medium_weight=self._weight
+        )
+        return self._rank(found, loads)
 
     def explain(
         self, token_ids: Sequence[int], cache_salt: str | None = None, lora_name: str | None = None
     ) -> dict[str, Any]:
         """Per-worker matched pages and media, plus the request's hashes (for humans and tests)."""
         hashes = self.request_hashes(token_ids, cache_salt)
-        ranked = self._rank(*self._walk(as_hashes(hashes), lora_name, want_detail=True), None)
+        ranked = self.score_hashes(hashes, lora_name)
         return {
             "pages": len(hashes),
             "page_size": self.page_size,
@@ -197,101 +184,26 @@ class PrefixRouter:
             "workers": [s.as_dict() for s in ranked],
         }
 
-    def _walk(
-        self, q: np.ndarray, lora_name: str | None, *, want_detail: bool, exact: bool = False
-    ) -> tuple[dict[int, int], dict[int, float], dict[int, dict[int, int]], dict[int, float]]:
-        """Per worker index: matched prefix pages, score, (want_detail) pages by best medium; and
-        per worker word with one medium, its weight (a score there is pages x weight, see _rank).
-
-        One vectorised lookup of the pages' masks, then per worker word (64 workers): OR the
-        word's medium columns and take a running AND down the pages. It only loses bits, so
-        Python runs once per change (a worker's prefix ending), not per page. Several media:
-        each prefix page is credited once, at the best-weighted medium holding it.
-        With one view (the usual plan) the lookup first skips the table's spill: the few keys off
-        their home bucket read as absent, an all-zero row. Such a misread page drops every running
-        AND to zero, so only the page where a word's AND drops to zero is checked, and the walk is
-        redone exactly if it is spilled. Several views are OR'd (a misread there only loses some
-        bits, anywhere), so they are read exactly from the start.
-        """
-        idx = self.index
-        plan = idx._lookup_plan(lora_name, self.lora_strict)
-        matched: dict[int, int] = {}
-        scores: dict[int, float] = {}
-        detail: dict[int, dict[int, int]] = {}
-        unit: dict[int, float] = {}
-        n = len(q)
-        if not plan or not idx._by_index or not n:
-            return matched, scores, detail, unit
-        weights, layout = self._layout(idx)
-        per_medium: dict[int, dict[int, np.ndarray]] = {}  # word -> medium -> prefix pages per bit
-        exact = exact or len(plan) > 1
-        m = idx._page_masks(plan, q, exact=exact)
-        check: list[int] = []  # where a word's running AND drops to zero: what a misread would look like
-        for word, cols, alive in layout:
-            if len(cols) == 1:
-                held = m[:, cols[0][0]]
-            else:
-                held = np.bitwise_or.reduce(m[:, [c for c, _ in cols]], axis=1)
-            acc = np.bitwise_and.accumulate(held)  # acc[i]: held pages 0..i (alive is applied below)
-            if len(cols) > 1 or want_detail:
-                _credit_media(m, acc & np.uint64(alive), cols, per_medium.setdefault(word, {}))
-            else:
-                unit[word] = weights[cols[0][1]]  # one medium: every prefix page has its weight
-            base = word * WORD
-            going = alive & acc.item(0)  # the others match no page: not recorded
-            after = acc[1:]
-            starts = (after != acc[:-1]).nonzero()[0]  # the running AND lost bits after page i
-            ends = starts.tolist()
-            for i, now in zip(ends, after.take(starts).tolist()):
-                ended = going & ~now  # these workers' prefixes are pages 0..i
-                going &= now
-                while ended:
-                    low = ended & -ended
-                    matched[base + low.bit_length() - 1] = i + 1
-                    ended ^= low
-            while going:  # still matching at the last page
-                low = going & -going
-                matched[base + low.bit_length() - 1] = n
-                going ^= low
-            if not exact and not acc.item(n - 1):  # zero sticks: it dropped at its last change, or page 0
-                check.append(ends[-1] + 1 if ends else 0)
-        if check and idx._spilled(plan, map(q.item, check)):  # rare: redo it exactly
-            return self._walk(q, lora_name, want_detail=want_detail, exact=True)
-        for word, media in per_medium.items():
-            for b in range(WORD):
-                pages = matched.get(word * WORD + b)
-                if pages:
-                    by_mi = {mi: int(per[b]) for mi, per in media.items() if per[b]}
-                    scores[word * WORD + b] = sum(weights[mi] * k for mi, k in by_mi.items())
-                    if want_detail:
-                        detail[word * WORD + b] = by_mi
-        return matched, scores, detail, unit
-
-    def _rank(
-        self,
-        matched: dict[int, int],
-        scores: dict[int, float],
-        detail: dict[int, dict[int, int]],
-        unit: dict[int, float],
-        loads: Mapping[str, float] | None,
-    ) -> list[WorkerScore]:
-        idx = self.index
-        media = idx._media
+    def _rank(self, found: PrefixMatch, loads: Mapping[str, float] | None) -> list[WorkerScore]:
+        """Every known worker, best score first; ties by lower load hint, then in a random order."""
         hint = self.loads if loads is None else {**self.loads, **loads}
         salt = self._rng.getrandbits(64)  # one draw per call: ties fall in a random order
         page_size = self.page_size
+        matches = found.workers
         keyed = []
-        for wi, w in idx._by_index.items():
-            pages = matched.get(wi, 0)
-            score = (scores[wi] if wi in scores else pages * unit[wi // WORD]) if pages else 0.0
-            load = hint.get(w.label, 0.0) if hint else 0.0
-            keyed.append((-score, load, (((wi + 1) ^ salt) * _MIX) & _M64, wi, w.label, score, pages))
-        keyed.sort()
+        for wi, label in self.index.labels().items():
+            got = matches.get(wi)
+            score = got.score if got is not None else 0.0
+            load = hint.get(label, 0.0) if hint else 0.0
+            keyed.append((-score, load, (((wi + 1) ^ salt) * _MIX) & _M64, wi, label, got))
+        keyed.sort(key=lambda k: k[:4])
         out = []
-        for _, load, _, wi, label, score, pages in keyed:
-            d = detail.get(wi)
-            by_medium = {str(media[mi]): n for mi, n in d.items()} if d else {}
-            out.append(WorkerScore(label, score, pages, pages * page_size, float(load), by_medium))
+        for _, load, _, _, label, got in keyed:
+            if got is None:
+                out.append(WorkerScore(label, 0.0, 0, 0, float(load)))
+            else:
+                by_medium = {str(m): k for m, k in got.pages_by_medium.items()}
+                out.append(WorkerScore(label, got.score, got.pages, got.pages * page_size, float(load), by_medium))
         return out
 
 
@@ -311,26 +223,5 @@ def _chunk_bounds(n: int) -> Iterator[tuple[int, int]]:
 
 
 def digests_as_int64(digests: Sequence[bytes]) -> np.ndarray:
-    """Published int64 of each 32-byte digest (its first 8 bytes, big-endian, signed) as an array."""
-    return np.frombuffer(b"".join(digests), dtype=">i8")[::4].astype(np.int64)
-
-
-def _credit_media(m: np.ndarray, acc: np.ndarray, cols: list[tuple[int, int]], per: dict[int, np.ndarray]) -> None:
-    """Add, per worker bit, the prefix pages whose best medium is each column's (best first)."""
-    rest = acc.copy()
-    for col, mi in cols:
-        got = m[:, col] & rest
-        rest &= ~got
-        counts = _bit_counts(got)
-        if mi in per:
-            per[mi] += counts
-        else:
-            per[mi] = counts
-
-
-def _bit_counts(words: np.ndarray) -> np.ndarray:
-    """For each of the 64 bit positions, how many of the uint64 `words` have it set."""
-    if not len(words):
-        return np.zeros(WORD, np.int64)
-    octets = words.astype("<u8", copy=False).view(np.uint8).reshape(-1, 8)
-    return np.unpackbits(octets, axis=1, bitorder="little").sum(0, dtype=np.int64)
+    """Published int64 of each raw digest, as the int64 array a lookup consumes."""
+    return np.array(packed_to_int64(b"".join(digests)), dtype=np.int64)

@@ -228,6 +228,35 @@ class HashTable:
             mv[i] = 0
         self.live -= 1
 
+    def row_holds(self, s: int, filt: np.ndarray | None = None) -> bool:
+        """Does slot `s` have any bit set (any bit of `filt`, per column, when given)?"""
+        nc = self.nc
+        row = self._mv[s * nc : s * nc + nc].tolist()
+        return any(row) if filt is None else any(r & f for r, f in zip(row, filt.tolist()))
+
+    def set_bits_each(self, hashes: list[int], col: int, bit: int, prev: int | None) -> list[int]:
+        """Set `bit` in column `col` for each key (inserted when absent, into reserved room), in
+        order, recording each key's parent (`prev`, then the key before it); the keys whose bit
+        was already set (extra copies) are returned."""
+        find1, place1 = self.find1, self.place1
+        mv, pv, sv, nc = self._mv, self._pv, self._sv, self.nc
+        dup: list[int] = []
+        for h in hashes:
+            s = find1(h)
+            if s < 0:
+                s = place1(h)
+            i = s * nc + col
+            v = mv[i]
+            if v & bit:
+                dup.append(h)
+            else:
+                mv[i] = v | bit
+            if prev is not None:
+                pv[s] = prev
+                sv[s] |= HAS_PARENT
+            prev = h
+        return dup
+
     def bit_set(self, s: int, col: int, bit: int) -> bool:
         """True if slot `s` has `bit` set in mask column `col`."""
         return bool(self._mv[s * self.nc + col] & bit)
@@ -250,9 +279,10 @@ class HashTable:
     def insert(self, q: np.ndarray) -> np.ndarray:
         """Insert keys known to be absent and distinct; returns their slots (rows start zeroed)."""
         self.reserve(len(q))
-        return self._place(q)
+        return self.place(q)
 
-    def _place(self, q: np.ndarray) -> np.ndarray:
+    def place(self, q: np.ndarray) -> np.ndarray:
+        """Insert absent keys (vectorised) into room already reserved; their slots."""
         if (q == self.vacant).any():
             self._move_vacant()
         out = np.empty(len(q), np.intp)
@@ -316,7 +346,7 @@ class HashTable:
         self._alloc(buckets, self.ncols)
         self.live = self.used = 0
         self.spill = {}
-        slots = self._place(keys)
+        slots = self.place(keys)
         self.state[slots] = state
         self.parent[slots] = parent
         self.masks[slots] = masks

@@ -30,6 +30,7 @@ __all__ = [
     "event_to_dict",
     "batch_json_schema",
     "SCHEMA_ID",
+    "rank_of",
 ]
 
 INT64_MAX = 2**63 - 1
@@ -124,6 +125,13 @@ class KVEventBatch(msgspec.Struct, array_like=True, gc=False):
 
 
 SCHEMA_ID = "urn:kvevents:schema:kvevent-batch:v1"
+
+
+def rank_of(data_parallel_rank: object) -> int:
+    """The dp rank a consumer files a batch under: the batch's rank, or 0 when it is nil or not a
+    non-negative int (the one rank rule: SGLang and vLLM send nil for a single rank)."""
+    r = data_parallel_rank
+    return r if isinstance(r, int) and not isinstance(r, bool) and r >= 0 else 0
 
 
 def batch_json_schema() -> dict[str, Any]:

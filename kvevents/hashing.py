@@ -32,6 +32,9 @@ __all__ = [
     "digest_chain",
     "digests_to_int64",
     "event_hashes_int64",
+    "packed_chain",
+    "packed_to_int64",
+    "check_page_size",
 ]
 
 TOKEN_ID_MAX = 2**32 - 1
@@ -147,9 +150,14 @@ def _prior_bytes(prior: str | None) -> bytes | None:
     return raw
 
 
-def _check_page_size(page_size: int) -> None:
+def check_page_size(page_size: int) -> int:
+    """`page_size` if it is an integer >= 1; ValueError otherwise (the one page-size rule)."""
     if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
         raise ValueError(f"page_size must be an integer >= 1, got {page_size!r}")
+    return page_size
+
+
+_check_page_size = check_page_size
 
 
 _BLOCK = 64  # pages / digests unpacked per struct call (a bounded set of cached Structs)
@@ -160,9 +168,7 @@ def _page_struct(step: int, count: int) -> struct.Struct:
     return struct.Struct(f"{step}s" * count)
 
 
-@lru_cache(maxsize=None)
-def _int64_struct(count: int) -> struct.Struct:  # count <= _BLOCK: at most 64 entries
-    return struct.Struct(">" + "q24x" * count)
+_PUBLISHED = struct.Struct(">q24x")  # the published int64: first 8 bytes of each 32-byte digest
 
 
 def _pages(data: bytes, page_size: int) -> list[bytes]:
@@ -210,14 +216,21 @@ def _chain(pages: list[bytes], prior: bytes | None) -> list[str]:
     return [d.hex() for d in _digests(pages, prior)]
 
 
+def packed_to_int64(packed: bytes) -> list[int]:
+    """Published int64 of each digest in concatenated 32-byte digests (the one digest -> int64 rule:
+    the first 8 bytes, big-endian, signed)."""
+    return [v for (v,) in _PUBLISHED.iter_unpack(packed)]
+
+
 def _ints(digests: Sequence[bytes]) -> list[int]:
-    """Published int64 of each 32-byte digest, a block of digests per C-level unpack."""
-    out: list[int] = []
-    n = len(digests)
-    for lo in range(0, n, _BLOCK):
-        part = digests[lo : lo + _BLOCK]
-        out.extend(_int64_struct(len(part)).unpack(b"".join(part)))
-    return out
+    """Published int64 of each 32-byte digest."""
+    return packed_to_int64(b"".join(digests))
+
+
+def packed_chain(data: bytes, page_size: int, prior: bytes | None = None) -> bytes:
+    """The page chain over packed whole pages (`pack_tokens` output), as concatenated raw digests:
+    what the cache keeps per node (32 bytes a page, no object per digest)."""
+    return b"".join(_digests(_pages(data, page_size), prior))
 
 
 def page_hashes(token_ids: Sequence[int], page_size: int, prior: str | None = None) -> list[str]:

@@ -369,8 +369,7 @@ CROWD = np.arange(1, 200_000, dtype=np.int64) * 1_000_003  # candidates for keys
 
 
 def test_prefixes_through_keys_off_their_home_bucket():
-    """Pages whose keys spilled past a full home bucket: the walk first reads them as absent,
-    finds them at the prefix ends it checks, and redoes the lookup exactly."""
+    """Pages whose keys spilled past a full home bucket are found like any other."""
     idx = BlockIndex()
     t = idx._views[0]
     t.reserve(64)  # sized now, so storing the chain below does not rebuild (homes stay put)
@@ -382,19 +381,20 @@ def test_prefixes_through_keys_off_their_home_bucket():
     spilled = [i for i, k in enumerate(chain) if k in t.spill]
     assert len(spilled) == 16 and t.capacity == 256  # the premise: 16 of the 24 pages spilled
     q = np.array(chain, np.int64)
-    plan = idx._lookup_plan(None, True)
-    assert not idx._page_masks(plan, q, exact=False)[spilled].any()  # the fast read misses them
     r = PrefixRouter(idx, PAGE, seed=0)
+    labels = idx.labels()
     for start in (0, 8, 10):
         got = {s.worker: s.matched_pages for s in r.score_hashes(chain[start:])}
         assert got == {"w0": 24 - start, "w1": 12 - start, "w2": 20 - start}
-        matched, _, by_medium, _ = r._walk(q[start:], None, want_detail=True)
-        assert matched == {0: 24 - start, 1: 12 - start, 2: 20 - start} and by_medium[2] == {1: 20 - start}
+        found = idx.prefix_match(q[start:])
+        by_label = {labels[wi]: (m.pages, m.pages_by_medium) for wi, m in found.workers.items()}
+        assert by_label == {"w0": (24 - start, {"GPU": 24 - start}), "w1": (12 - start, {"GPU": 12 - start}),
+                            "w2": (20 - start, {"CPU_PINNED": 20 - start})}
 
 
 def test_spilled_keys_in_an_adapter_view_beside_lora_blind_workers():
-    """Two views OR'd (the adapter's, and lora-less copies of workers that never name one): a
-    misread spilled key there only loses some bits, and is still found and redone."""
+    """Two views OR'd (the adapter's, and lora-less copies of workers that never name one), with
+    spilled keys in the adapter's view."""
     idx = BlockIndex()
     idx.apply("la", KVEventBatch(0.0, [BlockStored([7], None, [1] * PAGE, PAGE, None, "GPU", "a")]))
     t = idx._views[idx._lora_ix["a"]]
@@ -404,35 +404,51 @@ def test_spilled_keys_in_an_adapter_view_beside_lora_blind_workers():
     for src, n, lora in (("la", 24, "a"), ("lb", 12, "a"), ("blind", 24, None)):
         idx.apply(src, KVEventBatch(0.0, [BlockStored(chain[:n], None, [1] * n * PAGE, PAGE, None, "GPU", lora)]))
     assert sum(k in t.spill for k in chain) == 16 and chain[0] not in t.spill and not idx._views[0].spill
-    # the running AND never drops to zero (blind holds every page): only checking every change finds it
-    plan = idx._lookup_plan("a", True)
-    assert len(plan) == 2
     r = PrefixRouter(idx, PAGE, seed=0)
     got = {s.worker: s.matched_pages for s in r.score_hashes(chain, lora_name="a")}
     assert got == {"la": 24, "lb": 12, "blind": 24}
 
 
+def _model_prefixes(holdings, chain, lora, strict):
+    """Longest held prefix per source, from the raw holdings (source, hashes, medium, lora)."""
+    named = {src for src, _, _, lo in holdings if lo is not None}
+    held: dict = {}
+    for src, hs, _medium, lo in holdings:
+        if not strict or lo == lora or (lo is None and lora is not None and src not in named):
+            held.setdefault(src, set()).update(hs)
+    out = {}
+    for src in {h[0] for h in holdings}:
+        n = 0
+        while n < len(chain) and chain[n] in held.get(src, ()):
+            n += 1
+        out[src] = n
+    return out
+
+
 @given(st.data())
-def test_walk_without_the_spill_first_equals_the_exact_walk(data):
+def test_lookup_over_crowded_tables_equals_a_model(data):
     """Random holdings of keys crowding a few home buckets (a third or more spill), several
-    workers, media, adapters and lora-blind sources: the fast walk and the exact one agree."""
+    workers, media, adapters and lora-blind sources: prefixes equal a plain-set model."""
     idx = BlockIndex()
+    holdings = [("seed", [11], "GPU", "a")]
     idx.apply("seed", KVEventBatch(0.0, [BlockStored([11], None, [], PAGE, None, "GPU", "a")]))
     for t in idx._views:
         t.reserve(64)
     homes = idx._views[0]._home(CROWD)
     pool = [k for h in np.unique(homes)[:3].tolist() for k in CROWD[homes == h][:16].tolist()]
     idx.apply("fill", KVEventBatch(0.0, [BlockStored(pool, None, [], PAGE, None, "GPU", None)]))  # 8 spill a bucket
+    holdings.append(("fill", pool, "GPU", None))
     chain = data.draw(st.permutations(pool))[: data.draw(st.integers(8, 48))]
     for i in range(data.draw(st.integers(1, 6))):
         lo = data.draw(st.sampled_from([0, 0, data.draw(st.integers(0, len(chain)))]))
         held = chain[lo : data.draw(st.integers(lo, len(chain)))]
         medium, lora = data.draw(st.sampled_from(["GPU", "CPU_PINNED"])), data.draw(st.sampled_from([None, "a"]))
         idx.apply(f"w{i % 4}", KVEventBatch(0.0, [BlockStored(held, None, [], PAGE, None, medium, lora)]))
+        holdings.append((f"w{i % 4}", held, medium, lora))
     assert len(idx._views[0].spill) == 24
-    q = np.array(chain, np.int64)
     for strict in (True, False):
         r = PrefixRouter(idx, PAGE, lora_strict=strict, seed=1)
         for lora in (None, "a"):
-            for detail in (False, True):
-                assert r._walk(q, lora, want_detail=detail) == r._walk(q, lora, want_detail=detail, exact=True)
+            got = {s.worker: s.matched_pages for s in r.score_hashes(chain, lora_name=lora)}
+            want = _model_prefixes(holdings, chain, lora, strict)
+            assert got == {w: want.get(w, 0) for w in got}

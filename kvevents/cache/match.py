@@ -55,6 +55,32 @@ class Match:
         self._locks = 0
 
     @property
+    def node(self) -> Node:
+        """The deepest matched node: what `RadixCache.lock` pins (with its ancestors)."""
+        return self._node
+
+    @property
+    def cache(self) -> "RadixCache":
+        """The cache this match was taken from."""
+        return self._cache
+
+    @property
+    def generation(self) -> int:
+        """The cache's reset count when this match was taken (a reset drops its nodes)."""
+        return self._gen
+
+    @property
+    def locks(self) -> int:
+        """How many times `RadixCache.lock` pinned this match (minus unlocks)."""
+        return self._locks
+
+    def count_lock(self, delta: int) -> None:
+        """Record a lock (+1) or unlock (-1) of this match; never below zero (ValueError)."""
+        if self._locks + delta < 0:
+            raise ValueError(f"unlock(): {self!r} is not locked")
+        self._locks += delta
+
+    @property
     def num_pages(self) -> int:
         return len(self._storage) // DIGEST
 

@@ -6,42 +6,31 @@ which costs 32 bytes per page instead of a Python object per digest.
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from array import array
 from typing import Any
 
-from kvevents.hashing import DEFAULT_NAMESPACE, Namespace
+from kvevents.hashing import DEFAULT_NAMESPACE, Namespace, packed_chain, packed_to_int64
 
 __all__ = ["Node", "DIGEST", "digests", "published", "published_one", "hexes", "tokens_of", "as_namespace", "check_opt_str", "check_count"]
 
 DIGEST = 32
-_sha256 = hashlib.sha256
-_PUB = struct.Struct(">q24x")
-_PUB1 = struct.Struct(">q")  # the published int64: first 8 bytes of each 32-byte digest
 _LITTLE = struct.pack("=I", 1) == b"\x01\x00\x00\x00"
 
 
 def digests(data: bytes, step: int, prior: bytes | None) -> bytes:
-    """SPEC section 2 chain over pre-packed whole pages, as concatenated raw digests."""
-    out = bytearray()
-    view = memoryview(data)
-    for off in range(0, len(data), step):
-        h = _sha256(prior) if prior is not None else _sha256()
-        h.update(view[off : off + step])
-        prior = h.digest()
-        out += prior
-    return bytes(out)
+    """The page chain over pre-packed whole pages of `step` bytes, as concatenated raw digests."""
+    return packed_chain(data, step // 4, prior)
 
 
 def published_one(digest: bytes) -> int:
-    """Published int64 of one digest (its first 8 bytes, big-endian, signed)."""
-    return int(_PUB1.unpack_from(digest)[0])
+    """Published int64 of one digest."""
+    return packed_to_int64(digest[:DIGEST])[0]
 
 
 def published(packed: bytes) -> list[int]:
     """Published int64 of every digest in a packed chain."""
-    return [v for (v,) in _PUB.iter_unpack(packed)]
+    return packed_to_int64(packed)
 
 
 def hexes(packed: bytes) -> list[str]:

@@ -15,7 +15,7 @@ from heapq import heapify, heappop, heappush
 from typing import Any, Callable, Sequence
 
 from kvevents.events import BlockRemoved, BlockStored, Event, event_to_dict
-from kvevents.hashing import Namespace, event_seed, pack_tokens, storage_seed
+from kvevents.hashing import Namespace, check_page_size, event_seed, pack_tokens, storage_seed
 
 from kvevents.cache.match import Match, NodeInfo
 from kvevents.cache.node import (
@@ -50,8 +50,7 @@ class RadixCache:
         on_events: Callable[[list[Event]], Any] | None = None,
         page_content: PageContent | None = None,
     ) -> None:
-        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
-            raise ValueError(f"page_size must be an integer >= 1, got {page_size!r}")
+        check_page_size(page_size)
         if capacity_pages is not None:
             check_count(capacity_pages, "capacity_pages")
         check_opt_str(medium, "medium")
@@ -340,26 +339,24 @@ class RadixCache:
     def _check_match(self, match: Match, what: str) -> None:
         if not isinstance(match, Match):
             raise ValueError(f"{what}() needs a Match, got {type(match).__name__}")
-        if match._cache is not self:
+        if match.cache is not self:
             raise ValueError(f"{what}(): the match belongs to another cache")
-        if match._gen != self._gen:
+        if match.generation != self._gen:
             raise ValueError(f"{what}(): the match was taken before a reset(); its nodes are gone")
 
     def lock(self, match: Match) -> None:
         """Pin exactly the matched nodes (and so their ancestors) against eviction."""
         self._check_match(match, "lock")
-        if not match._node.alive:
+        if not match.node.alive:
             raise ValueError("lock(): the matched pages were evicted since the match")
-        match._locks += 1
-        self._pin(match._node, 1)
+        match.count_lock(1)
+        self._pin(match.node, 1)
 
     def unlock(self, match: Match) -> None:
         """Undo one `lock(match)`; a match that is not locked is a ValueError."""
         self._check_match(match, "unlock")
-        if match._locks <= 0:
-            raise ValueError(f"unlock(): {match!r} is not locked")
-        match._locks -= 1
-        self._pin(match._node, -1)
+        match.count_lock(-1)  # ValueError (nothing changed) if it is not locked
+        self._pin(match.node, -1)
 
     # ------------------------------------------------------------------ events
     def take_events(self) -> list[Event]:
