@@ -152,7 +152,9 @@ class Subscriber(RepairMixin):
         hwm: int = 100000,
         metrics_port: int | None = None,
         context: zmq.Context | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock` (monotonic seconds) times requests, backoff and staleness; tests may inject one."""
         if not sources:
             raise ValueError("Subscriber: at least one source is needed")
         srcs = [s if isinstance(s, Source) else Source(s) for s in sources]
@@ -176,7 +178,8 @@ class Subscriber(RepairMixin):
         self._poller: zmq.Poller | None = None
         self._counters = dict.fromkeys(_COUNTERS, 0)
         self._out: list[Output] = []
-        self._started_at = time.time()
+        self.clock = clock
+        self._started_at = clock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._closed = False
@@ -227,12 +230,20 @@ class Subscriber(RepairMixin):
         self.stop()
 
     def poll(self, timeout_s: float = 0.0) -> list[Output]:
-        """Wait up to timeout_s for messages; return what became deliverable (in order)."""
+        """Wait up to timeout_s for messages; return what became deliverable (in order).
+
+        Not while `start()`'s thread runs (it polls): a ValueError then.
+        """
         if self._closed:
             raise ValueError("Subscriber.poll: the subscriber is stopped")
+        if self._thread is not None and threading.current_thread() is not self._thread:
+            raise ValueError("Subscriber.poll: start() runs the poll loop on its own thread; use on_delivery")
+        return self._poll(timeout_s)
+
+    def _poll(self, timeout_s: float) -> list[Output]:
         self._open()
         assert self._poller is not None
-        now = time.time()
+        now = self.clock()
         wait = timeout_s
         for s in self._srcs:
             if s.active is not None:
@@ -261,7 +272,7 @@ class Subscriber(RepairMixin):
                     self._on_reply(src, frames)
                 else:
                     break
-        now = time.time()
+        now = self.clock()
         for s in self._srcs:
             if s.active is not None and now >= s.active.deadline:
                 self._on_timeout(s)
@@ -272,7 +283,8 @@ class Subscriber(RepairMixin):
         return out
 
     def status(self) -> dict[str, SourceStatus]:
-        now = time.time()
+        """Per source: where its first rank stands, when it was last heard (wall clock), staleness."""
+        now = self.clock()
         out = {}
         for s in self._srcs:
             streams = list(s.streams.items())  # one C-level copy: safe while the poll thread runs
@@ -442,7 +454,7 @@ class Subscriber(RepairMixin):
 
     def _on_live(self, s: _Src, frames: list[bytes]) -> None:
         now = time.time()
-        s.last_heard = now
+        s.heard(now, self.clock())
         if s.stale:  # back from a silence: the publisher may be a new process
             s.stale = False
             self._counters["stale_returns"] += 1
@@ -560,7 +572,7 @@ class Subscriber(RepairMixin):
 
     # ------------------------------------------------------------------ staleness
     def _is_stale(self, s: _Src, now: float) -> bool:
-        ref = s.last_heard if s.last_heard is not None else self._started_at
+        ref = s.heard_at if s.heard_at is not None else self._started_at
         return now - ref > self.stale_after_s
 
     def _check_stale(self, s: _Src, now: float) -> None:

@@ -411,3 +411,38 @@ def test_thread_backs_off_on_a_persistent_error(caplog):
     n = sub.counters()["loop_errors"]
     assert 1 <= n <= 6  # 50, 100, 200, 400 ms ... not one every 50 ms (20 in a second)
     assert len([r for r in caplog.records if "loop error" in r.getMessage()]) == 1
+
+
+def test_poll_is_refused_while_the_thread_runs():
+    pub = _pub(heartbeat_interval_s=0)
+    sub = _sub(pub, on_delivery=lambda d: None)
+    try:
+        sub.start()
+        with pytest.raises(ValueError, match="own thread"):
+            sub.poll(0)
+    finally:
+        sub.stop()
+        pub.close()
+
+
+def test_staleness_and_request_deadlines_follow_the_injected_clock():
+    """A fake monotonic clock: a source goes stale and a replay request times out with no sleep."""
+    now = [1000.0]
+    pub = _pub(heartbeat_interval_s=0)
+    sub = Subscriber([Source(pub.endpoint, "tcp://127.0.0.1:9", "w0")], stale_after_s=5.0, request_timeout_s=2.0,
+                     max_attempts=1, clock=lambda: now[0])
+    try:
+        assert not sub.status()["w0"].stale
+        now[0] += 6.0
+        sub.poll(0)
+        assert sub.status()["w0"].stale and sub.counters()["stale_sources"] == 1
+        while not sub.counters()["describes_requested"]:  # first contact asks DESCRIBE of a dead port
+            pub.publish([stored(1)])
+            sub.poll(0.02)
+        assert sub.counters()["describe_timeouts"] == 0
+        now[0] += 1.5  # DESCRIBE gives up after 1 s of the injected clock
+        sub.poll(0)
+        assert sub.counters()["describe_timeouts"] == 1
+    finally:
+        sub.stop()
+        pub.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 import msgspec
 import zmq
@@ -34,6 +35,7 @@ class RepairMixin:
     _counters: dict[str, int]
     request_timeout_s: float
     max_attempts: int
+    clock: Callable[[], float]  # monotonic seconds: deadlines and backoff
 
     def _request(self, s: SourceState, st: Stream, kind: str, start: int, *, first: bool = False) -> None:
         st.busy = True
@@ -45,7 +47,7 @@ class RepairMixin:
         self._pump(s)
 
     def _pump(self, s: SourceState) -> None:
-        if s.active is not None or not s.queue or time.time() < s.not_before:
+        if s.active is not None or not s.queue or self.clock() < s.not_before:
             return
         req = s.queue.popleft()
         dealer = s.dealer or self._new_dealer(s)
@@ -53,7 +55,7 @@ class RepairMixin:
             self._counters["describes_requested"] += 1
             req.describing = True
             dealer.send_multipart([b"", DESCRIBE_REQUEST], zmq.NOBLOCK)
-            req.deadline = time.time() + min(self.request_timeout_s, DESCRIBE_TIMEOUT_S)
+            req.deadline = self.clock() + min(self.request_timeout_s, DESCRIBE_TIMEOUT_S)
             s.active = req
             return
         if req.kind == "replay":
@@ -63,7 +65,7 @@ class RepairMixin:
             self._counters["snapshots_requested"] += 1
             req.stream.snapshot = []
             dealer.send_multipart([b"", SNAPSHOT_REQUEST], zmq.NOBLOCK)
-        req.deadline = time.time() + self.request_timeout_s
+        req.deadline = self.clock() + self.request_timeout_s
         s.active = req
 
     def _on_timeout(self, s: SourceState) -> None:
@@ -78,7 +80,7 @@ class RepairMixin:
         if req.superseded:
             return
         req.attempts += 1
-        s.not_before = time.time() + min(5.0, 0.1 * 2**req.attempts)
+        s.not_before = self.clock() + min(5.0, 0.1 * 2**req.attempts)
         if req.attempts < self.max_attempts:
             log.info("source %s: %s request timed out, retrying (%d)", s.name, req.kind, req.attempts)
             s.queue.appendleft(req)
@@ -148,7 +150,7 @@ class RepairMixin:
             assert s.dealer is not None
             self._counters["replays_requested"] += 1
             s.dealer.send_multipart([b"", pack_seq(req.start)], zmq.NOBLOCK)
-            req.deadline = time.time() + self.request_timeout_s
+            req.deadline = self.clock() + self.request_timeout_s
             return
         s.active = None
         s.not_before = 0.0
@@ -157,13 +159,13 @@ class RepairMixin:
 
     def _on_reply(self, s: SourceState, frames: list[bytes]) -> None:
         req = s.active
-        s.last_heard = time.time()
+        s.heard(time.time(), self.clock())
         if req is not None and req.describing and len(frames) == 2 and frames[0] == b"":
             return self._on_describe(s, req, frames[1])
         if req is None or req.describing or len(frames) != 4 or frames[0] != b"":
             return self._bad(f"source {s.name}: unexpected replay reply", f"{len(frames)} frames", "bad_frames")
         st = req.stream
-        req.deadline = time.time() + self.request_timeout_s  # progress extends the deadline
+        req.deadline = self.clock() + self.request_timeout_s  # progress extends the deadline
         _, topic_b, seq_b, payload = frames
         if seq_b == END_SEQ:
             return self._finish(s, req, payload)

@@ -72,7 +72,8 @@ class SourceState:
         self.streams: dict[int | None, Stream] = {}
         self.queue: deque[Request] = deque()
         self.active: Request | None = None
-        self.last_heard: float | None = None
+        self.last_heard: float | None = None  # wall clock, for display
+        self.heard_at: float | None = None  # the subscriber's monotonic clock, for staleness
         self.stale = False
         self.not_before = 0.0  # backoff: no new request before this time
         self.monitor: zmq.Socket | None = None  # the SUB's connection events (reconnects)
@@ -80,6 +81,11 @@ class SourceState:
         # Does the publisher answer KVE/DESCRIBE? None: not known yet; False: a DESCRIBE timed out
         # (vLLM, SGLang), so seqs alone find restarts until the next reconnect asks again.
         self.describes: bool | None = None
+
+    def heard(self, wall: float, mono: float) -> None:
+        """Something arrived from this source (live or on the DEALER)."""
+        self.last_heard = wall
+        self.heard_at = mono
 
     @property
     def can_describe(self) -> bool:
