@@ -37,17 +37,23 @@ def serve(
     heartbeat: float = typer.Option(1.0, min=0.0, help="Heartbeat interval in seconds (0: none)."),
     bind: bool = typer.Option(True, help="Bind the live endpoint (the project default: loopback, bound)."),
     metrics_port: Optional[int] = typer.Option(None, help="Serve Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed)."),
+    engine: str = typer.Option("contract", "--engine", help="contract: emit by the kvevents contract; vllm: what a vLLM "
+                               "0.33 worker emits (its hash chain as uint64, extra_keys, group_idx, one removal per hash; "
+                               "no snapshots, no heartbeats)."),
+    hash_algo: str = typer.Option("sha256", "--hash-algo", help="--engine vllm: vLLM's prefix-caching hash, sha256 | sha256_cbor."),
     epoch_in_batch: bool = typer.Option(
         False, "--epoch-in-batch", help="Add the epoch as a 4th batch element (only tolerant decoders read it; "
         "vLLM-, SGLang- and Dynamo-style strict decoders reject it). Default: the strict 3-element batch."
     ),
 ) -> None:
     """Run simulated engine workers, each publishing its KV events; a status line per second."""
-    from kvevents.publisher import Publisher, publish_steps
-    from kvevents.sim import SimWorker, Workload
+    from kvevents.publisher import Publisher
+    from kvevents.sim import ENGINES, Workload, make_worker, serve_and_publish
 
     from kvevents.transport.wire import check_endpoint, offset_endpoint
 
+    if engine not in ENGINES or hash_algo not in ("sha256", "sha256_cbor"):
+        user_error(f"--engine must be one of {', '.join(ENGINES)} and --hash-algo sha256 or sha256_cbor, got {engine!r} / {hash_algo!r}")
     try:
         check_endpoint(endpoint)
     except ValueError as exc:
@@ -81,13 +87,14 @@ def serve(
                     topic=topic,
                     dp_rank=i,
                     bind=bind,
-                    heartbeat_interval_s=heartbeat,
+                    heartbeat_interval_s=heartbeat if engine == "contract" else 0.0,
+                    snapshots=engine == "contract",
                     metrics_port=metrics_port,
                     epoch_in_batch=epoch_in_batch,
                 )
             )
             metrics_port = pubs[0].metrics_port  # 0 picked a free port: the other ranks share it
-            sims.append(SimWorker(f"w{i}", page_size=page_size, capacity_pages=capacity_pages))
+            sims.append(make_worker(engine, f"w{i}", page_size=page_size, capacity_pages=capacity_pages, hash_algo=hash_algo, dp_rank=i))
             loads.append(iter(Workload(seed + i, page_size=page_size)))
     except BaseException:
         for p in pubs:
@@ -120,8 +127,7 @@ def serve(
                 time.sleep(min(next_req - now, max(0.0, next_status - now), 0.05))
                 continue
             k = served % workers
-            sims[k].serve(next(loads[k]))
-            publish_steps(sims[k], pubs[k])
+            serve_and_publish(sims[k], next(loads[k]), pubs[k])
             served += 1
             next_req += interval
     except KeyboardInterrupt:
