@@ -394,10 +394,10 @@ def test_config_epoch_is_validated_and_used(ctx):
 
 
 def test_close_releases_ports_at_once(ctx):
-    from kvevents.transport.testing import free_tcp_endpoint
-
-    ep, rep = free_tcp_endpoint(), free_tcp_endpoint()
+    first = Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0)
+    ep, rep = first.endpoint, first.replay_endpoint  # ports the next publishers bind again at once
     s = sub_socket(ctx, ep)  # a connected peer must not keep the port busy
+    first.close(timeout=0.2)
     try:
         for i in range(20):
             p = Publisher(endpoint=ep, replay_endpoint=rep, bind=True, heartbeat_interval_s=0)  # no retry

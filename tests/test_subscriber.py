@@ -120,8 +120,8 @@ def test_tiny_hwm_losses_heal_by_replay():
 
 
 def test_restarted_publisher_resets_and_resyncs_by_snapshot():
-    ep, rep = free_tcp_endpoint(), free_tcp_endpoint()
-    a = Publisher(endpoint=ep, replay_endpoint=rep, bind=True, heartbeat_interval_s=0.05)
+    a = Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0.05)
+    ep, rep = a.endpoint, a.replay_endpoint  # the restart binds the same ports again
     sub = Subscriber([Source(ep, rep, "w0")], request_timeout_s=0.5)
     b = None
     try:
@@ -192,10 +192,10 @@ def test_gap_without_replay_endpoint_is_a_counted_loss():
 
 def test_bad_payloads_are_counted_and_skipped(ctx=None):
     ctx = zmq.Context.instance()
-    ep = free_tcp_endpoint()
     raw = ctx.socket(zmq.PUB)
     raw.setsockopt(zmq.LINGER, 0)
-    raw.bind(ep)
+    raw.bind("tcp://127.0.0.1:*")
+    ep = raw.getsockopt_string(zmq.LAST_ENDPOINT)
     sub = Subscriber([Source(ep, None, "raw")], log_every=1000)
     try:
         good = lambda s: [b"", pack_seq(s), encode_batch(KVEventBatch(1.0, [stored(s)], 0, 7))]  # noqa: E731
@@ -242,10 +242,11 @@ def test_publisher_without_snapshots_makes_an_unrecoverable_gap_a_counted_clean_
 
 def test_unreachable_replay_times_out_retries_then_starts_clean():
     ctx = zmq.Context.instance()
-    ep, dead_replay = free_tcp_endpoint(), free_tcp_endpoint()
+    dead_replay = free_tcp_endpoint()  # nothing listens there
     raw = ctx.socket(zmq.PUB)
     raw.setsockopt(zmq.LINGER, 0)
-    raw.bind(ep)
+    raw.bind("tcp://127.0.0.1:*")
+    ep = raw.getsockopt_string(zmq.LAST_ENDPOINT)
     sub = Subscriber([Source(ep, dead_replay, "raw")], request_timeout_s=0.1, max_attempts=2)
     try:
         items: list = []

@@ -63,7 +63,9 @@ def _cli(args: list[str], capsys) -> tuple[int, str, str]:
 
 
 def test_busy_metrics_port_releases_the_thread_and_both_ports():
-    live, replay = free_tcp_endpoint(), free_tcp_endpoint()
+    probe = Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0)
+    live, replay = probe.endpoint, probe.replay_endpoint  # freed by close(): reused below
+    probe.close()
     busy, port = _listening()
     before = _threads("kvevents-pub")
     with closing(busy):
