@@ -160,14 +160,14 @@ def _silence_hint(sources: list[Any], topic: str) -> str:
 
 def _begin_with_snapshots(rec: Recorder, sources: list[Any]) -> None:
     """--from snapshot: each source with a replay endpoint starts with its KVE/SNAPSHOT (else: oldest)."""
-    from kvevents.doctor import ProbeError, request_snapshot
+    from kvevents.transport.engine_requests import EngineRequestError, snapshot
 
     for s in sources:
         if not s.replay_endpoint:
             continue
         try:
-            payloads, seq = request_snapshot(s.replay_endpoint, timeout=SNAPSHOT_TIMEOUT_S)
-        except ProbeError as exc:
+            payloads, seq = snapshot(s.replay_endpoint, timeout=SNAPSHOT_TIMEOUT_S)
+        except EngineRequestError as exc:
             warn(f"{s.name}: no snapshot ({exc}; a publisher with snapshots=False sends none): "
                  "recording from its oldest kept batch")
             continue
