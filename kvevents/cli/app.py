@@ -64,14 +64,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(exc: Exception) -> int:
-    """Exit code for an exception from typer/click (vendored or not) or from the library."""
-    name = type(exc).__name__
-    if name == "Exit":
-        return int(getattr(exc, "exit_code", 0) or 0)
-    if name == "Abort":
+    """Exit code for an exception from typer (typer >= 0.29 raises its own classes: usage errors
+    are TyperException subclasses) or from the library."""
+    if isinstance(exc, typer.Exit):
+        return int(exc.exit_code or 0)
+    if isinstance(exc, typer.Abort):
         _say("aborted")
         return 130
-    if hasattr(exc, "format_message"):  # click usage errors: bad flag, missing argument
+    if isinstance(exc, typer.TyperException):  # usage errors: bad flag, missing argument
         message = exc.format_message()
         if message:  # no-args-is-help already printed the help text
             _say(f"error: {message}")
@@ -79,7 +79,7 @@ def _report(exc: Exception) -> int:
     if isinstance(exc, (KVEventsError, ValueError, OSError)):
         _say(f"error: {exc}")
         return 2
-    _say(f"internal error: {name}: {exc}")
+    _say(f"internal error: {type(exc).__name__}: {exc}")
     return 1
 
 
