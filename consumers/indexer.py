@@ -23,13 +23,17 @@ from consumers.lookup import PrefixMatch, WordLayout, walk
 from consumers.copies import WORD, Extra, clear_bits, remove_each, remove_many, store_each, store_many
 from consumers.table import HAS_PARENT, HashTable, as_hashes
 
-__all__ = ["BlockIndex", "WorkerKey", "worker_label", "FIXED_MEDIA"]
+__all__ = ["BlockIndex", "WorkerKey", "worker_label", "FIXED_MEDIA", "KNOWN_MEDIA"]
 
 #: Media listed first (GPU gets mask column 0; other columns are added when first used).
 FIXED_MEDIA: tuple[str, ...] = ("GPU", "CPU_PINNED", "STORAGE")
+#: Media that never count against `max_other_media` (SGLang's and vLLM's tiers; None: SGLang's device).
+KNOWN_MEDIA: frozenset[str | None] = frozenset({"GPU", "CPU", "CPU_PINNED", "DISK", "STORAGE", None})
 _HOT = ("batches", "stored_copies", "removed_copies")
 _SMALL = 24  # events with at most this many hashes use the scalar table ops (cheaper below it)
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+_PLANS_MAX = 256  # cached lookup plans (per request lora_name); the cache starts over past it
+_CACHED_NAME_MAX = 256  # longer lora names are planned per request, never kept
 
 WorkerKey = tuple[str, int]
 
@@ -57,7 +61,19 @@ class BlockIndex:
 
     _small = _SMALL  # events up to this size take the scalar table ops (tests set 0 for vector paths)
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_ranks_per_source: int = 64, max_other_media: int = 8, max_adapters: int = 1024) -> None:
+        """What a publisher can cost is bounded (each new medium, rank or adapter adds table columns,
+        workers or views): past `max_ranks_per_source` dp ranks of one source, `max_other_media`
+        media outside KNOWN_MEDIA, or `max_adapters` lora names, the batch or event is counted
+        (`dropped_rank`, `dropped_medium`, `dropped_adapter`) and dropped."""
+        for name, v in (("max_ranks_per_source", max_ranks_per_source), ("max_other_media", max_other_media),
+                        ("max_adapters", max_adapters)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"BlockIndex: {name} must be a non-negative integer, got {v!r}")
+        self.max_ranks_per_source = max_ranks_per_source
+        self.max_other_media = max_other_media
+        self.max_adapters = max_adapters
+        self._ranks: Counter[str] = Counter()  # source -> dp ranks it has workers for
         self._media: list[str | None] = list(FIXED_MEDIA)
         self._medium_ix: dict[str | None, int] = {m: i for i, m in enumerate(self._media)}
         self._loras: list[str | None] = [None]
@@ -87,10 +103,13 @@ class BlockIndex:
         self._plans.clear()
         self._layout_version += 1
 
-    def _worker(self, source: str, dp_rank: int) -> _Worker:
+    def _worker(self, source: str, dp_rank: int) -> _Worker | None:
         key = (source, dp_rank)
         w = self._workers.get(key)
         if w is None:
+            if self._ranks[source] >= self.max_ranks_per_source:
+                return None
+            self._ranks[source] += 1
             idx = min(self._free) if self._free else len(self._by_index)
             if self._free:
                 self._free.remove(idx)
@@ -101,9 +120,11 @@ class BlockIndex:
             self._changed()
         return w
 
-    def _medium(self, medium: str | None) -> int:
+    def _medium(self, medium: str | None) -> int | None:
         mi = self._medium_ix.get(medium)
         if mi is None:
+            if medium not in KNOWN_MEDIA and sum(m not in KNOWN_MEDIA for m in self._media) >= self.max_other_media:
+                return None
             mi = len(self._media)
             self._media.append(medium)
             self._medium_ix[medium] = mi
@@ -111,9 +132,11 @@ class BlockIndex:
             self._changed()
         return mi
 
-    def _view_id(self, lora_name: str | None) -> int:
+    def _view_id(self, lora_name: str | None) -> int | None:
         vid = self._lora_ix.get(lora_name)
         if vid is None:
+            if len(self._loras) > self.max_adapters:  # view 0 is "no adapter"
+                return None
             vid = len(self._loras)
             self._loras.append(lora_name)
             self._lora_ix[lora_name] = vid
@@ -159,6 +182,9 @@ class BlockIndex:
         """Apply one decoded batch from `source` (its dp rank comes from the batch)."""
         rank = batch.data_parallel_rank
         w = self._worker(source, rank_of(rank))
+        if w is None:
+            self.counters["dropped_rank"] += 1
+            return
         self._hot[0] += 1
         for ev in batch.events:
             t = type(ev)
@@ -189,15 +215,21 @@ class BlockIndex:
                 return
         wi = w.index
         lora = ev.lora_name
-        if lora is not None and wi not in self._lora_sources:
-            self._lora_sources.add(wi)
-            self._changed()
         vid = self._lora_ix.get(lora)
         if vid is None:
             vid = self._view_id(lora)
+            if vid is None:
+                self.counters["dropped_adapter"] += 1
+                return
         mi = self._medium_ix.get(ev.medium)
         if mi is None:
             mi = self._medium(ev.medium)
+            if mi is None:
+                self.counters["dropped_medium"] += 1
+                return
+        if lora is not None and wi not in self._lora_sources:
+            self._lora_sources.add(wi)
+            self._changed()
         col = self._cols.get((mi, wi // WORD))
         if col is None:
             col = self._col(mi, wi // WORD)
@@ -304,6 +336,7 @@ class BlockIndex:
             dropped += self._clear_worker(w)
             if forget:
                 del self._workers[key]
+                self._ranks[source] -= 1
                 del self._by_index[w.index]
                 self._word_bits[w.index // WORD] &= ~(1 << (w.index % WORD))
                 self._lora_sources.discard(w.index)
@@ -502,7 +535,11 @@ class BlockIndex:
         key = (lora_name, strict)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._plans[key] = self._make_plan(lora_name, strict)
+            plan = self._make_plan(lora_name, strict)
+            if lora_name is None or len(lora_name) <= _CACHED_NAME_MAX:  # the cache is bounded in bytes too
+                if len(self._plans) >= _PLANS_MAX:
+                    self._plans.clear()
+                self._plans[key] = plan
         return plan
 
     def _make_plan(self, lora_name: str | None, strict: bool) -> list[tuple[HashTable, np.ndarray | None]]:

@@ -207,11 +207,20 @@ class PrefixRouter:
         return out
 
 
-@lru_cache(maxsize=1024)
 def _event_seed(cache_salt: str | None) -> bytes | None:
-    """Raw seed digest of the event chain for a salt (None: unseeded)."""
+    """Raw seed digest of the event chain for a salt (None: unseeded); salts up to 256 characters
+    are cached (1,024 of them: bounded in bytes), longer ones hashed per request."""
+    if cache_salt is not None and len(cache_salt) > 256:
+        return _seed_of(cache_salt)
+    return _cached_seed(cache_salt)
+
+
+def _seed_of(cache_salt: str | None) -> bytes | None:
     hexed = event_seed(Namespace(cache_salt=cache_salt))
     return None if hexed is None else bytes.fromhex(hexed)
+
+
+_cached_seed = lru_cache(maxsize=1024)(_seed_of)
 
 
 def _chunk_bounds(n: int) -> Iterator[tuple[int, int]]:

@@ -37,7 +37,7 @@ _COUNTERS = (
     "replay_timeouts", "unrecoverable_gaps", "restarts", "resets", "snapshots_requested", "snapshots_applied",
     "snapshot_failures", "losses", "bad_payloads", "bad_frames", "stale_buffered", "buffer_overflows",
     "stale_sources", "callback_errors", "loop_errors", "describes_requested", "describe_timeouts", "reconnects",
-    "stale_returns",
+    "stale_returns", "dropped_ranks",
 )
 
 
@@ -153,8 +153,11 @@ class Subscriber(RepairMixin):
         metrics_port: int | None = None,
         context: zmq.Context | None = None,
         clock: Callable[[], float] = time.monotonic,
+        max_ranks: int = 64,
     ) -> None:
-        """`clock` (monotonic seconds) times requests, backoff and staleness; tests may inject one."""
+        """`clock` (monotonic seconds) times requests, backoff and staleness; tests may inject one.
+        `max_ranks`: dp ranks tracked per source; batches of further ranks are counted
+        (`dropped_ranks`) and dropped, so a publisher cannot make a stream (and a repair) per rank."""
         if not sources:
             raise ValueError("Subscriber: at least one source is needed")
         srcs = [s if isinstance(s, Source) else Source(s) for s in sources]
@@ -179,6 +182,7 @@ class Subscriber(RepairMixin):
         self._counters = dict.fromkeys(_COUNTERS, 0)
         self._out: list[Output] = []
         self.clock = clock
+        self.max_ranks = max_ranks
         self._started_at = clock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -471,6 +475,8 @@ class Subscriber(RepairMixin):
         rank = batch.data_parallel_rank
         st = s.streams.get(rank)
         if st is None:
+            if len(s.streams) >= self.max_ranks:
+                return self._bad(f"source {s.name}: more than {self.max_ranks} dp ranks", f"rank {rank}", "dropped_ranks")
             st = s.streams[rank] = Stream(rank)
         if not batch.events:
             self._counters["heartbeats"] += 1

@@ -1,0 +1,92 @@
+"""What a publisher (or a request) can cost a consumer is bounded: media, dp ranks, adapters,
+per-request strings (issue 18, "Memory driven by what a publisher sends")."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+import pytest
+import zmq
+
+from consumers.indexer import BlockIndex
+from consumers.router import PrefixRouter, _cached_seed
+from kvevents.events import BlockStored, KVEventBatch
+from kvevents.subscriber import Source, Subscriber
+from kvevents.transport.wire import pack_seq
+
+
+def _store(h: int, medium: str | None = "GPU", lora: str | None = None) -> BlockStored:
+    return BlockStored([h], None, [1, 2], 2, None, medium, lora)
+
+
+def test_distinct_media_are_bounded_past_the_known_tiers():
+    idx = BlockIndex(max_other_media=4)
+    for m in ("GPU", "CPU", "CPU_PINNED", "DISK", "STORAGE", None):
+        idx.apply("w", KVEventBatch(0.0, [_store(1, m)], 0))
+    before = idx.stats()["table_bytes"]
+    for i in range(500):
+        idx.apply("w", KVEventBatch(0.0, [_store(100 + i, f"m{i}")], 0))
+    assert idx.counters["dropped_medium"] == 496  # 4 others admitted
+    assert idx.stats()["table_bytes"] < 4 * before + 1_000_000
+    assert len(idx.medium_counts()) == 6 + 4
+
+
+def test_distinct_ranks_of_one_source_are_bounded():
+    idx = BlockIndex(max_ranks_per_source=8)
+    for r in range(2000):
+        idx.apply("w", KVEventBatch(0.0, [_store(r)], r))
+    assert idx.counters["dropped_rank"] == 1992 and len(idx.workers()) == 8
+    idx.apply("other", KVEventBatch(0.0, [_store(1)], 0))  # another source has its own budget
+    assert len(idx.workers()) == 9
+    idx.drop_source("w", forget=True)
+    idx.apply("w", KVEventBatch(0.0, [_store(5)], 1999))  # forgotten ranks free the budget
+    assert idx.counters["dropped_rank"] == 1992 and len(idx.workers()) == 2
+
+
+def test_distinct_adapters_are_bounded():
+    idx = BlockIndex(max_adapters=16)
+    for i in range(300):
+        idx.apply("w", KVEventBatch(0.0, [_store(i, "GPU", f"lora-{i}")], 0))
+    assert idx.counters["dropped_adapter"] == 300 - 16
+
+
+def test_long_request_strings_are_never_kept():
+    idx = BlockIndex()
+    r = PrefixRouter(idx, 2)
+    idx.apply("w", KVEventBatch(0.0, [_store(r.request_hashes([1, 2])[0], "GPU", "a")], 0))
+    _cached_seed.cache_clear()
+    for i in range(100):
+        r.score([1, 2, 3, 4], cache_salt=f"{i}" + "s" * 1_000_000, lora_name=f"{i}" + "l" * 1_000_000)
+    assert _cached_seed.cache_info().currsize == 0  # 1 MB salts hashed per request, not cached
+    for i in range(1000):
+        r.score([1, 2], lora_name=f"n{i}")
+    assert r.score([1, 2], lora_name="a")[0].matched_pages == 1  # still right after the plan cache started over
+
+
+def test_a_publisher_cannot_make_a_stream_per_rank(ctx=None):
+    ctx = zmq.Context.instance()
+    pub = ctx.socket(zmq.PUB)
+    pub.setsockopt(zmq.LINGER, 0)
+    pub.bind("tcp://127.0.0.1:*")
+    ep = pub.getsockopt_string(zmq.LAST_ENDPOINT)
+    sub = Subscriber([Source(ep, None, "evil")], max_ranks=4)
+    try:
+        deadline = time.monotonic() + 5
+        while not sub.poll(0.02) and time.monotonic() < deadline:  # joined
+            pub.send_multipart([b"", pack_seq(0), msgspec.msgpack.encode((0.0, [], 0))])
+        for r in range(1, 500):
+            pub.send_multipart([b"", pack_seq(0), msgspec.msgpack.encode((0.0, [], r))])
+        deadline = time.monotonic() + 5
+        while sub.counters()["dropped_ranks"] < 496 and time.monotonic() < deadline:
+            sub.poll(0.02)
+        assert sub.counters()["dropped_ranks"] == 496
+        assert len(sub.status()["evil"].ranks) == 4
+    finally:
+        sub.stop()
+        pub.close(0)
+
+
+def test_bounds_are_validated():
+    with pytest.raises(ValueError, match="max_ranks_per_source"):
+        BlockIndex(max_ranks_per_source=-1)
