@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from types import MappingProxyType
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -91,6 +92,7 @@ class BlockIndex:
         self._lora_removers: set[int] = set()  # workers that name the adapter on BlockRemoved
         self._plans: dict[tuple[str | None, bool], list[tuple[HashTable, np.ndarray | None]]] = {}  # router cache
         self._layout_version = 0  # bumped by _changed(): lookups re-read the layout
+        self._labels: tuple[int, Mapping[int, str]] | None = None
         self._layout_cache: tuple[int, Callable[[str | None], float], list[float], list[WordLayout]] | None = None
         self._counters: Counter[str] = Counter()
         self._hot = [0, 0, 0]  # batches, stored_copies, removed_copies: plain ints on the hot path
@@ -510,9 +512,12 @@ class BlockIndex:
         assert masks is not None
         return walk(masks, layout, self._media, weights)
 
-    def labels(self) -> dict[int, str]:
-        """Worker index -> label, for every known worker (what `prefix_match` results are keyed by)."""
-        return {wi: w.label for wi, w in self._by_index.items()}
+    def labels(self) -> Mapping[int, str]:
+        """Worker index -> label, for every known worker (what `prefix_match` results are keyed by).
+        A read-only view, rebuilt only when the workers change."""
+        if self._labels is None or self._labels[0] != self._layout_version:
+            self._labels = (self._layout_version, MappingProxyType({wi: w.label for wi, w in self._by_index.items()}))
+        return self._labels[1]
 
     def _layout(self, medium_weight: Callable[[str | None], float]) -> tuple[list[float], list[WordLayout]]:
         """Medium weights, and per worker word its columns best weight first; cached until the
