@@ -2,6 +2,7 @@
 
     python3 benchmarks/bench_replay_flood.py              # idle + every flood, ~4 s each
     python3 benchmarks/bench_replay_flood.py --seconds 2  # shorter phases
+    python3 benchmarks/bench_replay_flood.py --seconds 2 --repeat 3   # the figures in benchmarks/README.md
 
 One publisher (replay endpoint on, snapshots on, ring filled with 10,000 batches of 32 events)
 publishes a 32-event batch every millisecond on this process's main thread; each `publish()` is
@@ -9,6 +10,7 @@ timed. Phases, each against the same publisher, the flood coming from a separate
 does not share our interpreter:
 - idle: nobody on the ROUTER;
 - replay-hog: 8 DEALERs each send 64 replay-from-0 requests every 100 ms and never reads (item 1);
+- hog-many: the same from 32 DEALERs (128 requests held at once > replay_max_jobs 64);
 - describe: 8 DEALERs send KVE/DESCRIBE as fast as they can and never reads (item 2);
 - multiframe: 8 DEALERs send 20,000-frame requests of 200-byte frames (4 MB each) in a loop (item 3).
 During every phase a well-behaved probe DEALER (in the flooder process) asks every 250 ms for a
@@ -36,7 +38,7 @@ from kvevents.events import BlockRemoved, BlockStored  # noqa: E402
 from kvevents.publisher import Publisher  # noqa: E402
 from kvevents.transport.wire import DESCRIBE_REQUEST, END_SEQ, SEQ  # noqa: E402
 
-FLOODS = ("replay-hog", "describe", "multiframe")
+FLOODS = ("replay-hog", "hog-many", "describe", "multiframe")
 
 
 def _batch(i: int) -> list:
@@ -91,7 +93,7 @@ def flooder(kind: str, endpoint: str, seconds: float) -> None:
     """Flood `endpoint` for `seconds` while probing it; print one JSON line (probes sent/answered)."""
     ctx = zmq.Context()
     bads = []
-    for _ in range(PEERS):
+    for _ in range(32 if kind == "hog-many" else PEERS):
         bad = ctx.socket(zmq.DEALER)
         bad.setsockopt(zmq.LINGER, 0)
         bad.setsockopt(zmq.RCVHWM, 10)  # never read: let the publisher's side fill up
@@ -105,7 +107,7 @@ def flooder(kind: str, endpoint: str, seconds: float) -> None:
         while not stop.is_set():
             for bad in bads:
                 try:
-                    if kind == "replay-hog":
+                    if kind in ("replay-hog", "hog-many"):
                         for _ in range(64):
                             bad.send_multipart([b"", SEQ.pack(0)], zmq.NOBLOCK)
                     elif kind == "describe":
@@ -115,7 +117,7 @@ def flooder(kind: str, endpoint: str, seconds: float) -> None:
                         bad.send_multipart(big, zmq.NOBLOCK)
                 except zmq.Again:
                     pass
-            stop.wait(0.1 if kind == "replay-hog" else 0.001)
+            stop.wait(0.1 if kind in ("replay-hog", "hog-many") else 0.001)
 
     t = threading.Thread(target=flood, daemon=True)
     t.start()
@@ -178,6 +180,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=4.0, help="length of each phase")
     ap.add_argument("--floods", default=",".join(FLOODS))
+    ap.add_argument("--repeat", type=int, default=1, help="idle/flood pairs per flood (the summary gives the median ratio)")
     ap.add_argument("--budget-us", type=float, help="override router.TURN_BUDGET_S (experiments)")
     ap.add_argument("--yield-us", type=float, help="override router.YIELD_S (experiments)")
     ap.add_argument("--switch-us", type=float, help="sys.setswitchinterval for this process (experiments)")
@@ -204,7 +207,8 @@ def main() -> None:
         print(f"{'flood':<12} {'idle p99':>9} {'p50 us':>7} {'p99 us':>7} {'max us':>8} {'p99/idle':>9} {'probes':>7} "
               f"{'RSS before':>10} {'after':>6} {'later':>6} {'(s)':>6}")
         seq = 0
-        for kind in [k for k in args.floods.split(",") if k]:
+        ratios: dict[str, list[float]] = {}
+        for kind in [k for k in args.floods.split(",") if k] * max(1, args.repeat):
             idle = _measure(pub, args.seconds, seq)
             seq += len(idle)
             rss0 = _rss_mb()
@@ -223,6 +227,7 @@ def main() -> None:
             rss2, drain_s = _rss_mb(), time.monotonic() - t_end
             probes = json.loads(out.strip().splitlines()[-1]) if out.strip() else {"answered": 0, "probes": 0}
             p99_idle = _pct(idle, 0.99)
+            ratios.setdefault(kind, []).append(_pct(lat, 0.99) / p99_idle)
             print(
                 f"{kind:<12} {p99_idle:>9.1f} {_pct(lat, 0.5):>7.1f} {_pct(lat, 0.99):>7.1f} {max(lat):>8.1f} "
                 f"{_pct(lat, 0.99) / p99_idle:>8.2f}x {probes['answered']:>3}/{probes['probes']:<3} "
@@ -230,6 +235,8 @@ def main() -> None:
                 flush=True,
             )
         print("stats:", {k: v for k, v in pub.stats().items() if v and k not in ("bytes_sent",)})
+        if args.repeat > 1:
+            print("median p99/idle:", ", ".join(f"{k} {sorted(v)[len(v) // 2]:.2f}x" for k, v in ratios.items()))
     finally:
         pub.close(0)
 

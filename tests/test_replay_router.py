@@ -19,6 +19,8 @@ from kvevents.transport.router import (
     MAX_FRAME_BYTES,
     MAX_REQUEST_BYTES,
     ROUTER_COUNTERS,
+    PENALTY_S,
+    STALL_EVICT_S,
     RouterService,
     prepare_router_socket,
 )
@@ -72,10 +74,11 @@ def _pump(svc: RouterService, rounds: int = 50) -> None:
 
 
 def _hog(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
-    """A DEALER that never reads (its receive queue holds one message)."""
+    """A DEALER that never reads (its receive queue holds one message, its kernel buffer 4 KB)."""
     d = ctx.socket(zmq.DEALER)
     d.setsockopt(zmq.LINGER, 0)
     d.setsockopt(zmq.RCVHWM, 1)
+    d.setsockopt(zmq.RCVBUF, 4096)
     d.connect(endpoint)
     return d
 
@@ -129,9 +132,40 @@ def test_a_peer_that_does_not_drain_loses_its_jobs_at_the_deadline(rig):
     _pump(svc)
     assert svc.jobs == 0
     assert pub.stats()["jobs_expired"] == 2 and pub.stats()["replays_served"] == 0
-    hog.send_multipart([b"", SEQ.pack(0)])  # a fresh request is admitted again
+    hog.send_multipart([b"", SEQ.pack(0)])  # refused for a while: it did not drain the last ones
+    _pump(svc)
+    assert svc.jobs == 0 and pub.stats()["rejected_peer_cap"] == 1
+    clock.now += PENALTY_S
+    hog.send_multipart([b"", SEQ.pack(0)])  # then admitted again
     _pump(svc)
     assert svc.jobs == 1
+
+
+def test_many_stalled_identities_yield_their_slots_to_a_newcomer(rig):
+    """Item 1 with many identities: 4 never-reading peers fill all 8 slots; once they have taken
+    nothing for STALL_EVICT_S, a new request takes the slots of the longest stalled one."""
+    pub, svc, ep, clock, ctx = rig
+    hogs = [_hog(ctx, ep) for _ in range(4)]
+    for hog in hogs:
+        hog.send_multipart([b"", SEQ.pack(0)])
+        hog.send_multipart([b"", SEQ.pack(0)])
+    for _ in range(100):
+        _pump(svc, 1)
+        if svc.jobs == 8:
+            break
+    for _ in range(5000):  # stream until every peer's pipe is full
+        svc.step()
+        if svc.blocked:
+            break
+    assert svc.jobs == 8 and svc.blocked
+    good = dealer_socket(ctx, ep)
+    clock.now += STALL_EVICT_S / 2
+    good.send_multipart([b"", SEQ.pack(RING - 1)])
+    _pump(svc)
+    assert not good.poll(0) and pub.stats()["jobs_expired"] == 0  # refused: nobody stalled long enough
+    clock.now += STALL_EVICT_S
+    assert _replay_answered(svc, good, RING - 1) == [RING - 1]
+    assert pub.stats()["jobs_expired"] == 2 and svc.jobs <= 8
 
 
 def test_peers_are_served_in_turn(rig):

@@ -13,7 +13,10 @@ No peer can starve the others or grow the publisher's memory (issue 18):
 - a peer (ROUTER identity) holds at most `replay_jobs_per_peer` replay/snapshot jobs, all peers at
   most `replay_max_jobs`; a peer's jobs are served one after the other and peers round-robin;
 - a job must be drained within `replay_job_timeout_s` of its start, else the peer loses it (and
-  its queued ones): `jobs_expired`;
+  its queued ones): `jobs_expired`; when every slot is taken, a peer whose queue has been full
+  for STALL_EVICT_S (it took nothing) loses its jobs to a newcomer (counted the same);
+  a peer that lost its jobs either way is refused for PENALTY_S (`rejected_peer_cap`), so never-
+  reading identities cannot churn the slots among themselves;
 - KVE/DESCRIBE is answered inline (one non-blocking send) and never becomes a job;
 - frames over MAX_FRAME_BYTES drop the peer's connection inside ZeroMQ, unread (MAXMSGSIZE, set
   by `prepare_router_socket` before the bind);
@@ -69,6 +72,9 @@ SLICE = 64  # messages sent per job per turn
 SNAPSHOT_BLOCKS_PER_BATCH = 512
 MAX_FRAME_BYTES = 512  # ZeroMQ drops a peer sending a bigger frame (a 255-byte routing id still fits)
 MAX_REQUEST_BYTES = 256  # a request body longer than this is refused (the longest valid one is 12)
+STALL_EVICT_S = 1.0  # with every slot taken, a job whose peer took nothing this long yields to a newcomer
+PENALTY_S = 5.0  # a peer that lost its jobs (deadline, eviction) is refused this long
+MAX_PENALIZED = 4096  # identities remembered for that (oldest forgotten first)
 REQUEST_HWM = 2  # requests a peer can queue in ZeroMQ before its connection is back-pressured
 TURN_BUDGET_S = 0.0003  # work per handle_requests() / step() call before yielding the interpreter
 YIELD_S = 0.0003  # the pause after a turn that ran out of budget (lets caller threads take the GIL)
@@ -85,14 +91,15 @@ def prepare_router_socket(sock: zmq.Socket) -> None:
 
 
 class _Job:
-    __slots__ = ("ident", "frames", "pending", "kind", "deadline")
+    __slots__ = ("ident", "frames", "pending", "kind", "deadline", "last_sent")
 
     def __init__(self, ident: bytes, frames: Iterator[list[bytes]], kind: str) -> None:
         self.ident = ident
         self.frames = frames
         self.pending: list[bytes] | None = None
         self.kind = kind
-        self.deadline: float | None = None  # set when the job starts streaming
+        self.deadline: float | None = None  # set when it starts streaming
+        self.last_sent = 0.0  # when its peer last took a message (or the start)
 
 
 class RouterService:
@@ -109,6 +116,7 @@ class RouterService:
         self.clock = clock
         self.peers: dict[bytes, deque[_Job]] = {}  # dict order is the round-robin order
         self.jobs = 0  # jobs held, all peers (truthy while there is work)
+        self.penalized: dict[bytes, float] = {}  # peer -> until when its requests are refused
         self.blocked = False  # the last turn sent nothing (every peer full): retry after a short pause
         self._discarding = False  # inside an oversized request: its remaining frames are dropped
         self._trim_due = False  # an oversized request was dropped since the last malloc_trim
@@ -199,15 +207,38 @@ class RouterService:
             self._reject(None, f"unknown request of {len(body)} bytes")
 
     def _admit(self, ident: bytes) -> bool:
-        """Room for one more job of this peer? (counted as rejected when not)."""
+        """Room for one more job of this peer? (counted as rejected when not). With every slot
+        taken, a peer that does not read (its queue full, nothing taken for STALL_EVICT_S) loses
+        its jobs to the newcomer: identities that never read cannot keep replay closed until their
+        deadlines."""
         held = self.peers.get(ident)
         if held is not None and len(held) >= self.jobs_per_peer:
             self._reject("rejected_peer_cap", f"peer holds {len(held)} jobs")
             return False
+        until = self.penalized.get(ident)
+        if until is not None:
+            if self.clock() < until:
+                self._reject("rejected_peer_cap", "peer lost a job for not draining it: refused a while")
+                return False
+            del self.penalized[ident]
         if self.jobs >= self.max_jobs:
-            self._reject(None, "too many jobs")
-            return False
+            stalled = self._most_stalled()
+            if stalled is None:
+                self._reject(None, "too many jobs")
+                return False
+            self._expire(stalled)
         return True
+
+    def _most_stalled(self) -> bytes | None:
+        """The peer whose current job has found its queue full for longest, if for at least
+        STALL_EVICT_S (a peer that does not read)."""
+        limit = self.clock() - STALL_EVICT_S
+        best: tuple[float, bytes] | None = None
+        for ident, queue in self.peers.items():
+            job = queue[0]
+            if job.pending is not None and job.last_sent <= limit and (best is None or job.last_sent < best[0]):
+                best = (job.last_sent, ident)
+        return None if best is None else best[1]
 
     def _add(self, job: _Job) -> None:
         self.peers.setdefault(job.ident, deque()).append(job)
@@ -261,10 +292,13 @@ class RouterService:
             job = queue[0]
             if job.deadline is None:
                 job.deadline = now + self.job_timeout_s
+                job.last_sent = now
             elif now >= job.deadline:
                 self._expire(ident)
                 continue
             sent, finished = self._send_slice(job)
+            if sent:
+                job.last_sent = now
             sent_any = sent_any or sent > 0
             if finished:
                 queue.popleft()
@@ -314,6 +348,9 @@ class RouterService:
         """The peer did not drain its job in time: it loses it and every job it has queued."""
         queue = self.peers.pop(ident)
         self.jobs -= len(queue)
+        if len(self.penalized) >= MAX_PENALIZED:
+            self.penalized.pop(next(iter(self.penalized)))  # the oldest entry goes
+        self.penalized[ident] = self.clock() + PENALTY_S
         self.pub.count("jobs_expired", len(queue))
         self.pub.count("replies_abandoned", len(queue))
         log.debug("ROUTER peer did not drain within %.1fs: %d job(s) dropped", self.job_timeout_s, len(queue))
