@@ -409,12 +409,14 @@ def _hash_check(rep: DoctorReport, seen: _Seen, replay: str | None, page_size: i
         try:  # the snapshot holds every live block with parents first: heads make children verifiable
             payloads, s = request_snapshot(replay, timeout=min(timeout, 3.0), context=ctx)
             for p in payloads:
-                v.feed(Record(0.0, "snapshot", replay, "", None, None, None, "snapshot", p, fed))
+                v.feed(Record(recv_time=0.0, source="snapshot", endpoint=replay, topic="", seq=None, epoch=None,
+                              dp_rank=None, kind="snapshot", payload=p, index=fed))
                 fed += 1
         except ProbeError:
             pass
     for seq, _batch, payload in seen.batches:
-        v.feed(Record(0.0, "live", rep.endpoint, "", seq, None, None, "live", payload, fed))
+        v.feed(Record(recv_time=0.0, source="live", endpoint=rep.endpoint, topic="", seq=seq, epoch=None,
+                      dp_rank=None, kind="live", payload=payload, index=fed))
         fed += 1
     r = v.report
     bad = [x for x in r.violations if x.code in _HASH_CODES]

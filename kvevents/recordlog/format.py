@@ -21,6 +21,8 @@ that do not form a valid record are the torn tail: skipped with a warning, cut b
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import struct
 import zlib
 from typing import Any, Callable
@@ -77,46 +79,29 @@ class RecordLogWarning(UserWarning):
     """Damage a reader skipped: a record failing its CRC, or a torn last record."""
 
 
+@dataclass(slots=True, kw_only=True)
 class Record:
-    """One received batch (or a reset marker) as stored in the log; `payload` is the exact bytes."""
+    """One received batch (or a reset marker) as stored in the log; `payload` is the exact bytes.
 
-    __slots__ = ("index", "offset", "recv_time", "source", "endpoint", "topic", "seq", "epoch", "dp_rank", "kind", "payload")
+    Equality compares the stored fields, not where the record sits (`index`, `offset`).
+    """
 
-    def __init__(
-        self,
-        recv_time: float,
-        source: str,
-        endpoint: str,
-        topic: str,
-        seq: int | None,
-        epoch: int | None,
-        dp_rank: int | None,
-        kind: str,
-        payload: bytes,
-        index: int = -1,
-        offset: int = -1,
-    ) -> None:
-        self.recv_time = recv_time
-        self.source = source
-        self.endpoint = endpoint
-        self.topic = topic
-        self.seq = seq
-        self.epoch = epoch
-        self.dp_rank = dp_rank
-        self.kind = kind
-        self.payload = payload
-        self.index = index
-        self.offset = offset
+    recv_time: float
+    source: str
+    endpoint: str
+    topic: str
+    seq: int | None
+    epoch: int | None
+    dp_rank: int | None
+    kind: str
+    payload: bytes
+    index: int = field(default=-1, compare=False)
+    offset: int = field(default=-1, compare=False)
 
     @property
     def reason(self) -> str | None:
         """The reset reason of a "reset" record, else None."""
         return self.payload.decode("utf-8", "replace") if self.kind == "reset" else None
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Record):
-            return NotImplemented
-        return all(getattr(self, k) == getattr(other, k) for k in self.__slots__[2:])
 
     def __repr__(self) -> str:
         return (
@@ -238,15 +223,15 @@ def decode_body(buf: bytes, start: int, end: int, index: int, offset: int) -> Re
         if len(_names) < 4096:
             _names[key] = names
     return Record(
-        t,
-        names[0],
-        names[1],
-        names[2],
-        s if flags & F_SEQ else None,
-        e if flags & F_EPOCH else None,
-        r if flags & F_RANK else None,
-        KINDS[code],
-        buf[q:end],
-        index,
-        offset,
+        recv_time=t,
+        source=names[0],
+        endpoint=names[1],
+        topic=names[2],
+        seq=s if flags & F_SEQ else None,
+        epoch=e if flags & F_EPOCH else None,
+        dp_rank=r if flags & F_RANK else None,
+        kind=KINDS[code],
+        payload=buf[q:end],
+        index=index,
+        offset=offset,
     )
