@@ -83,7 +83,7 @@ def _dealer(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
 def fetch_replay(
     endpoint: str, start: int = 0, *, timeout: float = 3.0, context: zmq.Context | None = None
 ) -> Iterator[tuple[bytes, int, bytes]]:
-    """Ask a replay ROUTER for every kept batch with seq >= start (SPEC 7); yield (topic, seq, payload).
+    """Ask a replay ROUTER for every kept batch with seq >= start (schemas/README.md, "Transport in one page"); yield (topic, seq, payload).
 
     Raises ProbeError when nothing (or a malformed frame) arrives within `timeout` of the last reply.
     """
@@ -108,7 +108,7 @@ def fetch_replay(
 
 
 def request_describe(endpoint: str, *, timeout: float = 2.0, context: zmq.Context | None = None) -> dict[str, Any]:
-    """Send KVE/DESCRIBE (SPEC 8) and return the answered map (ProbeError if none)."""
+    """Send KVE/DESCRIBE (schemas/README.md, "Transport in one page") and return the answered map (ProbeError if none)."""
     ctx = context or zmq.Context.instance()
     d = _dealer(ctx, endpoint)
     try:
@@ -370,7 +370,7 @@ def _replay_checks(rep: DoctorReport, seen: _Seen, replay: str | None, timeout: 
         mism = [s for _, s, p in got if s in seen.live and seen.live[s] != p]
         if mism:
             rep.add("replay answers", FAIL, f"replayed bytes differ from live bytes at seqs {mism[:5]}",
-                    "the replay ring must keep exactly the bytes sent live (SPEC 7)")
+                    "the replay ring must keep exactly the bytes sent live (schemas/README.md, Transport)")
         elif got and got[0][1] > start and seen.newest is not None:
             rep.add("replay answers", WARN, f"asked from seq {start}, first reply is seq {got[0][1]}",
                     "the ring no longer holds the newest seq seen live: is buffer_steps tiny?")
@@ -424,7 +424,7 @@ def _hash_check(rep: DoctorReport, seen: _Seen, replay: str | None, page_size: i
         rep.add(name, FAIL, f"{len(bad)} of {len(bad) + r.blocks_verified} checked blocks do not recompute "
                 f"with page size {page_size}: {bad[0].message}",
                 "published hashes must be the event chain: SHA-256 over the parent's digest and the page's "
-                "uint32-LE tokens, seeded by cache_salt only, never extra_key (SPEC 4); check the page size "
+                "uint32-LE tokens, seeded by cache_salt only, never extra_key (schemas/README.md, Event hashes); check the page size "
                 "(--page-size) and pass tenant salts with --salt")
     elif r.blocks_verified == 0:
         rep.add(name, WARN if seen.decoded else SKIP,

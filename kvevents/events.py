@@ -1,4 +1,4 @@
-"""Event structs, the wire encoder and a tolerant decoder (SPEC section 6).
+"""Event structs, the wire encoder and a tolerant decoder (schemas/README.md, "Wire format").
 
 The public structs mirror vLLM >= 0.26 / SGLang >= 0.5.20: events are msgpack maps tagged by
 `"type"`, a batch is an array `[ts, events, data_parallel_rank]` (an opt-in 4th element carries
@@ -479,7 +479,7 @@ def _slow(payload: bytes) -> KVEventBatch:
 
 
 def decode_batch(payload: bytes) -> KVEventBatch:
-    """Decode one payload into a KVEventBatch, accepting every form SPEC section 6 lists.
+    """Decode one payload into a KVEventBatch, accepting every form "What a decoder must accept" lists.
 
     Raises DecodeError (and nothing else) with what was wrong and where.
     """

@@ -1,4 +1,4 @@
-"""The page-hash contract (SPEC sections 1-4): namespaces, storage and event chains, int64 form.
+"""The page-hash contract (schemas/README.md, sections "Namespace" to "The published integer"): namespaces, storage and event chains, int64 form.
 
 Storage hashes key KV pages by the full namespace (extra_key + cache_salt); event hashes, the
 ones published to routers and indexers, are seeded by cache_salt alone so adapters never move
@@ -366,7 +366,7 @@ def split_pages(packed: bytes, page_size: int) -> list[bytes]:
 
 
 def digest_chain(pages: Sequence[bytes], prior: bytes | None = None) -> list[bytes]:
-    """Raw 32-byte digests of a page chain (SPEC 2); `prior` is the previous raw digest or None.
+    """Raw 32-byte digests of a page chain (schemas/README.md, "The page hash"); `prior` is the previous raw digest or None.
 
     The same chain as `page_hashes` & co. (one implementation); continue a chain by passing the
     last digest of the previous call as `prior`.

@@ -1,4 +1,4 @@
-"""The reference emitter: a paged radix cache with a storage tier (SPEC sections 3, 5 and 10)."""
+"""The reference emitter: a paged radix cache with a storage tier (schemas/README.md: "Storage hashes", "What the reference cache emits", "Storage tier and prefetch")."""
 
 from kvevents.cache.match import Match, NodeInfo
 from kvevents.cache.radix import RadixCache

@@ -1,4 +1,5 @@
-"""The cache's event queue: coalesces each new event with the last queued one (SPEC section 5).
+"""The cache's event queue: coalesces each new event with the last queued one (schemas/README.md,
+"What the reference cache emits", coalescing).
 
 Coalescing looks only at the last queued event and never across two `take()` calls, so the
 batches an engine publishes per step are exactly what SGLang 0.5.20 would publish.
@@ -23,7 +24,7 @@ class EventQueue:
         return len(self._events)
 
     def push(self, ev: Event) -> None:
-        """Queue `ev`, joining it into the last queued event when SPEC section 5 says so."""
+        """Queue `ev`, joining it into the last queued event when the coalescing rules say so."""
         q = self._events
         if q:
             last = q[-1]

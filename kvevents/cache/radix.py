@@ -1,4 +1,5 @@
-"""The reference paged radix cache: a prefix tree of whole pages that emits events by SPEC section 5.
+"""The reference paged radix cache: a prefix tree of whole pages that emits events by the contract
+(schemas/README.md, "What the reference cache emits").
 
 Keys are packed uint32 pages (compared as bytes, never token by token); root children are keyed
 by (namespace, first page), deeper children by first page (a subtree has one namespace). Each node
@@ -37,7 +38,7 @@ from kvevents.cache.tier import PageContent, StorageTier
 __all__ = ["RadixCache", "Match", "NodeInfo"]
 
 class RadixCache:
-    """Paged prefix cache whose events follow SPEC section 5 exactly (see module docstring)."""
+    """Paged prefix cache whose events follow "What the reference cache emits" exactly (see module docstring)."""
 
     def __init__(
         self,
@@ -151,7 +152,7 @@ class RadixCache:
         head.children[node.data[: self._step]] = node
         node.parent = head
         self._num_nodes += 1
-        # SPEC 5: `node` was refreshed just before the split and, as the lower (deeper) half, keeps
+        # "What the reference cache emits", LRU: `node` was refreshed just before the split and, as the lower (deeper) half, keeps
         # this access's time; the upper half (`head`, the prefix, now its parent) takes the next tick.
         self._tick += 1
         head.last_access = self._tick

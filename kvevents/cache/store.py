@@ -1,4 +1,4 @@
-"""Page stores for the storage tier ("L3"), keyed by the storage hash (SPEC sections 3 and 10).
+"""Page stores for the storage tier ("L3"), keyed by the storage hash (schemas/README.md, "Storage tier and prefetch").
 
 Keys are 64-char lowercase hex storage hashes, which already include the whole namespace, so a
 store never needs to know about namespaces to keep them apart. `FileStore` writes each page

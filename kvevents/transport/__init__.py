@@ -1,1 +1,1 @@
-"""ZeroMQ transport helpers shared by the publisher and the subscriber (SPEC sections 7-8)."""
+"""ZeroMQ transport helpers shared by the publisher and the subscriber (schemas/README.md, "Transport in one page")."""

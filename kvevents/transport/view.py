@@ -1,6 +1,6 @@
 """The publisher's compact view of live block copies, and the snapshot batches rebuilt from it.
 
-Updated from every published batch (SPEC section 8). A live block is just a reference to the
+Updated from every published batch (schemas/README.md, snapshots under "Transport in one page"). A live block is just a reference to the
 BlockStored event that announced it (its page index is found again when a snapshot is built), so
 a stored event costs one C-level dict update and allocates nothing the garbage collector must
 track. Events must not be mutated after they are published.

@@ -1,4 +1,4 @@
-"""Wire constants and endpoint rules of the ZeroMQ transport (SPEC sections 6-8).
+"""Wire constants and endpoint rules of the ZeroMQ transport (schemas/README.md, "Wire format" and "Transport in one page").
 
 One place for frame shapes (seq framing, end marker, request names) and the vLLM endpoint rules
 (bind-or-connect, data-parallel port offsets), so publisher and subscriber cannot disagree.
