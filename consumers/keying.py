@@ -65,6 +65,7 @@ __all__ = [
     "SourceKeyer",
     "mix_extra_keys",
     "parse_key_mode",
+    "parse_key_modes",
     "request_keys",
 ]
 
@@ -112,6 +113,7 @@ def parse_key_modes(specs: Sequence[str], names: Sequence[str], default: str = "
 
 
 def _refs_when_only_interned() -> int:
+    """sys.getrefcount of a digest held only by the intern dict (key and value) and one local name."""
     probe = bytes(bytearray(32))
     canon = {probe: probe}
     n = sys.getrefcount(probe)
