@@ -154,6 +154,8 @@ class VllmVerifier:
             return
         if self.page_size and bs != self.page_size:
             self._violate(rec, i, "block-size", f"block_size {bs} but --page-size is {self.page_size}")
+        if not rep.page_size:
+            rep.page_size = bs  # reported as the stream's block size when --page-size was not given
         spans_nulls = len(tokens) > n * bs and len(tokens) % bs == 0 and ev.kv_cache_spec_kind not in (None, "full_attention")
         if len(tokens) != n * bs and not spans_nulls:
             self._violate(rec, i, "token-count", f"{len(tokens)} token ids for {n} blocks of {bs}")
