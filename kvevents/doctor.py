@@ -428,7 +428,8 @@ def _hash_check(rep: DoctorReport, seen: _Seen, replay: str | None, page_size: i
                 "(--page-size) and pass tenant salts with --salt")
     elif r.blocks_verified == 0:
         rep.add(name, WARN if seen.decoded else SKIP,
-                f"no block could be checked ({r.blocks_unverifiable} unverifiable: parents stored before the window)",
+                f"no block could be checked ({r.blocks_unverifiable} unverifiable: parents stored before the window)"
+                if seen.decoded else "nothing was received to check",
                 "run longer (--timeout), or give --replay so the snapshot provides chain heads")
     else:
         rep.add(name, OK, f"{r.blocks_verified} blocks recomputed with page size {page_size}"

@@ -86,11 +86,19 @@ def engine() -> Iterator[_Engine]:
 
 def test_nothing_listening(tmp_path: Path) -> None:
     port = _dead_port()
-    r = kv("doctor", f"tcp://127.0.0.1:{port}", "--timeout", "1")
+    r = kv("doctor", f"tcp://127.0.0.1:{port}", "--timeout", "1", "--page-size", "16")
     assert r.returncode == 1
     assert "address answers" in r.stdout and "FAIL" in r.stdout
     assert f"bound to port {port}" in r.stdout and "--kv-events-config" in r.stdout
     assert r.stderr.strip() == "kvevents: check failed: doctor: 1 check(s) failed: address answers"
+    assert "parents stored before the window" not in r.stdout and "nothing was received" in r.stdout
+
+
+@pytest.mark.parametrize("endpoint", ["garbage", "tcp://127.0.0.1", "tcp://127.0.0.1:70000"])
+def test_a_malformed_endpoint_is_a_usage_error(endpoint: str) -> None:
+    r = kv("doctor", endpoint)
+    assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.startswith("kvevents: error: ENDPOINT:") and "Connection refused" not in r.stderr
 
 
 def test_silent_publisher() -> None:

@@ -38,6 +38,14 @@ def doctor_cmd(
         return doctor_nats(nats_url, stream, timeout, as_json)
     if endpoint is None:
         user_error("missing ENDPOINT (or --nats URL --stream NAME)")
+    from kvevents.transport.wire import check_endpoint
+
+    for what, ep in (("ENDPOINT", endpoint), ("--replay", replay)):
+        if ep is not None:
+            try:
+                check_endpoint(ep)  # a malformed address is a usage error (2), not a failed check
+            except ValueError as exc:
+                user_error(f"{what}: {exc}")
     rep = run_doctor(endpoint, replay=replay, page_size=page_size, topic=topic, timeout=timeout, salts=salt)
     if as_json:
         sys.stdout.write(json.dumps(rep.as_dict(), default=str) + "\n")
