@@ -23,7 +23,6 @@ source and never indexed: a missed block, never a wrong key.
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -32,7 +31,9 @@ from typing import Any, Literal, cast
 from consumers.keys import (
     block_extras,
     engine_hash_key,
+    key_chain,
     key_int64,
+    keys_int64,
     mix_extra_keys,
     request_keys,
 )
@@ -51,12 +52,9 @@ from kvevents.events import (
 )
 from kvevents.hashing import (
     Namespace,
-    digest_chain,
-    digests_to_int64,
     event_hashes_int64,
     event_seed,
     pack_tokens,
-    split_pages,
 )
 
 __all__ = [
@@ -75,7 +73,6 @@ _U64 = (1 << 64) - 1
 _UNKEYED = b""  # map value of a block that could not be keyed exactly (its children cannot either)
 _INT_ONLY = {int}
 _REMOVED_HAS_LORA = "lora_name" in BlockRemoved.__struct_fields__
-_sha256 = hashlib.sha256
 
 
 def parse_key_mode(spec: str) -> tuple[str, str]:
@@ -403,19 +400,14 @@ class SourceKeyer:
             parent_key = key_int64(got)
         try:
             mixed = block_extras(extras, lora, parent is None) if extras is not None else None
-            pages = split_pages(pack_tokens(tokens), ps)
-            if mixed is None or not any(mixed):
-                digests = digest_chain(pages, prior)
-            else:
+            if mixed is not None and any(mixed):
                 c["mixed_blocks"] += sum(1 for m in mixed if m)
-                digests = []
-                for page, m in zip(pages, mixed):
-                    d = _sha256(page if prior is None else prior + page).digest()
-                    prior = mix_extra_keys(d, m)
-                    digests.append(prior)
+            else:
+                mixed = None
+            digests = key_chain(pack_tokens(tokens), ps, prior, mixed)
         except ValueError:
             return self._unkeyed(c, chain, ev, hashes, "bad_extra_keys" if extras is not None else "bad_tokens")
-        ints = digests_to_int64(digests)
+        ints = keys_int64(digests)
         keys = ints
         cmap, dups, loras = chain.digests, chain.dups, chain.loras
         get, intern = cmap.get, self._canon.setdefault
