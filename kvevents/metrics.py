@@ -47,6 +47,7 @@ PUBLISHER_METRICS: dict[str, tuple[str, str, str]] = {
     "rejected_peer_cap": ("kvevents_publisher_rejected_peer_cap_total", "Replay/snapshot requests refused: the peer held its job cap", "counter"),
     "rejected_oversized": ("kvevents_publisher_rejected_oversized_total", "ROUTER requests of more than 3 frames or an oversized body (discarded unread)", "counter"),
     "jobs_expired": ("kvevents_publisher_jobs_expired_total", "Replays/snapshots dropped: the peer did not drain them in time", "counter"),
+    "curve_denied": ("kvevents_publisher_curve_denied_total", "CURVE handshakes refused: the client's key is not on the allow-list", "counter"),
     "queue_depth": ("kvevents_publisher_queue_depth", "Batches waiting in the send queue", "gauge"),
     "live_blocks": ("kvevents_publisher_live_blocks", "Live block copies in the snapshot view", "gauge"),
 }

@@ -22,6 +22,7 @@ import zmq
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kvevents.events import BatchEncoder, BlockStored, Event, decode_batch
+from kvevents.transport import security
 from kvevents.transport.router import RouterService, prepare_router_socket
 from kvevents.transport.view import FrozenView, LiveView
 from kvevents.transport.wire import HASH_SCHEME, SCHEMA_VERSION, check_endpoint, offset_endpoint, pack_seq, should_bind
@@ -84,6 +85,11 @@ class PublisherConfig(BaseModel):
     replay_jobs_per_peer: int = Field(4, ge=1)
     replay_max_jobs: int = Field(64, ge=1)
     replay_job_timeout_s: float = Field(10.0, gt=0)
+    # opt-in CURVE (transport/security.py): the server certificate with its secret key
+    # (`kvevents keys generate`), and a directory of allowed client public certificates (*.key);
+    # no allow-list: any client holding the server's public key (encryption + server authentication)
+    curve_secret_key_file: str | None = None
+    curve_allow_dir: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -107,6 +113,8 @@ class PublisherConfig(BaseModel):
         for ep in (self.endpoint, self.replay_endpoint):
             if ep:
                 offset_endpoint(ep, self.dp_rank)
+        if self.curve_allow_dir is not None and self.curve_secret_key_file is None:
+            raise ValueError("curve_allow_dir needs curve_secret_key_file (the server's certificate)")
         return self
 
 
@@ -139,6 +147,7 @@ _SVC_KEYS = (
     "rejected_oversized",
     "jobs_expired",
 )
+PLAIN_BIND_WARNING = "plain-bind"  # the log record key (security.OnceFilter) of the warning below
 
 
 class Publisher:
@@ -206,8 +215,14 @@ class Publisher:
         self._router: zmq.Socket | None = None
         self._queue: queue.Queue | None = None
         self._sender: threading.Thread | None = None
+        self._curve_handles: list[security.ServerHandle] = []
+        curve = None
+        if config.curve_secret_key_file is not None:  # a bad key file is a ValueError before any socket
+            curve = security.CurveServer.from_files(config.curve_secret_key_file, config.curve_allow_dir)
         try:
             self._pub = self._ctx.socket(zmq.PUB)
+            if curve is not None:  # before bind: ZeroMQ's listener copies the options
+                self._curve_handles.append(security.apply_server(self._pub, curve))
             self._send = _raw_send(self._pub)
             self._pub.setsockopt(zmq.SNDHWM, config.hwm)
             self._pub.setsockopt(zmq.LINGER, 0)
@@ -223,12 +238,19 @@ class Publisher:
                 r = self._router = self._ctx.socket(zmq.ROUTER)
                 r.setsockopt(zmq.ROUTER_MANDATORY, 1)
                 prepare_router_socket(r)  # request limits; before bind: ZeroMQ's listener copies the options
+                if curve is not None:
+                    self._curve_handles.append(security.apply_server(r, curve))
                 r.setsockopt(zmq.LINGER, 0)
                 r.bind(offset_endpoint(config.replay_endpoint, config.dp_rank))
                 self.replay_endpoint = r.getsockopt_string(zmq.LAST_ENDPOINT)
         except (zmq.ZMQError, ValueError) as exc:
             self._close_sockets()
             raise ValueError(f"publisher endpoint {config.endpoint!r} / {config.replay_endpoint!r}: {exc}") from None
+        exposed = [] if curve is not None else security.exposed_endpoints(self.endpoint, self.replay_endpoint)
+        if exposed:  # one line; a CLI running several publishers shows it once (security.OnceFilter)
+            log.warning("publisher on %s without CURVE: events (token ids, cache_salt) travel in clear to anyone "
+                        "who can reach it; use loopback or --curve-secret (README: Security)", " and ".join(exposed),
+                        extra={"kvevents_once": PLAIN_BIND_WARNING})
         # snapshots are only served over the ROUTER; without them the (empty) view only holds the
         # page size DESCRIBE reports, learned from the first BlockStored (_learn_page)
         self._keep_view = self._router is not None and config.snapshots
@@ -305,6 +327,7 @@ class Publisher:
         out["bytes_sent"] += self._n_bytes
         for k, v in self._svc_stats.items():
             out[k] = out.get(k, 0) + v
+        out["curve_denied"] = sum(h.denied for h in self._curve_handles)
         out["batches_published"] = out["next_seq"] = self._seq
         out["queue_depth"] = self._queue.qsize() if self._queue is not None else 0
         with self._lock:
@@ -557,6 +580,9 @@ class Publisher:
         for s in (getattr(self, "_pub", None), self._router):
             if s is not None and not s.closed:
                 s.close()
+        for h in self._curve_handles:  # the last one stops the context's ZAP authenticator
+            security.release_server(h)
+        self._curve_handles = []
         if self._own_ctx and not self._ctx.closed:
             self._ctx.term()
 

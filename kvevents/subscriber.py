@@ -24,11 +24,17 @@ import zmq
 from kvevents.errors import DecodeError
 from kvevents.events import KVEventBatch, decode_batch
 from kvevents.transport.repair import RepairMixin
+from kvevents.transport.security import CurveClient, apply_client
 from kvevents.transport.streams import Item, SourceState as _Src, Stream
 from zmq.utils.monitor import recv_monitor_message
 from kvevents.transport.wire import SEQ, check_endpoint
 
-__all__ = ["Source", "parse_source", "Delivery", "Reset", "SourceStatus", "Subscriber"]
+__all__ = ["Source", "parse_source", "Delivery", "Reset", "SourceStatus", "Subscriber", "START_MODES"]
+
+# Where a stream begins on first contact. oldest: replay from seq 0 (the publisher's kept history);
+# snapshot: Reset("first") and the publisher's KVE/SNAPSHOT, then the batches after it (no snapshot:
+# a counted clean start); now: the first live batch, without replay and without counting a loss.
+START_MODES: tuple[str, ...] = ("oldest", "snapshot", "now")
 
 log = logging.getLogger("kvevents.subscriber")
 
@@ -46,16 +52,22 @@ class Source:
     """One publisher: live endpoint, optional replay ROUTER endpoint, a name (default: the endpoint).
 
     `bind=True` binds the SUB socket instead of connecting (for publishers that connect).
+    `curve`: this publisher's CURVE server key and our client keys (transport.security), for
+    both its live and replay endpoints. `start`: one of START_MODES (None: the Subscriber's).
     """
 
     endpoint: str
     replay_endpoint: str | None = None
     name: str | None = None
     bind: bool = False
+    curve: CurveClient | None = None
+    start: str | None = None
 
     def __post_init__(self) -> None:
         if not self.endpoint:
             raise ValueError("Source: endpoint must not be empty")
+        if self.start is not None and self.start not in START_MODES:
+            raise ValueError(f"source {self.name or self.endpoint!r}: start must be one of {', '.join(START_MODES)}, got {self.start!r}")
         if self.name is None:
             self.name = self.endpoint
         for what, ep in (("", self.endpoint), ("replay ", self.replay_endpoint)):
@@ -154,12 +166,17 @@ class Subscriber(RepairMixin):
         context: zmq.Context | None = None,
         clock: Callable[[], float] = time.monotonic,
         max_ranks: int = 64,
+        start: str = "oldest",
     ) -> None:
         """`clock` (monotonic seconds) times requests, backoff and staleness; tests may inject one.
         `max_ranks`: dp ranks tracked per source; batches of further ranks are counted
-        (`dropped_ranks`) and dropped, so a publisher cannot make a stream (and a repair) per rank."""
+        (`dropped_ranks`) and dropped, so a publisher cannot make a stream (and a repair) per rank.
+        `start`: where each stream begins on first contact (START_MODES; a Source may override it)."""
         if not sources:
             raise ValueError("Subscriber: at least one source is needed")
+        if start not in START_MODES:
+            raise ValueError(f"Subscriber: start must be one of {', '.join(START_MODES)}, got {start!r}")
+        self.start_mode = start
         srcs = [s if isinstance(s, Source) else Source(s) for s in sources]
         names = [s.name for s in srcs]
         if len(set(names)) != len(names):
@@ -322,6 +339,7 @@ class Subscriber(RepairMixin):
             sub.setsockopt(zmq.RECONNECT_IVL, 100)
             sub.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)  # ZeroMQ retries forever, backing off
             sub.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
+            apply_client(sub, s.source.curve)
             s.sub = sub
             self._by_sock[sub] = (s, True)
             self._poller.register(sub, zmq.POLLIN)
@@ -340,6 +358,7 @@ class Subscriber(RepairMixin):
                     what, ep = "replay endpoint", s.source.replay_endpoint
                     probe = self._ctx.socket(zmq.DEALER)
                     probe.setsockopt(zmq.LINGER, 0)
+                    apply_client(probe, s.source.curve)
                     try:
                         probe.connect(ep)
                     finally:
@@ -367,6 +386,7 @@ class Subscriber(RepairMixin):
         d.setsockopt(zmq.RCVHWM, 0)
         d.setsockopt(zmq.RECONNECT_IVL, 100)
         d.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
+        apply_client(d, s.source.curve)
         try:
             d.connect(s.source.replay_endpoint)  # type: ignore[arg-type]
         except zmq.ZMQError:
@@ -477,7 +497,8 @@ class Subscriber(RepairMixin):
         if st is None:
             if len(s.streams) >= self.max_ranks:
                 return self._bad(f"source {s.name}: more than {self.max_ranks} dp ranks", f"rank {rank}", "dropped_ranks")
-            st = s.streams[rank] = Stream(rank)
+            # first contact: "now" takes the first live batch as the start, no loss counted
+            st = s.streams[rank] = Stream(rank, clean_start=(s.source.start or self.start_mode) == "now")
         if not batch.events:
             self._counters["heartbeats"] += 1
         restart = (st.epoch is not None and batch.epoch is not None and batch.epoch != st.epoch) or (
@@ -513,6 +534,11 @@ class Subscriber(RepairMixin):
                     self._counters["losses"] += 1  # joined late with no replay: what came before is lost
                 st.clean_start = False
                 st.next_seq = it.seq
+            elif (s.source.start or self.start_mode) == "snapshot":  # first contact: the publisher's state
+                self._emit_reset(s, st, "first")
+                self._request(s, st, "snapshot", 0)
+                st.buffer.append(it)
+                return
             else:
                 self._request(s, st, "replay", 0, first=True)
                 st.buffer.append(it)

@@ -6,11 +6,13 @@ import json
 import signal
 import sys
 import time
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 import typer
 
 from kvevents.cli.app import app, user_error
+from kvevents.cli.keys import (ALLOW_HELP, CLIENT_CERT_HELP, SECRET_HELP, SERVER_KEY_HELP, curve_server,
+                               show_plain_bind_once, with_curve)
 
 _STARTED = "kvevents serve:"
 
@@ -45,6 +47,8 @@ def serve(
         False, "--epoch-in-batch", help="Add the epoch as a 4th batch element (only tolerant decoders read it; "
         "vLLM-, SGLang- and Dynamo-style strict decoders reject it). Default: the strict 3-element batch."
     ),
+    curve_secret: Optional[str] = typer.Option(None, "--curve-secret", help=SECRET_HELP),
+    curve_allow: Optional[str] = typer.Option(None, "--curve-allow", help=ALLOW_HELP),
 ) -> None:
     """Run simulated engine workers, each publishing its KV events; a status line per second."""
     from kvevents.publisher import Publisher
@@ -77,6 +81,8 @@ def serve(
     if clash:
         user_error(f"live and replay endpoints collide on {clash[0]} with {workers} workers (rank r uses port + r): "
                    f"give --replay-endpoint a port >= live port + {workers}")
+    curve_server(curve_secret, curve_allow)  # bad key files: one line, exit 2
+    show_plain_bind_once()
     sims, pubs, loads = [], [], []
     try:
         for i in range(workers):
@@ -91,6 +97,8 @@ def serve(
                     snapshots=engine == "contract",
                     metrics_port=metrics_port,
                     epoch_in_batch=epoch_in_batch,
+                    curve_secret_key_file=curve_secret,
+                    curve_allow_dir=curve_allow,
                 )
             )
             metrics_port = pubs[0].metrics_port  # 0 picked a free port: the other ranks share it
@@ -185,6 +193,8 @@ def tail(
     count: Optional[int] = typer.Option(None, min=1, help="Exit after this many batches."),
     duration: Optional[float] = typer.Option(None, min=0.0, help="Exit after this many seconds."),
     stale_after: float = typer.Option(5.0, help="Report the publisher stale after this much silence (s)."),
+    curve_server_key: List[str] = typer.Option([], "--curve-server-key", help=SERVER_KEY_HELP),
+    curve_client_cert: Optional[str] = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
 ) -> None:
     """Print every batch of a publisher (or JSONL), with gap / replay / restart / heartbeat notices."""
     from kvevents.events import event_to_dict
@@ -197,7 +207,8 @@ def tail(
                 check_endpoint(ep)  # type: ignore[arg-type]
         except ValueError as exc:
             user_error(f"{what}: {exc}")
-    sub = Subscriber([Source(endpoint, replay or None, endpoint)], topic=topic, stale_after_s=stale_after)
+    sources = with_curve([Source(endpoint, replay or None, endpoint)], curve_server_key, curve_client_cert)
+    sub = Subscriber(sources, topic=topic, stale_after_s=stale_after)
     seen = 0
     last = sub.counters()
     was_stale = False
