@@ -7,9 +7,10 @@ Every error is one line on stderr; a traceback is never shown.
 from __future__ import annotations
 
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import typer
+from typer.core import TyperArgument, TyperOption
 
 from kvevents.errors import KVEventsError
 
@@ -22,9 +23,41 @@ app = typer.Typer(
 )
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from kvevents.cli.contract import version as print_version  # `kvevents version` says the same
+
+        print_version()
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_show_version, is_eager=True, help="Print the version (and the hashing path) and exit."
+    ),
+) -> None:
     """KV-cache events: the hash contract, a reference cache, publisher, consumers and tools."""
+
+
+def _type_column(param: TyperOption | TyperArgument, ctx: Any) -> str | None:
+    """The help's type column in plain words (TEXT, INTEGER, ...): no `<bool>`-style tags, and
+    nothing for flags."""
+    if param.metavar is not None:
+        return param.metavar
+    if getattr(param, "is_flag", False):
+        return None
+    label = type(param).display_type(param, ctx).strip("<>")
+    if label.startswith("list["):
+        label = label[5:-1]
+    word = label.split()[0] if label else ""
+    name = _TYPE_WORDS.get(word, word.upper())
+    return f"{name}..." if getattr(param, "multiple", False) or param.nargs != 1 else name
+
+
+_TYPE_WORDS = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "path": "PATH", "file": "FILE", "directory": "DIR"}
+TyperOption.display_type_rich = _type_column  # type: ignore[method-assign]  # our help's wording, one place
+TyperArgument.display_type_rich = _type_column  # type: ignore[method-assign]
 
 
 class UserError(Exception):
