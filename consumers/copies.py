@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvevents import speedups
+
 from consumers.table import HAS_PARENT, HashTable
 
 __all__ = ["WORD", "Extra", "store_each", "store_many", "remove_each", "remove_many", "clear_bits"]
@@ -80,6 +82,14 @@ def remove_each(
     the lowest view holding it. A hash several views hold is ambiguous unless `exact` (the remove
     named its adapter, or the worker names adapters on removes): which copy went is then known.
     """
+    if speedups.active() and type(hashes) is list:
+        unknown, ambiguous, removed, deleted = speedups.remove_each(
+            [t.cview() for t in views], extra, mi, col, wi, hashes, prefer, exact
+        )
+        for t, d in zip(views, deleted):
+            if d:
+                t.note_deleted(d)
+        return unknown, ambiguous, removed
     bit = 1 << (wi % WORD)
     unknown = ambiguous = removed = 0
     for h in hashes:

@@ -18,9 +18,10 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
+from kvevents import speedups
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, rank_of
 
-from consumers.lookup import PrefixMatch, WordLayout, walk
+from consumers.lookup import PrefixMatch, WordLayout, walk_plan
 from consumers.copies import WORD, Extra, clear_bits, remove_each, remove_many, store_each, store_many
 from consumers.table import HAS_PARENT, HashTable, as_hashes
 
@@ -256,6 +257,8 @@ class BlockIndex:
         """True if worker `wi` holds a copy of `h` on any medium, under any lora_name."""
         bit = 1 << (wi % WORD)
         cols = self._worker_cols(wi)
+        if speedups.active():
+            return speedups.holds_bit([t.cview() for t in self._views], h, cols, bit)
         for t in self._views:
             s = t.find1(h)
             if s >= 0 and any(t.bit_set(s, c, bit) for c in cols):
@@ -503,14 +506,7 @@ class BlockIndex:
         if not plan or not self._by_index or not n:
             return PrefixMatch(n)
         weights, layout = self._layout(medium_weight)
-        masks: np.ndarray | None = None
-        for t, filt in plan:  # (pages, columns) masks: OR over the plan's filtered views
-            m = t.rows(hashes)
-            if filt is not None:
-                m &= filt
-            masks = m if masks is None else (masks | m)
-        assert masks is not None
-        return walk(masks, layout, self._media, weights)
+        return walk_plan(hashes, plan, layout, self._media, weights)
 
     def labels(self) -> Mapping[int, str]:
         """Worker index -> label, for every known worker (what `prefix_match` results are keyed by).

@@ -11,7 +11,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["WORD", "WorkerMatch", "PrefixMatch", "WordLayout", "walk"]
+from kvevents import speedups
+
+from consumers.table import HashTable
+
+__all__ = ["WORD", "WorkerMatch", "PrefixMatch", "WordLayout", "walk", "walk_plan"]
 
 WORD = 64  # workers per mask word
 
@@ -42,6 +46,31 @@ class WordLayout:
     word: int
     cols: list[tuple[int, int]]
     alive: int
+
+
+def walk_plan(
+    hashes: np.ndarray,
+    plan: list[tuple[HashTable, np.ndarray | None]],
+    layout: list[WordLayout],
+    media: list[str | None],
+    weights: list[float],
+) -> PrefixMatch:
+    """`walk` over the masks of `hashes` OR-ed across the plan's views (each row AND its filter).
+
+    The compiled path probes, ORs and walks page by page and stops at the first page no worker
+    holds; the Python path gathers every page's rows with `HashTable.rows`. Same result."""
+    if speedups.active():
+        got = speedups.walk(hashes, [(t.cview(), f) for t, f in plan], layout, media, weights, PrefixMatch, WorkerMatch)
+        if got is not NotImplemented:
+            return got  # type: ignore[no-any-return]
+    masks: np.ndarray | None = None
+    for t, filt in plan:  # (pages, columns) masks: OR over the plan's filtered views
+        m = t.rows(hashes)
+        if filt is not None:
+            m &= filt
+        masks = m if masks is None else (masks | m)
+    assert masks is not None
+    return walk(masks, layout, media, weights)
 
 
 def walk(m: np.ndarray, layout: list[WordLayout], media: list[str | None], weights: list[float]) -> PrefixMatch:

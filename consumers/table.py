@@ -20,6 +20,8 @@ import math
 
 import numpy as np
 
+from kvevents import speedups
+
 __all__ = ["HashTable", "EMPTY", "LIVE", "TOMB", "HAS_PARENT", "SLOTS", "as_hashes", "rebuild_buckets"]
 
 EMPTY, LIVE, TOMB, HAS_PARENT = 0, 1, 2, 4  # slot state bits (uint8)
@@ -113,6 +115,16 @@ class HashTable:
         self._pv = memoryview(self.parent)
         self._mv = memoryview(self.masks.reshape(-1))  # row-major: slot * ncols + col
         self._ov = memoryview(self.overflow.view(np.uint8))
+
+    def cview(self) -> tuple:
+        """The arrays and bucket math as the compiled fast path reads them (kvevents.speedups):
+        (keys, state, parent, masks flat, overflow bytes, nshift, vacant, spill, ncols). Valid until
+        the next rebuild or added column."""
+        return (self.keys, self.state, self.parent, self._mv, self._ov, self._nshift, self.vacant, self.spill, self.nc)
+
+    def note_deleted(self, n: int) -> None:
+        """Account for `n` rows the compiled remove loop deleted (tombstoned) through `cview`."""
+        self.live -= n
 
     @property
     def capacity(self) -> int:
@@ -238,6 +250,12 @@ class HashTable:
         """Set `bit` in column `col` for each key (inserted when absent, into reserved room), in
         order, recording each key's parent (`prev`, then the key before it); the keys whose bit
         was already set (extra copies) are returned."""
+        if type(hashes) is list and speedups.active():
+            got = speedups.set_bits_each(self.cview(), hashes, col, bit, prev)
+            if got is not None:  # None: a key equals the vacant key, which the Python loop moves
+                self.live += got[1]
+                self.used += got[2]
+                return got[0]
         find1, place1 = self.find1, self.place1
         mv, pv, sv, nc = self._mv, self._pv, self._sv, self.nc
         dup: list[int] = []

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Sequence
 
+from kvevents import speedups as _speedups
+
 __all__ = [
     "Namespace",
     "DEFAULT_NAMESPACE",
@@ -197,6 +199,8 @@ def _digests(pages: Sequence[bytes], prior: bytes | None) -> list[bytes]:
     """
     if not pages:
         return []
+    if type(pages) is list and _speedups.active():  # the compiled chain: same digests, ~3x faster
+        return _speedups.chain_pages(pages, prior)
     sha = _sha256
     if prior is None:
         prior = sha(pages[0]).digest()
@@ -230,6 +234,8 @@ def _ints(digests: Sequence[bytes]) -> list[int]:
 def packed_chain(data: bytes, page_size: int, prior: bytes | None = None) -> bytes:
     """The page chain over packed whole pages (`pack_tokens` output), as concatenated raw digests:
     what the cache keeps per node (32 bytes a page, no object per digest)."""
+    if _speedups.active():
+        return _speedups.chain_packed(data, page_size, prior)
     return b"".join(_digests(_pages(data, page_size), prior))
 
 

@@ -1,0 +1,817 @@
+/* kvevents._speedups: the optional compiled fast path (issue 19).
+ *
+ * Three loops that the pure-Python code runs per page: the SHA-256 page chain, the index walk over
+ * a HashTable's arrays (probe, OR the views, AND down the pages per worker word, per-medium
+ * credit), and the store/remove apply loops. Every function here has a pure-Python twin
+ * (kvevents/hashing.py, consumers/table.py, consumers/lookup.py, consumers/copies.py) that gives
+ * identical results; kvevents/speedups.py picks one. Malformed arguments raise ValueError. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "_sha256.h"
+
+#define SLOTS 8
+#define ST_LIVE 1
+#define ST_TOMB 2
+#define ST_HAS_PARENT 4
+#define MIX 0x9E3779B97F4A7C15ULL
+#define LIVE_BYTES 0x0101010101010101ULL
+#define MAX_PAGES ((Py_ssize_t)1 << 40)
+
+#if defined(__GNUC__) || defined(__clang__)
+#define PREFETCH(p) __builtin_prefetch((p), 0, 3)
+#define CTZ64(x) __builtin_ctzll(x)
+#else
+#define PREFETCH(p) ((void)0)
+static int CTZ64(uint64_t x) { int n = 0; while (!(x & 1)) { x >>= 1; n++; } return n; }
+#endif
+
+/* ------------------------------------------------------------------ buffers */
+
+static int get_buf(PyObject *o, Py_buffer *b, Py_ssize_t itemsize, const char *kinds, int writable,
+                   const char *what) {
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    if (PyObject_GetBuffer(o, b, flags) < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s must be a %scontiguous array", what, writable ? "writable " : "");
+        return -1;
+    }
+    const char *f = b->format ? b->format : "B";
+    if (*f == '<' || *f == '=' || *f == '@') f++;
+    if (b->itemsize != itemsize || b->ndim > 1 || strlen(f) != 1 || !strchr(kinds, f[0])) {
+        PyErr_Format(PyExc_ValueError, "%s has the wrong dtype (format %s, itemsize %zd)", what,
+                     b->format ? b->format : "B", b->itemsize);
+        PyBuffer_Release(b);
+        return -1;
+    }
+    return 0;
+}
+
+static int as_i64(PyObject *o, int64_t *out, const char *what) {
+    if (!PyLong_Check(o)) {
+        PyErr_Format(PyExc_ValueError, "%s must be an int, got %.100s", what, Py_TYPE(o)->tp_name);
+        return -1;
+    }
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s is not a signed 64-bit integer", what);
+        return -1;
+    }
+    *out = (int64_t)v;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ page chain */
+
+/* chain_pages(pages, prior) -> list[bytes]: digest i = sha256(digest i-1 + page i) (or of page 0
+ * alone without a prior). The twin of kvevents.hashing._digests. */
+static PyObject *chain_pages(PyObject *self, PyObject *args) {
+    PyObject *pages, *prior;
+    if (!PyArg_ParseTuple(args, "OO", &pages, &prior)) return NULL;
+    uint8_t prev[32];
+    int have = 0;
+    if (prior != Py_None) {
+        if (!PyBytes_Check(prior) || PyBytes_GET_SIZE(prior) != 32) {
+            PyErr_SetString(PyExc_ValueError, "prior must be a 32-byte digest or None");
+            return NULL;
+        }
+        memcpy(prev, PyBytes_AS_STRING(prior), 32);
+        have = 1;
+    }
+    PyObject *seq = PySequence_Fast(pages, "pages must be a sequence of bytes");
+    if (!seq) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "pages must be a sequence of bytes");
+        return NULL;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    PyObject *out = PyList_New(n);
+    if (!out) { Py_DECREF(seq); return NULL; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_buffer b;
+        if (PyObject_GetBuffer(items[i], &b, PyBUF_SIMPLE) < 0 || PyUnicode_Check(items[i])) {
+            if (!PyErr_Occurred()) PyBuffer_Release(&b);
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "page %zd is not bytes", i);
+            Py_DECREF(seq); Py_DECREF(out);
+            return NULL;
+        }
+        uint8_t d[32];
+        if (have) kv_sha256_2(prev, 32, b.buf, (size_t)b.len, d);
+        else kv_sha256_2(b.buf, (size_t)b.len, NULL, 0, d);
+        PyBuffer_Release(&b);
+        memcpy(prev, d, 32);
+        have = 1;
+        PyObject *db = PyBytes_FromStringAndSize((const char *)d, 32);
+        if (!db) { Py_DECREF(seq); Py_DECREF(out); return NULL; }
+        PyList_SET_ITEM(out, i, db);
+    }
+    Py_DECREF(seq);
+    return out;
+}
+
+/* chain_packed(data, page_size, prior) -> bytes: the chain over packed uint32 tokens cut into pages
+ * (the last may be partial), as concatenated 32-byte digests. */
+static PyObject *chain_packed(PyObject *self, PyObject *args) {
+    PyObject *data, *prior;
+    Py_ssize_t page_size;
+    if (!PyArg_ParseTuple(args, "OnO", &data, &page_size, &prior)) return NULL;
+    if (page_size < 1 || page_size > ((Py_ssize_t)1 << 40)) {
+        PyErr_Format(PyExc_ValueError, "page_size must be an integer >= 1, got %zd", page_size);
+        return NULL;
+    }
+    uint8_t prev[32];
+    int have = 0;
+    if (prior != Py_None) {
+        if (!PyBytes_Check(prior) || PyBytes_GET_SIZE(prior) != 32) {
+            PyErr_SetString(PyExc_ValueError, "prior must be a 32-byte digest or None");
+            return NULL;
+        }
+        memcpy(prev, PyBytes_AS_STRING(prior), 32);
+        have = 1;
+    }
+    Py_buffer b;
+    if (PyObject_GetBuffer(data, &b, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "packed tokens must be bytes");
+        return NULL;
+    }
+    Py_ssize_t step = page_size * 4;
+    Py_ssize_t npages = b.len / step + (b.len % step ? 1 : 0);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, npages * 32);
+    if (!out) { PyBuffer_Release(&b); return NULL; }
+    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
+    const uint8_t *p = b.buf;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < npages; i++) {
+        Py_ssize_t off = i * step, len = b.len - off < step ? b.len - off : step;
+        if (have) kv_sha256_2(prev, 32, p + off, (size_t)len, o + 32 * i);
+        else kv_sha256_2(p + off, (size_t)len, NULL, 0, o + 32 * i);
+        memcpy(prev, o + 32 * i, 32);
+        have = 1;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    return out;
+}
+
+/* digests_int64(digests) -> bytes of native int64: each digest's first 8 bytes, big-endian, signed. */
+static PyObject *digests_int64(PyObject *self, PyObject *arg) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "digests must be bytes");
+        return NULL;
+    }
+    if (b.len % 32) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "digests must be a multiple of 32 bytes");
+        return NULL;
+    }
+    Py_ssize_t n = b.len / 32;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (!out) { PyBuffer_Release(&b); return NULL; }
+    const uint8_t *p = b.buf;
+    int64_t *o = (int64_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t v = 0;
+        for (int j = 0; j < 8; j++) v = (v << 8) | p[32 * i + j];
+        o[i] = (int64_t)v;
+    }
+    PyBuffer_Release(&b);
+    return out;
+}
+
+static PyObject *sha_impl(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(kv_sha_impl); }
+
+static PyObject *select_sha(PyObject *self, PyObject *arg) {
+    int allow = PyObject_IsTrue(arg);
+    if (allow < 0) return NULL;
+    kv_sha256_select(allow);
+    return PyUnicode_FromString(kv_sha_impl);
+}
+
+/* ------------------------------------------------------------------ table views */
+
+/* A HashTable's arrays, as HashTable.cview() hands them over:
+ * (keys int64[n], state uint8[n], parent int64[n], masks uint64[(n+1)*nc], overflow uint8[n/8],
+ *  nshift, vacant, spill dict, nc). */
+typedef struct {
+    Py_buffer kb, sb, pb, mb, ob;
+    int64_t *keys;
+    uint8_t *state;
+    int64_t *parent;
+    uint64_t *masks;
+    uint8_t *over;
+    Py_ssize_t n, buckets, nc;
+    int nshift;
+    int64_t vacant;
+    PyObject *spill;
+    int held;
+} View;
+
+static void view_release(View *v) {
+    if (!v->held) return;
+    PyBuffer_Release(&v->kb); PyBuffer_Release(&v->sb); PyBuffer_Release(&v->pb);
+    PyBuffer_Release(&v->mb); PyBuffer_Release(&v->ob);
+    v->held = 0;
+}
+
+static int view_load(PyObject *t, View *v, int writable) {
+    memset(v, 0, sizeof *v);
+    if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 9) {
+        PyErr_SetString(PyExc_ValueError, "a table view must be the 9-tuple HashTable.cview() returns");
+        return -1;
+    }
+    PyObject **it = &PyTuple_GET_ITEM(t, 0);
+    int64_t nshift, nc;
+    if (as_i64(it[5], &nshift, "nshift") < 0 || as_i64(it[6], &v->vacant, "vacant") < 0 ||
+        as_i64(it[8], &nc, "nc") < 0)
+        return -1;
+    if (!PyDict_CheckExact(it[7])) {
+        PyErr_SetString(PyExc_ValueError, "spill must be a dict");
+        return -1;
+    }
+    if (get_buf(it[0], &v->kb, 8, "qlL", 0, "keys") < 0) return -1;
+    if (get_buf(it[1], &v->sb, 1, "Bb?", writable, "state") < 0) { PyBuffer_Release(&v->kb); return -1; }
+    if (get_buf(it[2], &v->pb, 8, "ql", writable, "parent") < 0) {
+        PyBuffer_Release(&v->kb); PyBuffer_Release(&v->sb); return -1;
+    }
+    if (get_buf(it[3], &v->mb, 8, "QL", writable, "masks") < 0) {
+        PyBuffer_Release(&v->kb); PyBuffer_Release(&v->sb); PyBuffer_Release(&v->pb); return -1;
+    }
+    if (get_buf(it[4], &v->ob, 1, "Bb?", writable, "overflow") < 0) {
+        PyBuffer_Release(&v->kb); PyBuffer_Release(&v->sb); PyBuffer_Release(&v->pb); PyBuffer_Release(&v->mb);
+        return -1;
+    }
+    v->held = 1;
+    /* keys must also be writable for apply: a read-only keys buffer is refused there */
+    if (writable && v->kb.readonly) {
+        PyErr_SetString(PyExc_ValueError, "keys must be writable");
+        goto bad;
+    }
+    v->keys = v->kb.buf; v->state = v->sb.buf; v->parent = v->pb.buf; v->masks = v->mb.buf; v->over = v->ob.buf;
+    v->n = v->kb.len / 8;
+    v->nc = (Py_ssize_t)nc;
+    v->spill = it[7];
+    v->buckets = v->n / SLOTS;
+    if (v->n % SLOTS || v->buckets < 2 || (v->buckets & (v->buckets - 1))) {
+        PyErr_Format(PyExc_ValueError, "keys: %zd slots is not a power-of-two number (>= 2) of 8-slot buckets", v->n);
+        goto bad;
+    }
+    int lg = 0;
+    while (((Py_ssize_t)1 << lg) < v->buckets) lg++;
+    if (nshift != 64 - lg) {
+        PyErr_Format(PyExc_ValueError, "nshift %lld does not match %zd buckets", (long long)nshift, v->buckets);
+        goto bad;
+    }
+    v->nshift = (int)nshift;
+    if (nc < 1 || nc > 65536) {
+        PyErr_Format(PyExc_ValueError, "nc must be in 1..65536, got %lld", (long long)nc);
+        goto bad;
+    }
+    if (v->sb.len != v->n || v->pb.len / 8 != v->n || v->ob.len < v->buckets || v->mb.len / 8 < (v->n + 1) * v->nc) {
+        PyErr_SetString(PyExc_ValueError, "table arrays are shorter than the keys array implies");
+        goto bad;
+    }
+    return 0;
+bad:
+    view_release(v);
+    return -1;
+}
+
+static inline Py_ssize_t home_of(const View *v, int64_t k) {
+    return (Py_ssize_t)(((uint64_t)k * MIX) >> v->nshift);
+}
+
+/* The slot of key k in its home bucket (b), else via the spill dict, else -1 (-2 on error). */
+static Py_ssize_t probe(const View *v, int64_t k, Py_ssize_t b) {
+    if (k == v->vacant) return -1;
+    const int64_t *row = v->keys + b * SLOTS;
+    for (int j = 0; j < SLOTS; j++)
+        if (row[j] == k) return b * SLOTS + j;
+    if (v->over[b] && PyDict_GET_SIZE(v->spill)) {
+        PyObject *key = PyLong_FromLongLong(k);
+        if (!key) return -2;
+        PyObject *s = PyDict_GetItemWithError(v->spill, key);
+        Py_DECREF(key);
+        if (!s) return PyErr_Occurred() ? -2 : -1;
+        int64_t slot;
+        if (as_i64(s, &slot, "spill slot") < 0) return -2;
+        if (slot < 0 || slot >= v->n) {
+            PyErr_SetString(PyExc_ValueError, "spill slot out of range");
+            return -2;
+        }
+        return (Py_ssize_t)slot;
+    }
+    return -1;
+}
+
+/* ------------------------------------------------------------------ the walk */
+
+#define BLOCK 16
+#define MAX_VIEWS 64
+
+/* walk(hashes, plan, layout, media, weights, PrefixMatch, WorkerMatch, builtin sum) -> PrefixMatch
+ * plan: list of (cview, filter uint64[nc] or None); layout: list of WordLayout (word, cols, alive).
+ * The twin of: masks = OR over the plan of t.rows(hashes) & filter; consumers.lookup.walk(masks, ...). */
+static PyObject *walk(PyObject *self, PyObject *args) {
+    PyObject *hashes, *plan, *layout, *media, *weights, *pm_cls, *wm_cls, *sum_fn;
+    if (!PyArg_ParseTuple(args, "OO!O!O!O!OOO", &hashes, &PyList_Type, &plan, &PyList_Type, &layout, &PyList_Type,
+                          &media, &PyList_Type, &weights, &pm_cls, &wm_cls, &sum_fn))
+        return NULL;
+    Py_buffer hb;
+    if (get_buf(hashes, &hb, 8, "ql", 0, "hashes") < 0) return NULL;
+    const int64_t *q = hb.buf;
+    Py_ssize_t n = hb.len / 8;
+    Py_ssize_t nv = PyList_GET_SIZE(plan), nw = PyList_GET_SIZE(layout), nmedia = PyList_GET_SIZE(media);
+    PyObject *result = NULL, *workers = NULL;
+    View views[MAX_VIEWS];
+    Py_buffer fb[MAX_VIEWS];
+    const uint64_t *filt[MAX_VIEWS];
+    int nloaded = 0, nfilt_loaded[MAX_VIEWS] = {0};
+    /* per word: columns, media, alive bits, running AND, ends */
+    Py_ssize_t *wcols = NULL, *wmi = NULL, *wstart = NULL;
+    int64_t *wword = NULL;
+    uint64_t *walive = NULL, *acc = NULL, *row = NULL;
+    int32_t *ends = NULL, *credit = NULL;
+    uint8_t *endorder = NULL;
+    int32_t *nend = NULL;
+    Py_ssize_t *slots = NULL;
+    double *wts = NULL;
+
+    if (nv > MAX_VIEWS) { PyErr_SetString(PyExc_ValueError, "too many views in the plan"); goto done; }
+    if (PyList_GET_SIZE(weights) != nmedia) { PyErr_SetString(PyExc_ValueError, "weights and media differ in length"); goto done; }
+    result = PyObject_CallFunction(pm_cls, "n", n);
+    if (!result) goto done;
+    workers = PyObject_GetAttrString(result, "workers");
+    if (!workers || !PyDict_Check(workers)) {
+        if (workers) PyErr_SetString(PyExc_ValueError, "PrefixMatch.workers must be a dict");
+        goto fail;
+    }
+    if (!n || !nv || !nw) goto done;
+    Py_ssize_t nc = -1;
+    for (Py_ssize_t i = 0; i < nv; i++) {
+        PyObject *e = PyList_GET_ITEM(plan, i);
+        if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 2) { PyErr_SetString(PyExc_ValueError, "plan entries must be (view, filter)"); goto fail; }
+        if (view_load(PyTuple_GET_ITEM(e, 0), &views[i], 0) < 0) goto fail;
+        nloaded++;
+        if (nc >= 0 && views[i].nc != nc) { PyErr_SetString(PyExc_ValueError, "views differ in mask columns"); goto fail; }
+        nc = views[i].nc;
+        PyObject *f = PyTuple_GET_ITEM(e, 1);
+        filt[i] = NULL;
+        if (f != Py_None) {
+            if (get_buf(f, &fb[i], 8, "QL", 0, "filter") < 0) goto fail;
+            nfilt_loaded[i] = 1;
+            if (fb[i].len / 8 != nc) { PyErr_SetString(PyExc_ValueError, "filter length differs from the mask columns"); goto fail; }
+            filt[i] = fb[i].buf;
+        }
+    }
+    for (Py_ssize_t m = 0; m < nmedia; m++) {
+        if (!PyFloat_CheckExact(PyList_GET_ITEM(weights, m))) {  /* the Python twin keeps int scores */
+            Py_CLEAR(result);
+            result = Py_NotImplemented;
+            Py_INCREF(result);
+            goto done;
+        }
+    }
+    wts = PyMem_Malloc(sizeof(double) * (nmedia + 1));
+    if (!wts) { PyErr_NoMemory(); goto fail; }
+    for (Py_ssize_t m = 0; m < nmedia; m++) {
+        wts[m] = PyFloat_AsDouble(PyList_GET_ITEM(weights, m));
+        if (wts[m] == -1.0 && PyErr_Occurred()) goto fail;
+    }
+    /* the layout, flattened */
+    Py_ssize_t ncolsall = 0;
+    wstart = PyMem_Calloc(nw + 1, sizeof(Py_ssize_t));
+    wword = PyMem_Calloc(nw, sizeof(int64_t));
+    walive = PyMem_Calloc(nw, sizeof(uint64_t));
+    acc = PyMem_Calloc(nw, sizeof(uint64_t));
+    nend = PyMem_Calloc(nw, sizeof(int32_t));
+    ends = PyMem_Calloc((size_t)nw * 64, sizeof(int32_t));
+    endorder = PyMem_Calloc((size_t)nw * 64, 1);
+    row = PyMem_Calloc(nc, sizeof(uint64_t));
+    slots = PyMem_Calloc((size_t)nv * 2 * BLOCK, sizeof(Py_ssize_t));
+    if (!wstart || !wword || !walive || !acc || !nend || !ends || !endorder || !row || !slots) { PyErr_NoMemory(); goto fail; }
+    for (Py_ssize_t w = 0; w < nw; w++) {
+        PyObject *lay = PyList_GET_ITEM(layout, w);
+        PyObject *cols = PyObject_GetAttrString(lay, "cols");
+        if (!cols) goto fail;
+        if (!PyList_Check(cols) || PyList_GET_SIZE(cols) < 1) { Py_DECREF(cols); PyErr_SetString(PyExc_ValueError, "WordLayout.cols must be a non-empty list"); goto fail; }
+        ncolsall += PyList_GET_SIZE(cols);
+        Py_DECREF(cols);
+    }
+    wcols = PyMem_Calloc(ncolsall + 1, sizeof(Py_ssize_t));
+    wmi = PyMem_Calloc(ncolsall + 1, sizeof(Py_ssize_t));
+    if (!wcols || !wmi) { PyErr_NoMemory(); goto fail; }
+    Py_ssize_t at = 0;
+    int anymulti = 0;
+    for (Py_ssize_t w = 0; w < nw; w++) {
+        PyObject *lay = PyList_GET_ITEM(layout, w);
+        PyObject *cols = PyObject_GetAttrString(lay, "cols");
+        PyObject *word = PyObject_GetAttrString(lay, "word");
+        PyObject *alive = PyObject_GetAttrString(lay, "alive");
+        int bad = !cols || !word || !alive;
+        if (!bad) {
+            if (as_i64(word, &wword[w], "WordLayout.word") < 0 || wword[w] < 0 || wword[w] > ((int64_t)1 << 40)) bad = 1;
+            else {
+                walive[w] = PyLong_AsUnsignedLongLong(alive);
+                if (PyErr_Occurred()) { PyErr_Clear(); PyErr_SetString(PyExc_ValueError, "WordLayout.alive must be a 64-bit mask"); bad = 1; }
+            }
+        }
+        wstart[w] = at;
+        for (Py_ssize_t c = 0; !bad && c < PyList_GET_SIZE(cols); c++) {
+            PyObject *pair = PyList_GET_ITEM(cols, c);
+            int64_t col, mi;
+            if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || as_i64(PyTuple_GET_ITEM(pair, 0), &col, "column") < 0 ||
+                as_i64(PyTuple_GET_ITEM(pair, 1), &mi, "medium index") < 0) { if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "WordLayout.cols entries must be (column, medium index)"); bad = 1; break; }
+            if (col < 0 || col >= nc || mi < 0 || mi >= nmedia) { PyErr_SetString(PyExc_ValueError, "layout column or medium index out of range"); bad = 1; break; }
+            wcols[at] = (Py_ssize_t)col; wmi[at] = (Py_ssize_t)mi; at++;
+        }
+        Py_XDECREF(cols); Py_XDECREF(word); Py_XDECREF(alive);
+        if (bad) goto fail;
+        if (at - wstart[w] > 1) anymulti = 1;
+        acc[w] = walive[w];
+    }
+    wstart[nw] = at;
+    if (anymulti) {
+        credit = PyMem_Calloc((size_t)nw * nmedia * 64, sizeof(int32_t));
+        if (!credit) { PyErr_NoMemory(); goto fail; }
+    }
+    /* walk: blocks of BLOCK pages; next block's buckets prefetched, this block's rows prefetched */
+    for (Py_ssize_t i = 0; i < BLOCK && i < n; i++)
+        for (Py_ssize_t v = 0; v < nv; v++) PREFETCH(views[v].keys + home_of(&views[v], q[i]) * SLOTS);
+    int going = 1;
+    for (Py_ssize_t base = 0; base < n && going; base += BLOCK) {
+        Py_ssize_t stop = base + BLOCK < n ? base + BLOCK : n;
+        for (Py_ssize_t i = stop; i < stop + BLOCK && i < n; i++)
+            for (Py_ssize_t v = 0; v < nv; v++) PREFETCH(views[v].keys + home_of(&views[v], q[i]) * SLOTS);
+        for (Py_ssize_t i = base; i < stop; i++)
+            for (Py_ssize_t v = 0; v < nv; v++) {
+                Py_ssize_t s = probe(&views[v], q[i], home_of(&views[v], q[i]));
+                if (s == -2) goto fail;
+                slots[v * BLOCK + (i - base)] = s;
+                if (s >= 0) PREFETCH(views[v].masks + s * nc);
+            }
+        for (Py_ssize_t i = base; i < stop && going; i++) {
+            memset(row, 0, sizeof(uint64_t) * nc);
+            for (Py_ssize_t v = 0; v < nv; v++) {
+                Py_ssize_t s = slots[v * BLOCK + (i - base)];
+                if (s < 0) continue;
+                const uint64_t *r = views[v].masks + s * nc;
+                if (filt[v]) for (Py_ssize_t c = 0; c < nc; c++) row[c] |= r[c] & filt[v][c];
+                else for (Py_ssize_t c = 0; c < nc; c++) row[c] |= r[c];
+            }
+            going = 0;
+            for (Py_ssize_t w = 0; w < nw; w++) {
+                uint64_t a = acc[w];
+                if (!a) continue;
+                uint64_t held = 0;
+                for (Py_ssize_t c = wstart[w]; c < wstart[w + 1]; c++) held |= row[wcols[c]];
+                uint64_t now = a & held;
+                if (now != a) {
+                    uint64_t ended = a & ~now;
+                    if (i > 0)
+                        while (ended) {
+                            int b = CTZ64(ended);
+                            ends[w * 64 + b] = (int32_t)i;
+                            endorder[w * 64 + nend[w]++] = (uint8_t)b;
+                            ended &= ended - 1;
+                        }
+                    acc[w] = a = now;
+                }
+                if (!a) continue;
+                going = 1;
+                if (wstart[w + 1] - wstart[w] > 1) {
+                    uint64_t rest = a;
+                    for (Py_ssize_t c = wstart[w]; c < wstart[w + 1] && rest; c++) {
+                        uint64_t got = row[wcols[c]] & rest;
+                        rest &= ~got;
+                        int32_t *cr = credit + ((size_t)w * nmedia + wmi[c]) * 64;
+                        while (got) { cr[CTZ64(got)]++; got &= got - 1; }
+                    }
+                }
+            }
+        }
+    }
+    for (Py_ssize_t w = 0; w < nw; w++) {  /* still matching at the last page */
+        uint64_t a = acc[w];
+        while (a) {
+            int b = CTZ64(a);
+            ends[w * 64 + b] = (int32_t)n;
+            endorder[w * 64 + nend[w]++] = (uint8_t)b;
+            a &= a - 1;
+        }
+    }
+    /* results, word by word in layout order, workers in the order their prefixes ended */
+    for (Py_ssize_t w = 0; w < nw; w++) {
+        int multi = wstart[w + 1] - wstart[w] > 1;
+        for (int e = 0; e < nend[w]; e++) {
+            int b = endorder[w * 64 + e];
+            long long pages = ends[w * 64 + b];
+            PyObject *bym = PyDict_New(), *score = NULL, *wm = NULL, *wi = NULL;
+            if (!bym) goto fail;
+            if (!multi) {
+                Py_ssize_t mi = wmi[wstart[w]];
+                PyObject *k = PyLong_FromLongLong(pages);
+                int rc = k ? PyDict_SetItem(bym, PyList_GET_ITEM(media, mi), k) : -1;
+                Py_XDECREF(k);
+                if (rc < 0) { Py_DECREF(bym); goto fail; }
+                score = PyFloat_FromDouble((double)pages * wts[mi]);
+            } else {
+                /* media in first-appearance order of the word's columns, as the Python twin's dict */
+                PyObject *terms = PyList_New(0);
+                if (!terms) { Py_DECREF(bym); goto fail; }
+                int ok = 1;
+                for (Py_ssize_t c = wstart[w]; c < wstart[w + 1] && ok; c++) {
+                    int first = 1;
+                    for (Py_ssize_t c2 = wstart[w]; c2 < c; c2++) if (wmi[c2] == wmi[c]) first = 0;
+                    if (!first) continue;
+                    int32_t k = credit[((size_t)w * nmedia + wmi[c]) * 64 + b];
+                    if (!k) continue;
+                    PyObject *kk = PyLong_FromLong(k);
+                    PyObject *term = PyFloat_FromDouble(wts[wmi[c]] * (double)k);
+                    if (!kk || !term || PyDict_SetItem(bym, PyList_GET_ITEM(media, wmi[c]), kk) < 0 || PyList_Append(terms, term) < 0) ok = 0;
+                    Py_XDECREF(kk); Py_XDECREF(term);
+                }
+                if (ok) score = PyObject_CallOneArg(sum_fn, terms);
+                Py_DECREF(terms);
+                if (!score) { Py_DECREF(bym); goto fail; }
+            }
+            if (!score) { Py_DECREF(bym); goto fail; }
+            PyObject *pg = PyLong_FromLongLong(pages);
+            if (pg) wm = PyObject_CallFunctionObjArgs(wm_cls, pg, score, bym, NULL);
+            Py_XDECREF(pg); Py_DECREF(score); Py_DECREF(bym);
+            if (!wm) goto fail;
+            wi = PyLong_FromLongLong(wword[w] * 64 + b);
+            int rc = wi ? PyDict_SetItem(workers, wi, wm) : -1;
+            Py_XDECREF(wi); Py_DECREF(wm);
+            if (rc < 0) goto fail;
+        }
+    }
+    goto done;
+fail:
+    Py_CLEAR(result);
+done:
+    Py_XDECREF(workers);
+    for (int i = 0; i < nloaded; i++) {
+        view_release(&views[i]);
+        if (nfilt_loaded[i]) PyBuffer_Release(&fb[i]);
+    }
+    PyBuffer_Release(&hb);
+    PyMem_Free(wcols); PyMem_Free(wmi); PyMem_Free(wstart); PyMem_Free(wword); PyMem_Free(walive);
+    PyMem_Free(acc); PyMem_Free(row); PyMem_Free(ends); PyMem_Free(credit); PyMem_Free(endorder);
+    PyMem_Free(nend); PyMem_Free(slots); PyMem_Free(wts);
+    return result;
+}
+
+/* ------------------------------------------------------------------ apply */
+
+static int64_t *ints_of(PyObject *seq, Py_ssize_t *n, const char *what) {
+    if (!PyList_Check(seq) && !PyTuple_Check(seq)) {
+        PyErr_Format(PyExc_ValueError, "%s must be a list of ints", what);
+        return NULL;
+    }
+    *n = PySequence_Fast_GET_SIZE(seq);
+    if (*n > MAX_PAGES) { PyErr_Format(PyExc_ValueError, "%s: too many", what); return NULL; }
+    int64_t *out = PyMem_Malloc(sizeof(int64_t) * (*n + 1));
+    if (!out) { PyErr_NoMemory(); return NULL; }
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < *n; i++)
+        if (as_i64(items[i], &out[i], what) < 0) { PyMem_Free(out); return NULL; }
+    return out;
+}
+
+/* set_bits_each(cview, hashes, col, bit, prev) -> (duplicates, live added, used added), or None when a
+ * hash equals the table's vacant key (the Python twin moves it). The twin of HashTable.set_bits_each;
+ * room must be reserved first (a full table raises ValueError). */
+static PyObject *set_bits_each(PyObject *self, PyObject *args) {
+    PyObject *tv, *hashes, *bitobj, *prevobj;
+    Py_ssize_t col;
+    if (!PyArg_ParseTuple(args, "OOnOO", &tv, &hashes, &col, &bitobj, &prevobj)) return NULL;
+    uint64_t bit = PyLong_Check(bitobj) ? PyLong_AsUnsignedLongLong(bitobj) : 0;
+    if (PyErr_Occurred() || !bit) { PyErr_Clear(); PyErr_SetString(PyExc_ValueError, "bit must be a non-zero 64-bit mask"); return NULL; }
+    int64_t prev = 0;
+    int have_prev = prevobj != Py_None;
+    if (have_prev && as_i64(prevobj, &prev, "prev") < 0) return NULL;
+    Py_ssize_t n;
+    int64_t *hs = ints_of(hashes, &n, "hashes");
+    if (!hs) return NULL;
+    View v;
+    if (view_load(tv, &v, 1) < 0) { PyMem_Free(hs); return NULL; }
+    PyObject *dups = NULL, *ret = NULL;
+    if (col < 0 || col >= v.nc) { PyErr_SetString(PyExc_ValueError, "col out of range"); goto out; }
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (hs[i] == v.vacant) { ret = Py_None; Py_INCREF(ret); goto out; }
+    dups = PyList_New(0);
+    if (!dups) goto out;
+    PyObject **items = PySequence_Fast_ITEMS(hashes);
+    Py_ssize_t live = 0, used = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t h = hs[i];
+        Py_ssize_t home = home_of(&v, h);
+        Py_ssize_t s = probe(&v, h, home);
+        if (s == -2) goto out;
+        if (s < 0) {
+            Py_ssize_t b = home, tries = 0;
+            for (;; b = (b + 1) & (v.buckets - 1)) {
+                if (tries++ >= v.buckets) { PyErr_SetString(PyExc_ValueError, "table full: reserve room first"); goto out; }
+                uint64_t word;
+                memcpy(&word, v.state + b * SLOTS, 8);
+                uint64_t free = ~word & LIVE_BYTES;
+                if (!free) continue;
+                s = b * SLOTS + (CTZ64(free) >> 3);
+                break;
+            }
+            if (!v.state[s]) used++;
+            v.state[s] = ST_LIVE;
+            v.keys[s] = h;
+            live++;
+            if (b != home) {
+                v.over[home] = 1;
+                PyObject *kk = PyLong_FromLongLong(h), *ss = PyLong_FromSsize_t(s);
+                int rc = kk && ss ? PyDict_SetItem(v.spill, kk, ss) : -1;
+                Py_XDECREF(kk); Py_XDECREF(ss);
+                if (rc < 0) goto out;
+            }
+        }
+        uint64_t *m = v.masks + s * v.nc + col;
+        if (*m & bit) {
+            if (PyList_Append(dups, items[i]) < 0) goto out;
+        } else {
+            *m |= bit;
+        }
+        if (have_prev) {
+            v.parent[s] = prev;
+            v.state[s] |= ST_HAS_PARENT;
+        }
+        prev = h;
+        have_prev = 1;
+    }
+    ret = Py_BuildValue("(Onn)", dups, live, used);
+out:
+    Py_XDECREF(dups);
+    view_release(&v);
+    PyMem_Free(hs);
+    return ret;
+}
+
+/* Clear `bit` of slot s in column col; a row left with no bit is deleted (tombstone). 1: deleted. */
+static int clear_bit(View *v, Py_ssize_t s, Py_ssize_t col, uint64_t bit) {
+    uint64_t *r = v->masks + s * v->nc;
+    r[col] &= ~bit;
+    for (Py_ssize_t c = 0; c < v->nc; c++) if (r[c]) return 0;
+    if (PyDict_GET_SIZE(v->spill)) {
+        int64_t k = v->keys[s];
+        if (s / SLOTS != home_of(v, k)) {
+            PyObject *kk = PyLong_FromLongLong(k);
+            if (!kk || PyDict_DelItem(v->spill, kk) < 0) { Py_XDECREF(kk); return -1; }
+            Py_DECREF(kk);
+        }
+    }
+    v->keys[s] = v->vacant;
+    v->state[s] = ST_TOMB;
+    memset(r, 0, sizeof(uint64_t) * v->nc);
+    return 1;
+}
+
+/* Take one extra copy of (vid, mi, wi, h) from `extra` if there is one: 1 taken, 0 none, -1 error. */
+static int take_extra(PyObject *extra, Py_ssize_t vid, PyObject *mi, PyObject *wi, PyObject *h) {
+    PyObject *key = Py_BuildValue("(nOOO)", vid, mi, wi, h);
+    if (!key) return -1;
+    PyObject *more = PyDict_GetItemWithError(extra, key);
+    int rc = 0;
+    if (more) {
+        long long m = PyLong_AsLongLong(more);
+        if (m == -1 && PyErr_Occurred()) rc = -1;
+        else if (m == 0) rc = 0;
+        else if (m == 1) rc = PyDict_DelItem(extra, key) < 0 ? -1 : 1;
+        else {
+            PyObject *less = PyLong_FromLongLong(m - 1);
+            rc = less && PyDict_SetItem(extra, key, less) == 0 ? 1 : -1;
+            Py_XDECREF(less);
+        }
+    } else if (PyErr_Occurred()) rc = -1;
+    Py_DECREF(key);
+    return rc;
+}
+
+/* remove_each(cviews, extra, mi, col, wi, hashes, prefer, exact) -> (unknown, ambiguous, removed,
+ * [rows deleted per view]). The twin of consumers.copies.remove_each. */
+static PyObject *remove_each(PyObject *self, PyObject *args) {
+    PyObject *tvs, *extra, *mio, *wio, *hashes, *prefo;
+    Py_ssize_t col;
+    int exact;
+    if (!PyArg_ParseTuple(args, "O!O!OnOOOp", &PyList_Type, &tvs, &PyDict_Type, &extra, &mio, &col, &wio, &hashes,
+                          &prefo, &exact))
+        return NULL;
+    int64_t wi, prefer = -1;
+    if (as_i64(wio, &wi, "wi") < 0 || wi < 0) { if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "wi must be >= 0"); return NULL; }
+    if (!PyLong_Check(mio)) { PyErr_SetString(PyExc_ValueError, "mi must be an int"); return NULL; }
+    if (prefo != Py_None && as_i64(prefo, &prefer, "prefer") < 0) return NULL;
+    uint64_t bit = (uint64_t)1 << (wi % 64);
+    Py_ssize_t nv = PyList_GET_SIZE(tvs);
+    if (nv > MAX_VIEWS || nv < 1) { PyErr_SetString(PyExc_ValueError, "1 to 64 views"); return NULL; }
+    Py_ssize_t n;
+    int64_t *hs = ints_of(hashes, &n, "hashes");
+    if (!hs) return NULL;
+    View views[MAX_VIEWS];
+    Py_ssize_t deleted[MAX_VIEWS] = {0};
+    int loaded = 0;
+    PyObject *ret = NULL;
+    for (; loaded < nv; loaded++) {
+        if (view_load(PyList_GET_ITEM(tvs, loaded), &views[loaded], 1) < 0) goto out;
+        if (col < 0 || col >= views[loaded].nc) { loaded++; PyErr_SetString(PyExc_ValueError, "col out of range"); goto out; }
+    }
+    PyObject **items = PySequence_Fast_ITEMS(hashes);
+    Py_ssize_t unknown = 0, ambiguous = 0, removed = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t h = hs[i];
+        Py_ssize_t holder = -1, hs_slot = -1;
+        int several = 0;
+        for (Py_ssize_t vid = 0; vid < nv; vid++) {
+            View *v = &views[vid];
+            Py_ssize_t s = probe(v, h, home_of(v, h));
+            if (s == -2) goto out;
+            if (s >= 0 && (v->masks[s * v->nc + col] & bit)) {
+                if (holder >= 0) {
+                    several = 1;
+                    if (holder == prefer) break;
+                }
+                if (holder < 0 || vid == prefer) { holder = vid; hs_slot = s; }
+                if (several && prefo == Py_None) break;
+            }
+        }
+        if (holder < 0) { unknown++; continue; }
+        if (several && !(exact && holder == prefer)) ambiguous++;
+        removed++;
+        if (PyDict_GET_SIZE(extra)) {
+            int t = take_extra(extra, holder, mio, wio, items[i]);
+            if (t < 0) goto out;
+            if (t) continue;
+        }
+        int d = clear_bit(&views[holder], hs_slot, col, bit);
+        if (d < 0) goto out;
+        deleted[holder] += d;
+    }
+    PyObject *dl = PyList_New(nv);
+    if (!dl) goto out;
+    for (Py_ssize_t v = 0; v < nv; v++) PyList_SET_ITEM(dl, v, PyLong_FromSsize_t(deleted[v]));
+    ret = Py_BuildValue("(nnnN)", unknown, ambiguous, removed, dl);
+out:
+    for (int i = 0; i < loaded; i++) view_release(&views[i]);
+    PyMem_Free(hs);
+    return ret;
+}
+
+/* holds_bit(cviews, h, cols, bit) -> bool: does any view hold h with `bit` set in any of `cols`? */
+static PyObject *holds_bit(PyObject *self, PyObject *args) {
+    PyObject *tvs, *ho, *cols, *bito;
+    if (!PyArg_ParseTuple(args, "O!OO!O", &PyList_Type, &tvs, &ho, &PyList_Type, &cols, &bito)) return NULL;
+    int64_t h;
+    if (as_i64(ho, &h, "hash") < 0) return NULL;
+    uint64_t bit = PyLong_Check(bito) ? PyLong_AsUnsignedLongLong(bito) : 0;
+    if (PyErr_Occurred()) { PyErr_Clear(); PyErr_SetString(PyExc_ValueError, "bit must be a 64-bit mask"); return NULL; }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(tvs); i++) {
+        View v;
+        if (view_load(PyList_GET_ITEM(tvs, i), &v, 0) < 0) return NULL;
+        Py_ssize_t s = probe(&v, h, home_of(&v, h));
+        int found = 0;
+        for (Py_ssize_t c = 0; s >= 0 && c < PyList_GET_SIZE(cols); c++) {
+            int64_t col;
+            if (as_i64(PyList_GET_ITEM(cols, c), &col, "column") < 0) { s = -2; break; }
+            if (col < 0 || col >= v.nc) { PyErr_SetString(PyExc_ValueError, "column out of range"); s = -2; break; }
+            if (v.masks[s * v.nc + col] & bit) { found = 1; break; }
+        }
+        view_release(&v);
+        if (s == -2) return NULL;
+        if (found) Py_RETURN_TRUE;
+    }
+    Py_RETURN_FALSE;
+}
+
+static PyMethodDef methods[] = {
+    {"chain_pages", chain_pages, METH_VARARGS, "chain_pages(pages, prior) -> list of 32-byte digests"},
+    {"chain_packed", chain_packed, METH_VARARGS, "chain_packed(data, page_size, prior) -> concatenated digests"},
+    {"digests_int64", digests_int64, METH_O, "digests_int64(digests) -> native int64 bytes (the published ints)"},
+    {"sha_impl", sha_impl, METH_NOARGS, "the SHA-256 compression in use: 'sha-ni' or 'portable'"},
+    {"select_sha", select_sha, METH_O, "select_sha(allow_shani) -> the compression now in use"},
+    {"walk", walk, METH_VARARGS, "the index walk over a plan of table views"},
+    {"set_bits_each", set_bits_each, METH_VARARGS, "the store loop of HashTable.set_bits_each"},
+    {"remove_each", remove_each, METH_VARARGS, "the remove loop of consumers.copies.remove_each"},
+    {"holds_bit", holds_bit, METH_VARARGS, "does any view hold a key with a bit in the columns"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "kvevents._speedups",
+                                    "Optional compiled fast path (see kvevents/speedups.py).", -1, methods};
+
+PyMODINIT_FUNC PyInit__speedups(void) {
+    kv_sha256_select(1);
+    return PyModule_Create(&moddef);
+}

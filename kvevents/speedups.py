@@ -1,0 +1,107 @@
+"""Which implementation runs the hot loops: the optional C extension or the pure-Python twins.
+
+The one place that decides. kvevents._speedups (built by setup.py when a C compiler is present)
+runs the SHA-256 page chain, the index walk and the store/remove loops; the pure-Python code in
+kvevents.hashing and consumers.* gives identical results and is used when the extension is
+missing, or when KVEVENTS_PURE_PYTHON=1 is set, or inside `python_only()` (tests, benchmarks).
+Callers ask `active()` and call the functions below; nothing else imports the extension.
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+try:
+    from kvevents import _speedups as _c
+except ImportError:  # no compiler at install time, or a pure-Python install
+    _c = None  # type: ignore[assignment]
+
+__all__ = ["HAVE_C", "active", "describe", "python_only", "chain_pages", "chain_packed", "digests_int64",
+           "walk", "set_bits_each", "remove_each", "holds_bit", "sha_impl"]
+
+#: True when the compiled extension imported (whether or not it is switched on).
+HAVE_C: bool = _c is not None
+_on: bool = HAVE_C and os.environ.get("KVEVENTS_PURE_PYTHON", "") not in ("1", "true", "yes")
+
+
+def active() -> bool:
+    """True when the compiled fast path runs (built, and not switched off)."""
+    return _on
+
+
+def describe() -> str:
+    """One line for `kvevents --version` and `kvevents doctor`: which path runs, and why."""
+    if _on:
+        return f"speedups: C extension (SHA-256 {sha_impl()})"
+    if HAVE_C:
+        return "speedups: pure Python (C extension switched off by KVEVENTS_PURE_PYTHON)"
+    return "speedups: pure Python (C extension not built)"
+
+
+def sha_impl() -> str:
+    """The C SHA-256 compression in use ('sha-ni' or 'portable'), or 'hashlib' without the extension."""
+    return _c.sha_impl() if _c is not None else "hashlib"
+
+
+@contextmanager
+def python_only() -> Iterator[None]:
+    """Run the block with the pure-Python paths (differential tests, fallback benchmarks)."""
+    global _on
+    was, _on = _on, False
+    try:
+        yield
+    finally:
+        _on = was
+
+
+@contextmanager
+def portable_sha() -> Iterator[None]:
+    """Run the block with the portable C SHA-256 compression instead of SHA-NI (tests)."""
+    if _c is None:
+        yield
+        return
+    _c.select_sha(False)
+    try:
+        yield
+    finally:
+        _c.select_sha(True)
+
+
+def chain_pages(pages: Any, prior: bytes | None) -> list[bytes]:
+    """Raw digests of a page chain (the C twin of kvevents.hashing's chain loop)."""
+    return _c.chain_pages(pages, prior)  # type: ignore[union-attr]
+
+
+def chain_packed(data: bytes, page_size: int, prior: bytes | None) -> bytes:
+    """Concatenated digests of the chain over packed tokens cut into pages (last may be partial)."""
+    return _c.chain_packed(data, page_size, prior)  # type: ignore[union-attr]
+
+
+def digests_int64(packed: bytes) -> bytes:
+    """Native int64 bytes of the published integers of concatenated 32-byte digests."""
+    return _c.digests_int64(packed)  # type: ignore[union-attr]
+
+
+def walk(hashes: Any, plan: list, layout: list, media: list, weights: list, prefix_cls: type, worker_cls: type) -> Any:
+    """The index walk over table views (see consumers.lookup.walk_plan); NotImplemented when the
+    weights are not all floats (the Python twin then runs, keeping its result types)."""
+    return _c.walk(hashes, plan, layout, media, weights, prefix_cls, worker_cls, builtins.sum)  # type: ignore[union-attr]
+
+
+def set_bits_each(view: tuple, hashes: list[int], col: int, bit: int, prev: int | None) -> tuple[list[int], int, int] | None:
+    """The store loop over a table view: (duplicates, live added, used added), None to fall back."""
+    return _c.set_bits_each(view, hashes, col, bit, prev)  # type: ignore[union-attr]
+
+
+def remove_each(views: list[tuple], extra: dict, mi: int, col: int, wi: int, hashes: list[int], prefer: int | None,
+                exact: bool) -> tuple[int, int, int, list[int]]:
+    """The remove loop over table views: (unknown, ambiguous, removed, rows deleted per view)."""
+    return _c.remove_each(views, extra, mi, col, wi, hashes, prefer, exact)  # type: ignore[union-attr]
+
+
+def holds_bit(views: list[tuple], h: int, cols: list[int], bit: int) -> bool:
+    """Does any view hold key `h` with `bit` set in one of `cols`?"""
+    return _c.holds_bit(views, h, cols, bit)  # type: ignore[union-attr]
