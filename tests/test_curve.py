@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import stat
@@ -208,3 +209,27 @@ def test_cli_serve_warns_once_on_a_plain_non_loopback_bind(tmp_path: Path) -> No
     assert len(warned) == 1 and warned[0].startswith("kvevents: warning: publisher on tcp://0.0.0.0:"), r.stderr
     r = subprocess.run(_kv("serve", "--curve-allow", str(tmp_path)), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--curve-allow needs --curve-secret" in r.stderr
+
+
+def test_cli_record_and_doctor_with_curve(keys: dict[str, Path], tmp_path: Path) -> None:
+    pub = _curve_pub(keys)
+    creds = ["--curve-client-cert", str(keys["client_secret"])]
+    try:
+        for events in chain_events(1, 3):
+            pub.publish(events)
+        out = tmp_path / "c.kvlog"
+        rec = subprocess.run(_kv("record", "--publisher", f"w0={pub.endpoint},{pub.replay_endpoint}", "-o", str(out),
+                                 "--count", "3", "--duration", "20", "--curve-server-key", f"w0={keys['server']}", *creds),
+                             capture_output=True, text=True, timeout=60)
+        assert rec.returncode == 0 and "no snapshot" not in rec.stderr, rec.stderr
+        assert "after a snapshot of" in rec.stdout  # --from snapshot asked KVE/SNAPSHOT over CURVE
+        doc = subprocess.run(_kv("doctor", pub.endpoint, "--replay", pub.replay_endpoint or "", "--timeout", "1",
+                                 "--json", "--curve-server-key", str(keys["server"]), *creds),
+                             capture_output=True, text=True, timeout=60)
+        checks = {c["name"]: c["status"] for c in json.loads(doc.stdout)["checks"]}  # (test hashes do not recompute)
+        assert {checks[k] for k in ("batches arrive and decode", "replay answers", "describe answers")} == {"ok"}, checks
+        bad = subprocess.run(_kv("record", "--nats", "nats://127.0.0.1:1", "-o", str(tmp_path / "n.kvlog"),
+                                 "--curve-server-key", str(keys["server"])), capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and "apply to --publisher" in bad.stderr
+    finally:
+        pub.close()

@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 
 from kvevents.cli.app import CheckFailed, app, user_error
+from kvevents.cli.keys import CLIENT_CERT_HELP, SERVER_KEYS_HELP, with_curve
 
 
 def _host_port(spec: str) -> tuple[str, int]:
@@ -49,6 +50,8 @@ def route_cmd(
     key_mode: List[str] = typer.Option([], "--key-mode", help="NAME=contract|tokens|auto: how a publisher's blocks are keyed "
                                        "(auto, the default: detected from its first stored blocks; tokens: any engine, e.g. vLLM); "
                                        "a bare MODE sets it for every publisher not named."),
+    curve_server_key: List[str] = typer.Option([], "--curve-server-key", help=SERVER_KEYS_HELP),
+    curve_client_cert: Optional[str] = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
 ) -> None:
     """Subscribe to publishers, keep a block index, and rank workers for requests over HTTP.
 
@@ -74,6 +77,7 @@ def route_cmd(
         sources = [parse_publisher(spec) for spec in publisher]
     except ValueError as exc:
         user_error(str(exc))
+    with_curve(sources, curve_server_key, curve_client_cert)
     try:
         default_mode, modes = parse_key_modes(key_mode, [s.name or "" for s in sources])
     except ValueError as exc:

@@ -1,7 +1,8 @@
 """`kvevents keys generate`, and the CURVE flags the other commands share (kvevents.transport.security).
 
-Publishers (serve) take `--curve-secret FILE [--curve-allow DIR]`; consumers (tail, route, record,
-doctor, bridge) take `--curve-server-key [NAME=]FILE [--curve-client-cert FILE]`.
+Publishers (serve) take `--curve-secret FILE [--curve-allow DIR]`; consumers take
+`--curve-server-key FILE [--curve-client-cert FILE]` (tail, doctor: one publisher) or
+`--curve-server-key [NAME=]FILE ...` (route, record, bridge: FILE for every --publisher, NAME=FILE for one).
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ keys_app = typer.Typer(name="keys", help="CURVE keypairs for opt-in encryption a
                        no_args_is_help=True, add_completion=False)
 app.add_typer(keys_app, name="keys")
 
-SERVER_KEY_HELP = ("CURVE: the publisher's public certificate (NAME.key from `kvevents keys generate`); "
-                   "NAME=FILE for one --publisher, a bare FILE for every other one (repeatable).")
+SERVER_KEY_HELP = "CURVE: the publisher's public certificate (NAME.key from `kvevents keys generate`)."
+SERVER_KEYS_HELP = ("CURVE: the publishers' public certificate (NAME.key from `kvevents keys generate`); "
+                    "NAME=FILE for one --publisher, a bare FILE for every other one (repeatable).")
 CLIENT_CERT_HELP = ("CURVE: this client's certificate with its secret key (NAME.key_secret); needed when the "
                     "publisher has an allow-list (default: a throwaway keypair).")
 SECRET_HELP = "CURVE: serve encrypted, with this server certificate (NAME.key_secret); consumers need NAME.key."
@@ -80,16 +82,23 @@ def curve_clients(server_keys: Sequence[str], client_cert: Optional[str], names:
     out = {}
     try:
         for n in names:
-            path: str | None = per.get(n, default)
-            if path is not None:
-                out[n] = CurveClient.from_files(path, client_cert)
+            key_file = per.get(n, default)
+            if key_file is not None:
+                out[n] = CurveClient.from_files(key_file, client_cert)
     except ValueError as exc:
         user_error(f"--curve-server-key/--curve-client-cert: {exc}")
     return out
 
 
+def curve_client(server_key: Optional[str], client_cert: Optional[str]) -> Any:
+    """One publisher's CurveClient from --curve-server-key FILE / --curve-client-cert (None when off)."""
+    return curve_clients([server_key] if server_key else [], client_cert, ["-"]).get("-")
+
+
 def with_curve(sources: List[Any], server_keys: Sequence[str], client_cert: Optional[str]) -> List[Any]:
     """Set each Source's `curve` from the flags (in place); returns the sources."""
+    if not sources and (server_keys or client_cert):
+        user_error("--curve-server-key/--curve-client-cert apply to --publisher sources (ZeroMQ), not to --nats")
     clients = curve_clients(server_keys, client_cert, [s.name for s in sources])
     for s in sources:
         if s.name in clients:

@@ -10,6 +10,7 @@ import typer
 from rich.table import Table
 
 from kvevents.cli.app import CheckFailed, app, user_error
+from kvevents.cli.keys import CLIENT_CERT_HELP, SERVER_KEY_HELP, curve_client
 from kvevents.cli.logtools_common import out_console
 
 _MARK = {"ok": "[green]✓ ok[/]", "fail": "[red]✗ FAIL[/]", "warn": "[yellow]! warn[/]", "skip": "[dim]- skip[/]"}
@@ -26,6 +27,8 @@ def doctor_cmd(
     timeout: float = typer.Option(3.0, "--timeout", help="Seconds to listen (and to wait for each answer)."),
     salt: List[str] = typer.Option([], "--salt", help="A tenant cache_salt chain heads may be seeded with."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    curve_server_key: Optional[str] = typer.Option(None, "--curve-server-key", help=SERVER_KEY_HELP),
+    curve_client_cert: Optional[str] = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
 ) -> None:
     """Check that the address answers, the topic matches, batches arrive and decode, seqs are
     continuous, heartbeats come, replay and describe answer, and published hashes recompute.
@@ -46,7 +49,10 @@ def doctor_cmd(
                 check_endpoint(ep)  # a malformed address is a usage error (2), not a failed check
             except ValueError as exc:
                 user_error(f"{what}: {exc}")
-    rep = run_doctor(endpoint, replay=replay, page_size=page_size, topic=topic, timeout=timeout, salts=salt)
+    from kvevents.transport.security import client_context
+
+    ctx = client_context(curve_client(curve_server_key, curve_client_cert))  # CURVE: every probe socket a client
+    rep = run_doctor(endpoint, replay=replay, page_size=page_size, topic=topic, timeout=timeout, salts=salt, context=ctx)
     if as_json:
         sys.stdout.write(json.dumps(rep.as_dict(), default=str) + "\n")
     else:

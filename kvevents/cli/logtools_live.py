@@ -17,6 +17,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from kvevents.cli.app import CheckFailed, app, user_error
+from kvevents.cli.keys import CLIENT_CERT_HELP, SERVER_KEYS_HELP, with_curve
 from kvevents.cli.logtools_common import err_console, out_console, warn, warn_damage
 from kvevents.errors import DecodeError
 from kvevents.events import decode_batch
@@ -44,6 +45,8 @@ def record_cmd(
                               "marker and the publisher's KVE/SNAPSHOT, then the batches after it (a publisher "
                               "without a replay endpoint or without snapshots: as oldest); oldest: the "
                               "publisher's kept history first; now: nothing before the first live batch."),
+    curve_server_key: List[str] = typer.Option([], "--curve-server-key", help=SERVER_KEYS_HELP),
+    curve_client_cert: Optional[str] = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
 ) -> None:
     """Capture live batches, with the subscriber's gap repair, into a record log.
 
@@ -64,6 +67,7 @@ def record_cmd(
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
         user_error(f"--publisher names must be unique, got {names}")
+    with_curve(sources, curve_server_key, curve_client_cert)
     _check_overwrite(output, append or force)
     writer = RecordWriter(output, append=append, durability="fsync" if fsync else "flush", on_damage=warn_damage)
     rec = Recorder(writer, count=count, start=start)  # type: ignore[arg-type]
@@ -161,12 +165,13 @@ def _silence_hint(sources: list[Any], topic: str) -> str:
 def _begin_with_snapshots(rec: Recorder, sources: list[Any]) -> None:
     """--from snapshot: each source with a replay endpoint starts with its KVE/SNAPSHOT (else: oldest)."""
     from kvevents.transport.engine_requests import EngineRequestError, snapshot
+    from kvevents.transport.security import client_context
 
     for s in sources:
         if not s.replay_endpoint:
             continue
         try:
-            payloads, seq = snapshot(s.replay_endpoint, timeout=SNAPSHOT_TIMEOUT_S)
+            payloads, seq = snapshot(s.replay_endpoint, timeout=SNAPSHOT_TIMEOUT_S, context=client_context(s.curve))
         except EngineRequestError as exc:
             warn(f"{s.name}: no snapshot ({exc}; a publisher with snapshots=False sends none): "
                  "recording from its oldest kept batch")

@@ -16,6 +16,7 @@ from typing import List, Optional
 import typer
 
 from kvevents.cli.app import app, user_error
+from kvevents.cli.keys import CLIENT_CERT_HELP, SERVER_KEYS_HELP, with_curve
 
 
 def nats_options(url: str, creds: Optional[str] = None, tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
@@ -88,6 +89,8 @@ def bridge_cmd(
     give_up_after: Optional[float] = typer.Option(None, "--give-up-after", help=GIVE_UP_HELP),
     duration: Optional[float] = typer.Option(None, "--duration", help="Stop after S seconds (default: until Ctrl-C)."),
     status_every: float = typer.Option(5.0, "--status-every", help="Seconds between status lines on stderr (0: none)."),
+    curve_server_key: List[str] = typer.Option([], "--curve-server-key", help=SERVER_KEYS_HELP),
+    curve_client_cert: Optional[str] = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
 ) -> None:
     """Forward engines' KV events (gap-repaired) into NATS JetStream, with periodic snapshots.
 
@@ -108,6 +111,7 @@ def bridge_cmd(
     if replicas < 1:
         user_error(f"--replicas must be >= 1, got {replicas}")
     sources = [parse_source(spec, require_name=True) for spec in publisher]
+    with_curve(sources, curve_server_key, curve_client_cert)  # engines' CURVE keys (live, replay, snapshots)
     opts = nats_options(nats_url, creds, tls_ca, tls_cert, tls_key, name="kvevents-bridge")
     log_to_stderr()
     bridge = Bridge(sources, stream, opts, snapshot_every_s=snapshot_every,

@@ -6,13 +6,13 @@ import json
 import signal
 import sys
 import time
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 import typer
 
 from kvevents.cli.app import app, user_error
-from kvevents.cli.keys import (ALLOW_HELP, CLIENT_CERT_HELP, SECRET_HELP, SERVER_KEY_HELP, curve_server,
-                               show_plain_bind_once, with_curve)
+from kvevents.cli.keys import (ALLOW_HELP, CLIENT_CERT_HELP, SECRET_HELP, SERVER_KEY_HELP, curve_client,
+                               curve_server, show_plain_bind_once)
 
 _STARTED = "kvevents serve:"
 
@@ -193,7 +193,7 @@ def tail(
     count: Optional[int] = typer.Option(None, min=1, help="Exit after this many batches."),
     duration: Optional[float] = typer.Option(None, min=0.0, help="Exit after this many seconds."),
     stale_after: float = typer.Option(5.0, help="Report the publisher stale after this much silence (s)."),
-    curve_server_key: List[str] = typer.Option([], "--curve-server-key", help=SERVER_KEY_HELP),
+    curve_server_key: Optional[str] = typer.Option(None, "--curve-server-key", help=SERVER_KEY_HELP),
     curve_client_cert: Optional[str] = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
 ) -> None:
     """Print every batch of a publisher (or JSONL), with gap / replay / restart / heartbeat notices."""
@@ -207,8 +207,8 @@ def tail(
                 check_endpoint(ep)  # type: ignore[arg-type]
         except ValueError as exc:
             user_error(f"{what}: {exc}")
-    sources = with_curve([Source(endpoint, replay or None, endpoint)], curve_server_key, curve_client_cert)
-    sub = Subscriber(sources, topic=topic, stale_after_s=stale_after)
+    source = Source(endpoint, replay or None, endpoint, curve=curve_client(curve_server_key, curve_client_cert))
+    sub = Subscriber([source], topic=topic, stale_after_s=stale_after)
     seen = 0
     last = sub.counters()
     was_stale = False

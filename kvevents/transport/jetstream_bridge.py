@@ -23,6 +23,7 @@ from kvevents.subscriber import Delivery, Reset, Source, Subscriber
 from kvevents.transport.engine_requests import EngineRequestError
 from kvevents.transport.engine_requests import describe as request_describe
 from kvevents.transport.engine_requests import snapshot as request_snapshot
+from kvevents.transport.security import client_context
 from kvevents.transport.nats_link import (
     H_EPOCH,
     H_FROM,
@@ -232,7 +233,8 @@ class Bridge:
         wait = self.request_timeout_s if timeout is None else timeout
         try:
             return await loop.run_in_executor(
-                self._req_exec, lambda: request_describe(src.replay_endpoint, timeout=wait))  # type: ignore[arg-type]
+                self._req_exec, lambda: request_describe(src.replay_endpoint, timeout=wait,  # type: ignore[arg-type]
+                                                         context=client_context(src.curve)))
         except (EngineRequestError, OSError) as exc:
             self._counters["describe_failures"] += 1
             log.info("source %s: KVE/DESCRIBE failed: %s", name, exc)
@@ -398,7 +400,8 @@ class Bridge:
             start = max(int(info.state.last_seq or 0), self._max_ack) + 1  # S+1 is stored after this
             before = await self._describe(name)
             payloads, covered = await loop.run_in_executor(
-                self._req_exec, lambda: request_snapshot(src.replay_endpoint, timeout=self.request_timeout_s))  # type: ignore[arg-type]
+                self._req_exec, lambda: request_snapshot(src.replay_endpoint, timeout=self.request_timeout_s,  # type: ignore[arg-type]
+                                                         context=client_context(src.curve)))
             after = await self._describe(name)
         except asyncio.CancelledError:
             raise

@@ -31,6 +31,7 @@ __all__ = [
     "load_keypair",
     "apply_server",
     "apply_client",
+    "client_context",
     "release_server",
     "exposed_endpoints",
     "OnceFilter",
@@ -152,6 +153,20 @@ def apply_client(sock: zmq.Socket, client: CurveClient | None) -> None:
     sock.setsockopt(zmq.CURVE_SERVERKEY, client.server_key)
     sock.setsockopt(zmq.CURVE_PUBLICKEY, client.public_key)
     sock.setsockopt(zmq.CURVE_SECRETKEY, client.secret_key)
+
+
+def client_context(client: CurveClient | None, base: zmq.Context | None = None) -> zmq.Context:
+    """A context whose new sockets are CURVE clients of `client` (pyzmq's per-context default socket
+    options), sharing `base`'s (default: the global context's) I/O threads: for tools that take a
+    `context=` (kvevents.doctor, engine_requests). None returns `base` itself. Never terminate it."""
+    ctx = base or zmq.Context.instance()
+    if client is None:
+        return ctx
+    shadow = zmq.Context.shadow(ctx.underlying)
+    shadow.setsockopt(zmq.CURVE_SERVERKEY, client.server_key)
+    shadow.setsockopt(zmq.CURVE_PUBLICKEY, client.public_key)
+    shadow.setsockopt(zmq.CURVE_SECRETKEY, client.secret_key)
+    return shadow
 
 
 # ---------------------------------------------------------------- the ZAP authenticator, one per context
