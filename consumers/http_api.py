@@ -59,7 +59,9 @@ class WorkerEntry(BaseModel):
 
     worker: str = Field(description="The publisher's name as given to --publisher (NAME=...).")
     dp_rank: int = Field(description="The data-parallel rank whose blocks these are.")
-    score: float = Field(description="Matched prefix pages weighted by their best medium (GPU 1.0, CPU_PINNED 0.8, STORAGE 0.5, others 0.5).")
+    score: float = Field(
+        description="Matched prefix pages weighted by their best medium (GPU 1.0, CPU_PINNED 0.8, STORAGE 0.5, others 0.5)."
+    )
     matched_pages: int = Field(description="Consecutive whole pages of the request's prefix this worker holds.")
     matched_tokens: int = Field(description="matched_pages x page size.")
     load: float = Field(description="Load hint used to break ties (0 unless set).")
@@ -78,7 +80,9 @@ class ScoreResponse(BaseModel):
     best_dp_rank: int | None = Field(description="Its dp rank (null with best).")
     stale: bool = Field(description="True when any publisher is stale: the index may hold blocks that are gone.")
     workers: list[WorkerEntry] = Field(description="Every known worker (or the top_k), best first.")
-    hashes: list[str] | None = Field(default=None, description="With explain only: the request's int64 page hashes, as strings.")
+    hashes: list[str] | None = Field(
+        default=None, description="With explain only: the request's int64 page hashes, as strings."
+    )
 
 
 class ErrorBody(BaseModel):
@@ -142,7 +146,8 @@ def build_app(service: "RouterService", limits: HttpLimits) -> FastAPI:
         except ClientDisconnect:  # the client left mid-body: nobody to answer, nothing to log
             return Response(status_code=400)
         if len(body) > limits.max_body_bytes:
-            return _reply(413, {"error": f"body of {len(body)} bytes exceeds {limits.max_body_bytes}"}, {"Connection": "close"})
+            too_long = f"body of {len(body)} bytes exceeds {limits.max_body_bytes}"
+            return _reply(413, {"error": too_long}, {"Connection": "close"})
         try:
             if len(body) <= INLINE_BODY_BYTES:  # the usual request: ~0.4 ms, cheaper than a thread hop
                 status, obj = service.handle_score(body)
