@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-import zmq.auth
 import zmq.utils.z85
-from zmq.auth.thread import ThreadAuthenticator
+
+# zmq.auth (and its asyncio) is imported where keys are read or a server starts: embedding a
+# publisher without CURVE does not pay for it
 
 __all__ = [
     "CurveServer",
@@ -52,6 +53,8 @@ def _check_key(key: bytes | None, path: str, what: str) -> bytes:
 
 
 def _read(path: str | os.PathLike[str]) -> tuple[bytes | None, bytes | None]:
+    import zmq.auth
+
     p = str(path)
     if not os.path.isfile(p):
         raise ValueError(f"{p}: no such key file")
@@ -86,6 +89,8 @@ def generate_keypair(directory: str | os.PathLike[str], name: str = "kvevents") 
     for p in (public, secret):
         if p.exists():
             raise ValueError(f"{p} exists: keys are never overwritten (pick another --name or directory)")
+    import zmq.auth
+
     old = os.umask(0o077)  # the secret file is created private, not chmod-ed afterwards
     try:
         pub_s, sec_s = zmq.auth.create_certificates(str(d), name)
@@ -107,6 +112,8 @@ class CurveServer:
     @classmethod
     def from_files(cls, secret_file: str | os.PathLike[str], allow_dir: str | os.PathLike[str] | None = None) -> "CurveServer":
         """Load the server's `.key_secret` and, if given, every `*.key` in `allow_dir` (read once, here)."""
+        import zmq.auth
+
         public, secret = load_keypair(secret_file)
         allowed = None
         if allow_dir is not None:
@@ -186,7 +193,7 @@ class _Allow:
 
 @dataclass
 class _Auth:
-    auth: ThreadAuthenticator
+    auth: Any  # zmq.auth.thread.ThreadAuthenticator
     domains: dict[str, _Allow] = field(default_factory=dict)
 
 
@@ -209,6 +216,8 @@ class ServerHandle:
 def apply_server(sock: zmq.Socket, server: CurveServer) -> ServerHandle:
     """Make `sock` a CURVE server (before bind) under its own ZAP domain, checked by the context's
     one ThreadAuthenticator (started on first use, stopped by the last release_server)."""
+    from zmq.auth.thread import ThreadAuthenticator
+
     ctx = sock.context
     domain = f"kvevents-{secrets.token_hex(6)}"
     allow = _Allow(server.allowed)
