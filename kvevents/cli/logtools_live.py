@@ -77,7 +77,10 @@ def record_cmd(
         sub = jetstream_source(nats_url, stream, "record", on_delivery=rec.on_delivery, on_reset=rec.on_reset,
                                durable=durable, resume=record_positions(output) if append else None)
     else:
-        sub = Subscriber(sources, topic=topic, on_delivery=rec.on_delivery, on_reset=rec.on_reset)
+        # --from now: the subscriber starts each stream at its first live batch (no history replayed
+        # only to be left out); --from snapshot stays the Recorder's (it falls back to oldest)
+        sub = Subscriber(sources, topic=topic, on_delivery=rec.on_delivery, on_reset=rec.on_reset,
+                         start="now" if start == "now" else "oldest")
     econ = err_console()
     interrupted = False
     _log_to_stderr()
@@ -131,7 +134,9 @@ def record_cmd(
         + f" and {rec.resets} resets from {len(sources)} source(s) in {elapsed:.2f}s -> {output} ({size} bytes); "
         f"repaired gaps {counters.get('gaps', 0)}, replayed {counters.get('replayed', 0)}, "
         f"snapshot batches {counters.get('snapshot_batches', 0)}, losses {counters.get('losses', 0)}"
-        + (f", left out {rec.history_dropped} from before the start (--from {start})" if rec.history_dropped else "")
+        + (f", left out {rec.history_dropped} from before the start (--from {start})" if rec.history_dropped
+           else " (history before the first live batch left out: --from now)" if start == "now" and nats_url is None
+           else "")
         + (f", skipped {rec.skipped} that could not be stored" if rec.skipped else "")
         + (" (interrupted)" if interrupted else ""),
         highlight=False,

@@ -27,7 +27,8 @@ class Recorder:
     `start` says where the log begins (the subscriber itself replays a joined stream from its
     oldest kept batch):
     - "oldest": everything the subscriber delivers (the publisher's kept history first);
-    - "now": per (source, dp_rank), nothing before its first live batch;
+    - "now": per (source, dp_rank), nothing before its first live batch (a kvevents Subscriber
+      built with start="now" delivers nothing before it: this filter then only guards other feeds);
     - "snapshot": a source given to `begin_with_snapshot` starts with a reset marker and the
       snapshot, then only batches after the snapshot's seq S; other sources behave as "oldest".
     Call stop() before closing the writer (it writes a snapshot still held).
