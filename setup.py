@@ -39,7 +39,7 @@ class OptionalBuildExt(build_ext):
 
     @staticmethod
     def _fallback(exc: BaseException) -> None:
-        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        reason = type(exc).__name__ + (": compiler failed" if "exit status" in str(exc) else f": {str(exc)[:80]}")
         print(f"kvevents: C extension not built ({reason}); the pure-Python fallback is in use", file=sys.stderr)
 
 

@@ -122,6 +122,7 @@ static void kv_sha256_2(const uint8_t *a, size_t alen, const uint8_t *b, size_t 
     for (int j = 0; j < 2; j++) {
         const uint8_t *p = parts[j];
         size_t len = lens[j];
+        if (!len) continue;  /* (b may be NULL with blen 0) */
         if (fill) {
             size_t take = 64 - fill < len ? 64 - fill : len;
             memcpy(buf + fill, p, take);

@@ -1,0 +1,257 @@
+"""The compiled index walk and apply loops against the pure-Python ones (kvevents.speedups).
+
+Random indexes (stores and removes of chains on several workers, media and lora names, repeated
+and crowded hashes that spill past their home bucket, the vacant key) are applied twice, once per
+path; the tables, refcounts, counters and every lookup must come out identical. Malformed views
+raise ValueError. Skipped where the extension is not built.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from consumers.copies import remove_each, store_each
+from consumers.indexer import BlockIndex
+from consumers.lookup import PrefixMatch, WorkerMatch
+from consumers.table import VACANT, HashTable
+from kvevents import speedups
+from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+
+pytestmark = pytest.mark.skipif(not speedups.HAVE_C, reason="kvevents._speedups not built (pure-Python install)")
+
+_MIX_INV = pow(0x9E3779B97F4A7C15, -1, 2**64)
+
+
+def crowded(i: int) -> int:
+    """A key whose home bucket is 0 in any table (its mixed value's top bits are zero)."""
+    u = (i * _MIX_INV) % 2**64
+    return u - 2**64 if u >= 2**63 else u
+
+
+KEYS = st.one_of(
+    st.integers(0, 40),  # a small pool: repeats, shared prefixes
+    st.integers(0, 30).map(crowded),  # spills past a full home bucket
+    st.integers(-(2**63), 2**63 - 1),
+    st.just(VACANT),
+)
+MEDIA = st.sampled_from(["GPU", "CPU_PINNED", "STORAGE", None, "DISK"])
+LORAS = st.sampled_from([None, None, "a", "b"])
+SOURCES = st.sampled_from(["w0", "w1", "w2", "w3"])
+STORE = st.tuples(st.just("store"), SOURCES, st.lists(KEYS, min_size=1, max_size=30), st.one_of(st.none(), KEYS), MEDIA, LORAS)
+REMOVE = st.tuples(st.just("remove"), SOURCES, st.lists(KEYS, min_size=1, max_size=30), MEDIA, LORAS)
+CLEAR = st.tuples(st.just("clear"), SOURCES)
+OPS = st.lists(st.one_of(STORE, STORE, REMOVE, CLEAR), max_size=40)
+
+
+def _event(op):
+    if op[0] == "store":
+        _, _, hs, parent, medium, lora = op
+        return BlockStored(list(hs), parent, [], 16, None, medium, lora)
+    if op[0] == "remove":
+        _, _, hs, medium, lora = op
+        return BlockRemoved(list(hs), medium, lora)
+    return AllBlocksCleared()
+
+
+def _build(ops, many_workers: bool) -> BlockIndex:
+    idx = BlockIndex()
+    if many_workers:  # a second word of 64 workers, so layouts have several words
+        for i in range(70):
+            idx.apply(f"pad{i}", KVEventBatch(0.0, [], 0))
+    for op in ops:
+        idx.apply(op[1], KVEventBatch(0.0, [_event(op)], 0))
+    return idx
+
+
+def _state(idx: BlockIndex):
+    return (
+        dict(idx.counters),
+        {src: idx.copies(src) for src in idx.source_counts()},
+        idx.block_counts(),
+        idx.medium_counts(),
+        idx.stats(),
+    )
+
+
+WEIGHTS = {"GPU": 1.0, "CPU_PINNED": 0.5, "STORAGE": 0.25, None: 1.0, "DISK": 0.125}
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(OPS, st.booleans(), st.lists(st.lists(KEYS, max_size=40), min_size=1, max_size=4))
+def test_apply_and_walk_equal_the_python_paths(ops, many, requests):
+    fast = _build(ops, many)
+    with speedups.python_only():
+        slow = _build(ops, many)
+    assert _state(fast) == _state(slow)
+    stored = [list(op[2]) for op in ops if op[0] == "store"]
+    for req in requests + stored[:4]:
+        q = np.array(req, np.int64)
+        for lora in (None, "a", "zzz"):
+            for strict in (True, False):
+                for weight in (lambda m: 1.0, lambda m: WEIGHTS.get(m, 0.3)):
+                    got = fast.prefix_match(q, lora, strict=strict, medium_weight=weight)
+                    with speedups.python_only():
+                        want = slow.prefix_match(q, lora, strict=strict, medium_weight=weight)
+                    assert got == want
+                    assert list(got.workers) == list(want.workers)  # the same order too
+        for h in req[:5]:
+            assert fast.holds(h) == slow.holds(h)
+            assert fast.workers_for(h) == slow.workers_for(h)
+            assert fast.parent_of(h) == slow.parent_of(h)
+
+
+def _tables_equal(a: HashTable, b: HashTable) -> None:
+    for name in ("keys", "state", "parent", "masks"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert a.spill == b.spill and a.live == b.live and a.used == b.used and a.vacant == b.vacant
+
+
+CHAINS = st.lists(st.tuples(st.lists(KEYS, min_size=1, max_size=40), st.integers(0, 127), st.booleans()), max_size=25)
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(CHAINS)
+def test_table_store_and_remove_loops_equal_the_python_ones(chains):
+    """Raw tables (two views, two columns): the same arrays, spill dict, counts and extras."""
+    def run():
+        views, extra = [HashTable(2), HashTable(2)], {}
+        results = []
+        for i, (hs, wi, remove) in enumerate(chains):
+            col = (wi // 64) % 2
+            if remove:
+                results.append(remove_each(views, extra, 0, col, wi, list(hs), i % 3 - 1 if i % 3 else None, i % 2 == 0))
+            else:
+                t = views[i % 2]
+                t.reserve(len(hs))
+                results.append(store_each(t, extra, i % 2, 0, col, wi, list(hs), hs[0] if i % 4 == 0 else None))
+        return views, extra, results
+
+    fv, fe, fr = run()
+    with speedups.python_only():
+        sv, se, sr = run()
+    assert fr == sr and fe == se
+    for a, b in zip(fv, sv):
+        _tables_equal(a, b)
+
+
+def test_fast_walk_stops_at_the_first_page_nobody_holds():
+    idx = BlockIndex()
+    idx.apply("a", KVEventBatch(0.0, [BlockStored([1, 2, 3], None, [], 16, None, "GPU", None)], 0))
+    idx.apply("b", KVEventBatch(0.0, [BlockStored([1, 2], None, [], 16, None, "CPU_PINNED", None)], 0))
+    got = idx.prefix_match(np.array([1, 2, 3, 99, 4], np.int64), medium_weight=lambda m: 2.0 if m == "GPU" else 0.5)
+    assert got == PrefixMatch(5, {0: WorkerMatch(3, 6.0, {"GPU": 3}), 1: WorkerMatch(2, 1.0, {"CPU_PINNED": 2})})
+
+
+# ---------------------------------------------------------------- malformed input: ValueError, never a crash
+
+
+def _view(**change):
+    t = HashTable(2)
+    t.reserve(5)
+    t.set_bits_each([1, 2, 3], 0, 1, None)
+    v = list(t.cview())
+    names = ["keys", "state", "parent", "masks", "overflow", "nshift", "vacant", "spill", "nc"]
+    for k, val in change.items():
+        v[names.index(k)] = val
+    return tuple(v)
+
+
+BAD_VIEWS = [
+    {"keys": np.zeros(64, np.float64)},
+    {"keys": np.zeros(64, np.int32)},
+    {"keys": np.zeros(63, np.int64)},
+    {"keys": np.zeros(24, np.int64)},
+    {"keys": np.zeros(8, np.int64)},
+    {"state": np.zeros(3, np.uint8)},
+    {"parent": np.zeros(3, np.int64)},
+    {"masks": np.zeros(5, np.uint64)},
+    {"masks": np.zeros(200, np.float64)},
+    {"overflow": np.zeros(1, np.uint8)},
+    {"nshift": 0},
+    {"nshift": 200},
+    {"nshift": 2**70},
+    {"nshift": "61"},
+    {"spill": []},
+    {"nc": 0},
+    {"nc": 10**9},
+    {"nc": 40},
+    {"keys": "not an array"},
+    {"keys": np.zeros(128, np.int64)[::2]},
+]
+
+
+@pytest.mark.parametrize("change", BAD_VIEWS, ids=lambda c: f"{next(iter(c))}")
+def test_malformed_views_raise_value_error(change):
+    v = _view(**change)
+    layout_cls = __import__("consumers.lookup", fromlist=["WordLayout"]).WordLayout
+    layout = [layout_cls(0, [(0, 0)], 1)]
+    with pytest.raises(ValueError):
+        speedups.walk(np.array([1, 2], np.int64), [(v, None)], layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)
+    with pytest.raises(ValueError):
+        speedups.set_bits_each(v, [1, 2], 0, 1, None)
+    with pytest.raises(ValueError):
+        speedups.remove_each([v], {}, 0, 0, 0, [1], None, False)
+    with pytest.raises(ValueError):
+        speedups.holds_bit([v], 1, [0], 1)
+
+
+def test_malformed_arguments_raise_value_error():
+    from consumers.lookup import WordLayout
+
+    v = _view()
+    ok_layout = [WordLayout(0, [(0, 0)], 1)]
+    q = np.array([1, 2], np.int64)
+    bad_calls = [
+        lambda: speedups.walk(np.array([1.0]), [(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: speedups.walk(np.array([1], np.int32), [(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: speedups.walk(q, [(v, np.zeros(1, np.uint64))], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: speedups.walk(q, [(v, np.zeros(2, np.int8))], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: speedups.walk(q, [(v,)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: speedups.walk(q, [(v, None)], [WordLayout(0, [(5, 0)], 1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: speedups.walk(q, [(v, None)], [WordLayout(0, [(0, 3)], 1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: speedups.walk(q, [(v, None)], [WordLayout(0, [], 1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: speedups.walk(q, [(v, None)], [WordLayout(0, [(0, 0)], -1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: speedups.walk(q, [(v, None)], ok_layout, ["GPU"], [1.0, 2.0], PrefixMatch, WorkerMatch),
+        lambda: speedups.walk(q, [(v, None)] * 65, ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: speedups.set_bits_each(v, [1, 2**64], 0, 1, None),
+        lambda: speedups.set_bits_each(v, [1, 1.5], 0, 1, None),
+        lambda: speedups.set_bits_each(v, (i for i in range(3)), 0, 1, None),
+        lambda: speedups.set_bits_each(v, [1], 2, 1, None),
+        lambda: speedups.set_bits_each(v, [1], 0, 0, None),
+        lambda: speedups.set_bits_each(v, [1], 0, 2**64, None),
+        lambda: speedups.set_bits_each(v, [1], 0, 1, 2**63),
+        lambda: speedups.remove_each([v], {}, 0, 5, 0, [1], None, False),
+        lambda: speedups.remove_each([v], {}, 0, 0, -1, [1], None, False),
+        lambda: speedups.remove_each([], {}, 0, 0, 0, [1], None, False),
+        lambda: speedups.remove_each([v], {}, 0, 0, 0, [2**63], None, False),
+        lambda: speedups.holds_bit([v], 2**64, [0], 1),
+        lambda: speedups.holds_bit([v], 1, [9], 1),
+    ]
+    for i, call in enumerate(bad_calls):
+        with pytest.raises(ValueError):
+            call()
+            pytest.fail(f"call {i} did not raise")
+
+
+def test_a_full_table_raises_instead_of_looping():
+    t = HashTable(1)
+    view = t.cview()
+    with pytest.raises(ValueError, match="reserve"):
+        speedups.set_bits_each(view, list(range(1, 200)), 0, 1, None)
+
+
+def test_huge_and_read_only_inputs():
+    v = _view()
+    ro = tuple(np.frombuffer(bytes(a), a.dtype) if isinstance(a, np.ndarray) else a for a in v)
+    with pytest.raises(ValueError):
+        speedups.set_bits_each(ro, [1], 0, 1, None)
+    huge = np.zeros(1_000_000, np.int64)
+    got = speedups.walk(huge, [(v, None)], [__import__("consumers.lookup", fromlist=["x"]).WordLayout(0, [(0, 0)], 1)],
+                        ["GPU"], [1.0], PrefixMatch, WorkerMatch)
+    assert got == PrefixMatch(1_000_000)
+    assert Counter() == Counter()
