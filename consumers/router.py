@@ -27,6 +27,7 @@ from kvevents.hashing import (
 )
 
 from consumers.indexer import BlockIndex
+from consumers.keys import request_keys
 from consumers.lookup import PrefixMatch
 from consumers.table import as_hashes
 
@@ -131,11 +132,17 @@ class PrefixRouter:
         lora_name: str | None = None,
         *,
         loads: Mapping[str, float] | None = None,
+        page_extra_keys: Sequence[Sequence[Any] | None] | None = None,
     ) -> list[WorkerScore]:
         """Every known worker, best first: longest consecutive prefix weighted by medium.
 
         Pages are hashed lazily (`prefix_hashes`), then looked up in one vectorised walk.
+        `page_extra_keys` (page i's multimodal / prompt-embeds keys, vLLM's untagged form) match
+        blocks that tokens-mode sources keyed with them (consumers.keys.request_keys).
         """
+        if page_extra_keys:
+            hashes = request_keys(token_ids, self.page_size, cache_salt, page_extra_keys)
+            return self.score_hashes(hashes, lora_name, loads=loads)
         return self.score_hashes(self.prefix_hashes(token_ids, cache_salt, lora_name), lora_name, loads=loads)
 
     def prefix_hashes(

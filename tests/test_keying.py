@@ -209,6 +209,7 @@ def test_multimodal_and_embeds_keys_never_match_text_only_but_match_with_page_ex
     assert router.score(toks)[0].matched_pages == 1  # text-only: the plain first page, then no match
     hs = request_keys(toks, PS, None, [None, [("img-1", 0)], [b"\x05" * 32]])
     assert router.score_hashes(hs)[0].matched_pages == 3
+    assert router.score(toks, page_extra_keys=[None, [("img-1", 0)], [b"\x05" * 32]])[0].matched_pages == 3
     assert router.score_hashes(request_keys(toks, PS, None, [None, [("img-2", 0)], None]))[0].matched_pages == 1
     assert list(request_keys(toks, PS)) == keys(toks)
     assert mix_extra_keys(b"\x00" * 32, []) == b"\x00" * 32
