@@ -16,6 +16,7 @@ from typing import Any, Iterable, Iterator
 import msgspec
 import zmq
 
+from kvevents import speedups
 from kvevents.errors import DecodeError
 from kvevents.events import KVEventBatch, decode_batch
 from kvevents.recordlog.format import Record
@@ -279,6 +280,7 @@ def run_doctor(
         raise ValueError(f"page_size must be >= 1, got {page_size}")
     ctx = context or zmq.Context.instance()
     rep = DoctorReport(endpoint, replay)
+    rep.add("hashing path", OK, speedups.describe())  # compiled fast path or the pure-Python twin
     status, detail, hint = _probe_address(endpoint, timeout)
     rep.add("address answers", status, detail, hint)
     later = ["topic matches", "batches arrive and decode", "seqs continuous", "heartbeats come"]

@@ -128,7 +128,8 @@ def test_version() -> None:
     from kvevents import __version__
 
     proc = kve("version")
-    assert proc.returncode == 0 and proc.stdout.strip() == __version__
+    assert proc.returncode == 0 and proc.stdout.splitlines()[0] == __version__
+    assert proc.stdout.splitlines()[1].startswith("speedups: ")
 
 
 def test_golden_with_nothing_to_check_fails(tmp_path: Path, golden: dict) -> None:

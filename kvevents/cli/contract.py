@@ -206,7 +206,8 @@ def golden(
 
 @app.command()
 def version() -> None:
-    """Print the kvevents version."""
-    from kvevents import __version__
+    """Print the kvevents version, then which hashing/index path runs (compiled or pure Python)."""
+    from kvevents import __version__, speedups
 
     print(__version__)
+    print(speedups.describe())
