@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from kvevents.events import BatchEncoder, BlockStored, Event, decode_batch
 from kvevents.transport import security
-from kvevents.transport.router import RouterService, prepare_router_socket
+from kvevents.transport.replay_server import ReplayServer, prepare_router_socket
 from kvevents.transport.view import FrozenView, LiveView
 from kvevents.transport.wire import HASH_SCHEME, SCHEMA_VERSION, check_endpoint, offset_endpoint, pack_seq, should_bind
 
@@ -80,7 +80,7 @@ class PublisherConfig(BaseModel):
     # the epoch from KVE/DESCRIBE. On: a 4th element carries it, which strict decoders reject.
     epoch_in_batch: bool = False
     snapshots: bool = True  # keep the live view for KVE/SNAPSHOT (needs replay_endpoint); see above
-    # replay ROUTER bounds (transport/router.py): jobs held by one peer and by all, and the time a
+    # replay ROUTER bounds (transport/replay_server.py): jobs held by one peer and by all, and the time a
     # peer has to drain a reply before it loses the job (counted in jobs_expired)
     replay_jobs_per_peer: int = Field(4, ge=1)
     replay_max_jobs: int = Field(64, ge=1)
@@ -143,7 +143,7 @@ _SVC_KEYS = (
     "rejected_requests",
     "replies_abandoned",
     "bytes_sent",
-    "rejected_peer_cap",  # transport.router.ROUTER_COUNTERS
+    "rejected_peer_cap",  # transport.replay_server.ROUTER_COUNTERS
     "rejected_oversized",
     "jobs_expired",
 )
@@ -255,7 +255,7 @@ class Publisher:
         # page size DESCRIBE reports, learned from the first BlockStored (_learn_page)
         self._keep_view = self._router is not None and config.snapshots
         self._learn_page = self._router is not None and not config.snapshots
-        self._service = RouterService(self, self._router) if self._router is not None else None
+        self._service = ReplayServer(self, self._router) if self._router is not None else None
         if send_mode == "queue":
             self._queue = queue.Queue(maxsize=config.max_queue_size)
             self._sender = threading.Thread(target=self._send_loop, name="kvevents-pub-sender", daemon=True)

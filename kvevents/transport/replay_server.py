@@ -64,7 +64,7 @@ _malloc_trim = _load_malloc_trim()
 if TYPE_CHECKING:  # pragma: no cover
     from kvevents.publisher import Publisher
 
-__all__ = ["RouterService", "prepare_router_socket", "ROUTER_COUNTERS", "MAX_FRAME_BYTES", "MAX_REQUEST_BYTES"]
+__all__ = ["ReplayServer", "prepare_router_socket", "ROUTER_COUNTERS", "MAX_FRAME_BYTES", "MAX_REQUEST_BYTES"]
 
 log = logging.getLogger("kvevents.publisher")
 
@@ -102,7 +102,7 @@ class _Job:
         self.last_sent = 0.0  # when its peer last took a message (or the start)
 
 
-class RouterService:
+class ReplayServer:
     """Parses ROUTER requests and streams their replies; the owner calls `handle_requests()` and
     `step()` in a loop. `clock` (monotonic seconds) is injectable for the job deadlines."""
 

@@ -1,6 +1,6 @@
 """The replay ROUTER under hostile peers (issue 18, items 1-3), over real sockets on 127.0.0.1.
 
-Most tests drive a `RouterService` by hand on a ROUTER socket of their own (a publisher without a
+Most tests drive a `ReplayServer` by hand on a ROUTER socket of their own (a publisher without a
 replay endpoint lends its ring and counters), with an injected clock for the job deadlines, so
 nothing waits on wall time; one test runs the publisher's own service thread end to end.
 """
@@ -15,13 +15,13 @@ import zmq
 
 from kvevents.metrics import PUBLISHER_METRICS
 from kvevents.publisher import Publisher
-from kvevents.transport.router import (
+from kvevents.transport.replay_server import (
     MAX_FRAME_BYTES,
     MAX_REQUEST_BYTES,
     ROUTER_COUNTERS,
     PENALTY_S,
     STALL_EVICT_S,
-    RouterService,
+    ReplayServer,
     prepare_router_socket,
 )
 from kvevents.transport.testing import EPH, chain_events, dealer_socket
@@ -43,7 +43,7 @@ class Clock:
 
 @pytest.fixture
 def rig():
-    """(publisher with 2,000 batches of ~1.5 KB in its ring, RouterService on a ROUTER of ours
+    """(publisher with 2,000 batches of ~1.5 KB in its ring, ReplayServer on a ROUTER of ours
     (send queue of 10 messages per peer), its endpoint, clock, context)."""
     ctx = zmq.Context()
     pub = Publisher(endpoint=EPH, bind=True, heartbeat_interval_s=0, replay_jobs_per_peer=2, replay_max_jobs=8,
@@ -57,14 +57,14 @@ def rig():
     prepare_router_socket(sock)  # before the bind, as the publisher does
     sock.bind("tcp://127.0.0.1:0")
     clock = Clock()
-    svc = RouterService(pub, sock, clock=clock)
+    svc = ReplayServer(pub, sock, clock=clock)
     yield pub, svc, sock.getsockopt_string(zmq.LAST_ENDPOINT), clock, ctx
     sock.close(0)
     pub.close(0)
     ctx.destroy(0)
 
 
-def _pump(svc: RouterService, rounds: int = 50) -> None:
+def _pump(svc: ReplayServer, rounds: int = 50) -> None:
     """Let the service read what is queued and send what it can (a few turns)."""
     for _ in range(rounds):
         if svc.sock.poll(5):
@@ -83,7 +83,7 @@ def _hog(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
     return d
 
 
-def _replay_answered(svc: RouterService, d: zmq.Socket, start: int, rounds: int = 400) -> list[int]:
+def _replay_answered(svc: ReplayServer, d: zmq.Socket, start: int, rounds: int = 400) -> list[int]:
     """Seqs a well-behaved peer receives for a replay from `start`, up to the end marker (or [] if none)."""
     d.send_multipart([b"", SEQ.pack(start)])
     seqs: list[int] = []
