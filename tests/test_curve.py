@@ -233,3 +233,22 @@ def test_cli_record_and_doctor_with_curve(keys: dict[str, Path], tmp_path: Path)
         assert bad.returncode == 2 and "apply to --publisher" in bad.stderr
     finally:
         pub.close()
+
+
+def test_publishers_sharing_a_context_share_one_authenticator(keys: dict[str, Path]) -> None:
+    ctx = zmq.Context()
+    try:
+        a = Publisher(endpoint=EPH, heartbeat_interval_s=0.02, context=ctx, curve_secret_key_file=str(keys["server_secret"]),
+                      curve_allow_dir=str(keys["allow"]))
+        b = Publisher(endpoint=EPH, heartbeat_interval_s=0.02, context=zmq.Context.shadow(ctx.underlying),
+                      curve_secret_key_file=str(keys["server_secret"]))  # no allow-list: any client
+        try:
+            stranger = CurveClient.from_files(keys["server"], keys["other_secret"])
+            assert _received(Source(a.endpoint, None, "a", curve=stranger)) == []
+            assert _received(Source(b.endpoint, None, "b", curve=stranger))  # b's domain allows anyone
+        finally:
+            a.close()
+        assert _received(Source(b.endpoint, None, "b", curve=stranger))  # b's ZAP outlives a's close
+        b.close()
+    finally:
+        ctx.term()

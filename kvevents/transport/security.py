@@ -205,7 +205,7 @@ class ServerHandle:
     """What apply_server returns: the socket's ZAP domain and its refusal count (release it on close)."""
 
     def __init__(self, ctx: zmq.Context, domain: str, allow: _Allow) -> None:
-        self.ctx, self.domain, self._allow = ctx, domain, allow
+        self.key, self.domain, self._allow = ctx.underlying, domain, allow
 
     @property
     def denied(self) -> int:
@@ -222,11 +222,11 @@ def apply_server(sock: zmq.Socket, server: CurveServer) -> ServerHandle:
     domain = f"kvevents-{secrets.token_hex(6)}"
     allow = _Allow(server.allowed)
     with _AUTHS_LOCK:
-        entry = _AUTHS.get(id(ctx))
+        entry = _AUTHS.get(ctx.underlying)  # shadows of one context share its ZAP endpoint
         if entry is None:
             auth = ThreadAuthenticator(ctx, log=logging.getLogger("kvevents.security.zap"))
             auth.start()
-            entry = _AUTHS[id(ctx)] = _Auth(auth)
+            entry = _AUTHS[ctx.underlying] = _Auth(auth)
         entry.domains[domain] = allow
         entry.auth.configure_curve_callback(domain, credentials_provider=allow)
     sock.setsockopt(zmq.CURVE_SERVER, 1)
@@ -247,13 +247,13 @@ def release_server(handle: ServerHandle | None) -> None:
     if handle is None:
         return
     with _AUTHS_LOCK:
-        entry = _AUTHS.get(id(handle.ctx))
+        entry = _AUTHS.get(handle.key)
         if entry is None or entry.domains.pop(handle.domain, None) is None:
             return
         entry.auth.credentials_providers.pop(handle.domain, None)
         if entry.domains:
             return
-        del _AUTHS[id(handle.ctx)]
+        del _AUTHS[handle.key]
     entry.auth.stop()
 
 
