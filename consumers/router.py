@@ -22,7 +22,9 @@ from kvevents.hashing import (
     event_hashes_int64,
     event_seed,
     pack_tokens,
+    packed_chain,
     packed_to_int64,
+    packed_to_int64_array,
     split_pages,
 )
 
@@ -104,8 +106,10 @@ class PrefixRouter:
 
     def hash_array(self, token_ids: Sequence[int], cache_salt: str | None = None) -> np.ndarray:
         """`request_hashes` as an int64 numpy array (what the lookup consumes)."""
-        pages, seed = self._pages(token_ids, cache_salt)
-        return digests_as_int64(digest_chain(pages, seed)) if pages else np.empty(0, np.int64)
+        seed = _event_seed(Namespace(cache_salt=cache_salt).cache_salt)
+        packed = pack_tokens(token_ids)  # whole pages in one chain call (the compiled path when built)
+        packed = packed[: len(packed) - len(packed) % (4 * self.page_size)]
+        return np.frombuffer(packed_to_int64_array(packed_chain(packed, self.page_size, seed)), np.int64)
 
     def _pages(self, token_ids: Sequence[int], cache_salt: str | None) -> tuple[list[bytes], bytes | None]:
         """The request's whole pages as packed bytes (every id validated up front), and the event seed."""
@@ -240,4 +244,4 @@ def _chunk_bounds(n: int) -> Iterator[tuple[int, int]]:
 
 def digests_as_int64(digests: Sequence[bytes]) -> np.ndarray:
     """Published int64 of each raw digest, as the int64 array a lookup consumes."""
-    return np.array(packed_to_int64(b"".join(digests)), dtype=np.int64)
+    return np.frombuffer(packed_to_int64_array(b"".join(digests)), np.int64)

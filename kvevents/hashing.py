@@ -36,6 +36,7 @@ __all__ = [
     "event_hashes_int64",
     "packed_chain",
     "packed_to_int64",
+    "packed_to_int64_array",
     "check_page_size",
 ]
 
@@ -224,6 +225,15 @@ def packed_to_int64(packed: bytes) -> list[int]:
     """Published int64 of each digest in concatenated 32-byte digests (the one digest -> int64 rule:
     the first 8 bytes, big-endian, signed)."""
     return [v for (v,) in _PUBLISHED.iter_unpack(packed)]
+
+
+def packed_to_int64_array(packed: bytes) -> array:
+    """`packed_to_int64` as an array('q'): no int object per digest (numpy reads it with frombuffer)."""
+    if _speedups.active():
+        out = array("q")
+        out.frombytes(_speedups.digests_int64(packed))
+        return out
+    return array("q", packed_to_int64(packed))
 
 
 def _ints(digests: Sequence[bytes]) -> list[int]:

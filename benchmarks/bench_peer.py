@@ -1,0 +1,302 @@
+"""kvevents side by side with a peer: NVIDIA Dynamo's Rust radix tree (`dynamo.llm.RadixTree`).
+
+    python3 benchmarks/bench_peer.py [--workers 64] [--copies 1000000] [--pages 512] [--requests 1000]
+        [--rounds 3] [--cpu 1] [--peer-python /path/to/python-with-ai-dynamo-runtime] [--json]
+
+One run, the same data for both: bench_consumers' shared profile (documents of `pages` 16-token
+pages cached by 1..16 of `workers` workers, 25% private chains, until `copies` copies), and
+`requests` requests of `pages` pages (a quarter diverging from their document somewhere).
+
+kvevents is measured twice, with its compiled fast path (kvevents.speedups) and with the
+pure-Python fallback. The peer (PyPI `ai-dynamo-runtime`, optional: skipped when no interpreter
+with it is found; `--peer-python` or $KVEVENTS_PEER_PYTHON names one) runs in a subprocess. Both
+are pinned to the same CPU (`--cpu`; the peer's binding hops to a background thread, which costs
+~5 us pinned and ~50 us unpinned). The peer keys its tree by its own unchained xxh3 page hashes
+(`compute_block_hash_for_seq`), so its "full request" hashes the tokens its way; kvevents keeps
+the contract's SHA-256 chain. Match results are compared on 100 requests (matched pages per worker).
+
+Figures: apply (stores of 16-page events, already decoded for kvevents; JSON event bytes, the
+peer's input form, for the peer), lookup with hashes given (kvevents `BlockIndex.prefix_match`,
+peer `find_matches`), full request (hash 8,192 tokens + that lookup), hashing alone, and memory
+per held copy (kvevents: tracemalloc of the index build; both: RSS growth). p50/p99 per round, each
+round a fresh pass over every request; the machine is shared, so compare p50s and rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tracemalloc
+from array import array
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_consumers import PAGE, build_docs, pct, shared_batches  # noqa: E402
+
+from consumers.indexer import BlockIndex  # noqa: E402
+from consumers.router import PrefixRouter  # noqa: E402
+from kvevents import speedups  # noqa: E402
+
+_U64 = (1 << 64) - 1
+
+# The peer's side, run by an interpreter that has ai-dynamo-runtime (argv: data dir, cpu, rounds).
+PEER = r"""
+import json, os, sys, time, gc
+from array import array
+data, cpu, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+if cpu >= 0:
+    os.sched_setaffinity(0, {cpu})  # before the tree exists: its background thread inherits it
+from dynamo.llm import RadixTree, compute_block_hash_for_seq
+meta = json.load(open(os.path.join(data, "meta.json")))
+pages, page = meta["pages"], meta["page"]
+def u32s(name):
+    a = array("I"); a.frombytes(open(os.path.join(data, name), "rb").read()); return a
+def i64s(name):
+    a = array("q"); a.frombytes(open(os.path.join(data, name), "rb").read()); return a
+doc_toks, doc_hashes, req_toks = u32s("docs.u32"), i64s("doc_hashes.i64"), u32s("reqs.u32")
+span = pages * page
+local = {}
+for d in range(meta["docs"]):
+    toks = doc_toks[d * span:(d + 1) * span].tolist()
+    for h, l in zip(doc_hashes[d * pages:(d + 1) * pages].tolist(), compute_block_hash_for_seq(toks, page)):
+        local[h & 0xFFFFFFFFFFFFFFFF] = l
+events = []
+for i, (wid, parent, hs) in enumerate(json.load(open(os.path.join(data, "batches.json")))):
+    hs = [h & 0xFFFFFFFFFFFFFFFF for h in hs]
+    ev = {"event_id": i, "data": {"stored": {"parent_hash": None if parent is None else parent & 0xFFFFFFFFFFFFFFFF,
+          "blocks": [{"block_hash": h, "tokens_hash": local.get(h, h)} for h in hs]}}}
+    events.append((wid, json.dumps(ev).encode()))
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+out = {"apply_copies_per_s": [], "rounds": []}
+tree = None
+for r in range(rounds):
+    del tree
+    gc.collect()
+    before = rss()
+    tree = RadixTree()
+    t0 = time.perf_counter()
+    for wid, ev in events:
+        tree.apply_event(wid, ev)
+    tree.find_matches([1])  # queued behind the applies: they are all done when it returns
+    out["apply_copies_per_s"].append(meta["copies"] / (time.perf_counter() - t0))
+    if r == 0:
+        out["rss_bytes_per_copy"] = (rss() - before) / meta["copies"]
+nreq = len(req_toks) // span
+reqs = [req_toks[i * span:(i + 1) * span].tolist() for i in range(nreq)]
+hashed = [compute_block_hash_for_seq(t, page) for t in reqs]
+for t in reqs[:20]:
+    tree.find_matches(compute_block_hash_for_seq(t, page))
+pc = time.perf_counter
+for r in range(rounds):
+    look, full, hsh = [], [], []
+    for hs in hashed:
+        t0 = pc(); tree.find_matches(hs); look.append(pc() - t0)
+    for t in reqs:
+        t0 = pc(); hs = compute_block_hash_for_seq(t, page); t1 = pc(); tree.find_matches(hs); t2 = pc()
+        full.append(t2 - t0); hsh.append(t1 - t0)
+    out["rounds"].append({"lookup": look, "full": full, "hash": hsh})
+out["matches"] = [{str(w): n for (w, _), n in tree.find_matches(hs).scores.items()} for hs in hashed[:100]]
+json.dump(out, sys.stdout)
+"""
+
+
+def make_requests(docs, pages: int, n: int, rnd: random.Random) -> list[list[int]]:
+    """`n` requests of `pages` pages: a document's tokens, a quarter diverging at a random page."""
+    reqs = []
+    for i in range(n):
+        toks = list(docs[rnd.randrange(len(docs))][0][: pages * PAGE])
+        if i % 4 == 3:
+            cut = rnd.randrange(1, pages) * PAGE
+            toks[cut:] = [rnd.randrange(50_000) for _ in range(len(toks) - cut)]
+        reqs.append(toks)
+    return reqs
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _quantiles(samples: list[float]) -> tuple[float, float]:
+    return pct(samples, 0.5) * 1e6, pct(samples, 0.99) * 1e6
+
+
+def measure_kvevents(batches, copies: int, reqs, rounds: int) -> dict:
+    """Apply rate (best of rounds), memory per copy, and per-round lookup/full/hash latencies."""
+    out: dict = {"apply_copies_per_s": [], "rounds": []}
+    idx = None
+    for r in range(rounds):
+        idx = None
+        gc.collect()
+        before = _rss()
+        idx = BlockIndex()
+        apply = idx.apply
+        gc.disable()
+        t0 = time.perf_counter()
+        for src, b in batches:
+            apply(src, b)
+        out["apply_copies_per_s"].append(copies / (time.perf_counter() - t0))
+        gc.enable()
+        if r == 0:
+            out["rss_bytes_per_copy"] = (_rss() - before) / copies
+    assert idx is not None
+    idx = None
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    idx = BlockIndex()
+    for src, b in batches:
+        idx.apply(src, b)
+    gc.collect()
+    out["traced_bytes_per_copy"] = (tracemalloc.get_traced_memory()[0] - base) / copies
+    tracemalloc.stop()
+    out["table_bytes_per_copy"] = idx.stats()["table_bytes"] / copies
+    router = PrefixRouter(idx, PAGE, seed=0)
+    hashed = [router.hash_array(t) for t in reqs]
+    lookup = idx.prefix_match
+    for t in reqs[:20]:
+        lookup(router.hash_array(t))
+    pc = time.perf_counter
+    for _ in range(rounds):
+        look, full, hsh = [], [], []
+        for hs in hashed:
+            t0 = pc()
+            lookup(hs)
+            look.append(pc() - t0)
+        for t in reqs:
+            t0 = pc()
+            hs = router.hash_array(t)
+            t1 = pc()
+            lookup(hs)
+            t2 = pc()
+            full.append(t2 - t0)
+            hsh.append(t1 - t0)
+        out["rounds"].append({"lookup": look, "full": full, "hash": hsh})
+    labels = idx.labels()
+    out["matches"] = [
+        {labels[wi][1:]: m.pages for wi, m in lookup(hs).workers.items()} for hs in hashed[:100]
+    ]
+    return out
+
+
+def find_peer_python(given: str | None) -> str | None:
+    """An interpreter that imports dynamo.llm.RadixTree: --peer-python, $KVEVENTS_PEER_PYTHON, or this one."""
+    for cand in (given, os.environ.get("KVEVENTS_PEER_PYTHON"), sys.executable):
+        if not cand:
+            continue
+        ok = subprocess.run([cand, "-c", "from dynamo.llm import RadixTree"], capture_output=True, timeout=120)
+        if ok.returncode == 0:
+            return cand
+    return None
+
+
+def measure_peer(python: str, docs, batches, reqs, pages: int, copies: int, cpu: int, rounds: int) -> dict:
+    with tempfile.TemporaryDirectory() as d:
+        dd = Path(d)
+        (dd / "meta.json").write_text(json.dumps({"pages": pages, "page": PAGE, "docs": len(docs), "copies": copies}))
+        (dd / "docs.u32").write_bytes(b"".join(array("I", t).tobytes() for t, _ in docs))
+        (dd / "doc_hashes.i64").write_bytes(b"".join(array("q", h).tobytes() for _, h in docs))
+        (dd / "reqs.u32").write_bytes(b"".join(array("I", t).tobytes() for t in reqs))
+        rows = []
+        for src, b in batches:
+            for ev in b.events:
+                rows.append([int(src[1:]), ev.parent_block_hash, list(ev.block_hashes)])
+        (dd / "batches.json").write_text(json.dumps(rows))
+        proc = subprocess.run([python, "-c", PEER, d, str(cpu), str(rounds)], capture_output=True, text=True, timeout=3600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"peer failed: {proc.stderr.strip()[-2000:]}")
+        return json.loads(proc.stdout)
+
+
+def summarize(res: dict) -> dict:
+    """Per-round p50/p99 (us) of each phase, the median of the rounds, and the best apply rate."""
+    s: dict = {"apply_copies_per_s_best": max(res["apply_copies_per_s"]),
+               "apply_copies_per_s": [round(v) for v in res["apply_copies_per_s"]]}
+    for phase in ("lookup", "full", "hash"):
+        per = [_quantiles(r[phase]) for r in res["rounds"]]
+        s[f"{phase}_p50_us"] = [round(p[0], 1) for p in per]
+        s[f"{phase}_p99_us"] = [round(p[1], 1) for p in per]
+        s[f"{phase}_p50_median_us"] = round(statistics.median(p[0] for p in per), 1)
+        s[f"{phase}_p99_median_us"] = round(statistics.median(p[1] for p in per), 1)
+    for k in ("rss_bytes_per_copy", "traced_bytes_per_copy", "table_bytes_per_copy"):
+        if k in res:
+            s[k] = round(res[k], 1)
+    return s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workers", type=int, default=64)
+    ap.add_argument("--copies", type=int, default=1_000_000)
+    ap.add_argument("--pages", type=int, default=512)
+    ap.add_argument("--docs", type=int, default=400)
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cpu", type=int, default=1, help="pin both sides to this CPU (-1: no pinning)")
+    ap.add_argument("--peer-python", default=None)
+    ap.add_argument("--no-fallback", action="store_true", help="skip the pure-Python measurement")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if args.cpu >= 0:
+        os.sched_setaffinity(0, {args.cpu})
+    rnd = random.Random(0)
+    docs = build_docs(args.docs, args.pages, rnd)
+    batches, copies = shared_batches(docs, args.workers, args.copies, rnd)
+    reqs = make_requests(docs, args.pages, args.requests, rnd)
+    report: dict = {"config": vars(args) | {"copies_held": copies, "speedups": speedups.describe()}}
+    results: dict = {}
+    if speedups.active():
+        results["kvevents_c"] = measure_kvevents(batches, copies, reqs, args.rounds)
+    if not args.no_fallback or not speedups.active():
+        with speedups.python_only():
+            results["kvevents_python"] = measure_kvevents(batches, copies, reqs, args.rounds)
+    peer_py = find_peer_python(args.peer_python)
+    if peer_py:
+        results["dynamo"] = measure_peer(peer_py, docs, batches, reqs, args.pages, copies, args.cpu, args.rounds)
+    else:
+        report["dynamo"] = "skipped: no interpreter with ai-dynamo-runtime (--peer-python)"
+    for name, res in results.items():
+        report[name] = summarize(res)
+    if "dynamo" in results:
+        ours = results.get("kvevents_c") or results["kvevents_python"]
+        same = sum(a == b for a, b in zip(ours["matches"], results["dynamo"]["matches"]))
+        report["identical_matches"] = f"{same} of {len(ours['matches'])}"
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    print(f"# {copies} copies, {args.workers} workers, {args.pages}-page requests x {args.requests}, "
+          f"{args.rounds} rounds, cpu {args.cpu}; {speedups.describe()}")
+    cols = [k for k in ("kvevents_c", "kvevents_python", "dynamo") if k in report and isinstance(report[k], dict)]
+    print(f"{'figure':38s}" + "".join(f"{c:>24s}" for c in cols))
+    rows = [("apply copies/s (best)", "apply_copies_per_s_best", "{:,.0f}")]
+    for phase in ("lookup", "full", "hash"):
+        rows.append((f"{phase} p50 us (rounds)", f"{phase}_p50_us", None))
+        rows.append((f"{phase} p99 us (rounds)", f"{phase}_p99_us", None))
+    rows += [("RSS growth B/copy", "rss_bytes_per_copy", "{:.1f}"), ("traced B/copy", "traced_bytes_per_copy", "{:.1f}"),
+             ("table arrays B/copy", "table_bytes_per_copy", "{:.1f}")]
+    for label, key, fmt in rows:
+        cells = []
+        for c in cols:
+            v = report[c].get(key)
+            cells.append("-" if v is None else (fmt.format(v) if fmt else "/".join(f"{x:g}" for x in v)))
+        print(f"{label:38s}" + "".join(f"{x:>24s}" for x in cells))
+    if "identical_matches" in report:
+        print(f"identical match results (pages per worker): {report['identical_matches']}")
+    if "dynamo" in report and isinstance(report["dynamo"], str):
+        print(f"dynamo: {report['dynamo']}")
+
+
+if __name__ == "__main__":
+    main()
