@@ -191,7 +191,7 @@ def test_cli_keys_serve_and_tail_with_curve(tmp_path: Path) -> None:
         # without the client's keys: nothing in 2 s
         plain = subprocess.run(_kv("tail", live, "--replay", replay, "--duration", "2"), capture_output=True,
                                text=True, timeout=60)
-        assert plain.returncode == 0 and plain.stdout.strip() == "", plain.stdout
+        assert plain.returncode == 1 and plain.stdout.strip() == "", plain.stdout  # nothing received: exit 1
         bad = subprocess.run(_kv("tail", live, "--curve-server-key", str(tmp_path / "nope.key")), capture_output=True,
                              text=True, timeout=60)
         assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no such key file" in bad.stderr

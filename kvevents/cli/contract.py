@@ -13,6 +13,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from kvevents.cli.app import CheckFailed, app, user_error
@@ -33,13 +34,15 @@ def _parse_tokens(raw: List[str]) -> list[int]:
     for arg in raw:
         for part in arg.replace(",", " ").split():
             try:
-                out.append(int(part, 10))
+                out.append(int(part, 10))  # a negative id is parsed here and refused by the range check
             except ValueError:
+                if part.startswith("-"):  # unknown options reach here (the command lets `-1` through as a token)
+                    user_error(f"no such option: {part} (token ids are integers in 0..2**32-1)")
                 user_error(f"token {part!r} is not an integer")
     return out
 
 
-@app.command("hash")
+@app.command("hash", context_settings={"ignore_unknown_options": True})  # `hash -1 ...`: a bad token, not an option
 def hash_cmd(
     tokens: List[str] = typer.Argument(..., help="Token ids (space or comma separated), each in 0..2**32-1."),
     page_size: int = typer.Option(..., "--page-size", "-p", help="Tokens per page (>= 1)."),
@@ -143,8 +146,10 @@ def schema() -> None:
 
 
 def default_golden_dir() -> Path:
-    """schemas/golden of the repository this package lives in (an editable install or a checkout)."""
-    return Path(__file__).resolve().parents[2] / "schemas" / "golden"
+    """The golden vectors shipped with the package (kvevents/schemas/golden: in a checkout a
+    symlink to the repository's schemas/, in a wheel its copy), else the checkout's schemas/golden."""
+    shipped = Path(__file__).resolve().parents[1] / "schemas" / "golden"
+    return shipped if shipped.is_dir() else Path(__file__).resolve().parents[2] / "schemas" / "golden"
 
 
 def _golden_files(path: Optional[Path]) -> list[Path]:
@@ -156,14 +161,14 @@ def _golden_files(path: Optional[Path]) -> list[Path]:
         return files
     if target.is_file():
         return [target]
-    hint = "" if path is not None else " (not a repository checkout? pass --golden PATH)"
+    hint = "" if path is not None else " (an incomplete install? pass --golden PATH)"
     user_error(f"golden vectors not found: {target}{hint}")
 
 
 @app.command()
 def golden(
     golden_path: Optional[Path] = typer.Option(
-        None, "--golden", help="A golden JSON file or a directory of them (default: the repo's schemas/golden)."
+        None, "--golden", help="A golden JSON file or a directory of them (default: the vectors shipped with kvevents, schemas/golden)."
     ),
 ) -> None:
     """Check this installation against the golden vectors; exit 1 on any mismatch."""
@@ -191,11 +196,12 @@ def golden(
         table.add_column("result")
         for item in items:
             total += 1
+            section, name = escape(item.section), escape(item.name)  # names like `[null, null]` are not markup
             if item.ok:
-                table.add_row(item.section, item.name, str(item.checks), "[green]pass[/green]")
+                table.add_row(section, name, str(item.checks), "[green]pass[/green]")
             else:
                 failed += 1
-                table.add_row(item.section, item.name, str(item.checks), f"[red]FAIL[/red] {item.detail}")
+                table.add_row(section, name, str(item.checks), f"[red]FAIL[/red] {escape(item.detail)}")
         console.print(table)
     console.print(f"{total - failed} of {total} golden items pass")
     if failed:

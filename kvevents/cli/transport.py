@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import typer
 
-from kvevents.cli.app import app, user_error
+from kvevents.cli.app import CheckFailed, app, user_error
 from kvevents.cli.keys import (ALLOW_HELP, CLIENT_CERT_HELP, SECRET_HELP, SERVER_KEY_HELP, curve_client,
                                curve_server, show_plain_bind_once)
 
@@ -56,6 +56,8 @@ def serve(
 
     from kvevents.transport.wire import check_endpoint, offset_endpoint
 
+    if metrics_port is not None and not 0 <= metrics_port <= 65535:
+        user_error(f"--metrics-port must be in 0..65535 (0: a free port), got {metrics_port}")
     if engine not in ENGINES or hash_algo not in ("sha256", "sha256_cbor"):
         user_error(f"--engine must be one of {', '.join(ENGINES)} and --hash-algo sha256 or sha256_cbor, got {engine!r} / {hash_algo!r}")
     try:
@@ -184,23 +186,57 @@ def _summary(batch: Any) -> str:
     )
 
 
+_NOTICES = {  # what each subscriber counter means, said once per notice
+    "gaps": "a seq was skipped",
+    "replays_requested": "asked the replay endpoint for the missed batches",
+    "unrecoverable_gaps": "missed batches the replay endpoint no longer holds: state lost",
+    "restarts": "the publisher restarted (new epoch): state resyncs",
+    "bad_payloads": "an undecodable payload was skipped",
+}
+SILENCE_HINT_S = 3.0  # no message at all for this long: say what `kvevents doctor` would check
+
+
+def _notice_detail(key: str, seen: int, replay: Optional[str]) -> str:
+    """One line on what a counter's rise means for the user of `tail`."""
+    if key == "losses":
+        if seen == 0 and not replay:
+            return "joined mid-stream without --replay: earlier batches not seen"
+        return "batches missed and not repaired" + ("" if replay else " (no --replay endpoint to ask)")
+    return _NOTICES.get(key, "")
+
+
+def _silence_hint(endpoint: str, replay: Optional[str], waited: float) -> str:
+    doctor = f"kvevents doctor {endpoint}" + (f" --replay {replay}" if replay else "")
+    return (f"kvevents tail: nothing from {endpoint} after {waited:.0f}s: is a publisher running and bound there, "
+            f"with topic prefix matching? `{doctor}` checks the address, topic, batches and heartbeats")
+
+
 @app.command()
 def tail(
     endpoint: str = typer.Argument(..., help="Live PUB endpoint to connect to."),
     replay: Optional[str] = typer.Option(None, "--replay", help="Replay ROUTER endpoint (gap repair, snapshots)."),
     topic: str = typer.Option("", help="Topic prefix to subscribe to."),
-    as_json: bool = typer.Option(False, "--json", help="One JSON object per line."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per line (notices too); else notices go to stderr."),
     count: Optional[int] = typer.Option(None, min=1, help="Exit after this many batches."),
-    duration: Optional[float] = typer.Option(None, min=0.0, help="Exit after this many seconds."),
-    stale_after: float = typer.Option(5.0, help="Report the publisher stale after this much silence (s)."),
+    duration: Optional[float] = typer.Option(
+        None, min=0.0, help="Exit after this many seconds; exit 1 if nothing at all was received."),
+    stale_after: float = typer.Option(5.0, help="Report the publisher stale after this much silence (s, > 0)."),
     curve_server_key: Optional[str] = typer.Option(None, "--curve-server-key", help=SERVER_KEY_HELP),
     curve_client_cert: Optional[str] = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
 ) -> None:
-    """Print every batch of a publisher (or JSONL), with gap / replay / restart / heartbeat notices."""
+    """Print every batch of a publisher (or JSONL), with gap / replay / restart / heartbeat notices.
+
+    A line "connecting to ..." and the notices go to stderr (with --json the notices are JSON lines
+    on stdout); after 3 s without any message a hint says what `kvevents doctor` checks.
+    """
+    import logging
+
     from kvevents.events import event_to_dict
     from kvevents.subscriber import Delivery, Source, Subscriber
     from kvevents.transport.wire import check_endpoint
 
+    if not stale_after > 0:
+        user_error(f"--stale-after must be > 0 seconds, got {stale_after:g}")
     for what, ep in (("ENDPOINT", endpoint), ("--replay", replay)):
         try:
             if ep or what == "ENDPOINT":
@@ -208,14 +244,24 @@ def tail(
         except ValueError as exc:
             user_error(f"{what}: {exc}")
     source = Source(endpoint, replay or None, endpoint, curve=curve_client(curve_server_key, curve_client_cert))
+    # this command prints its own stale notice: the subscriber's log line would say it twice
+    logging.getLogger("kvevents.subscriber").setLevel(logging.ERROR)
     sub = Subscriber([source], topic=topic, stale_after_s=stale_after)
+    _note(f"kvevents tail: connecting to {endpoint}" + (f" (replay {replay})" if replay else " (no --replay: "
+          "batches missed are not repaired)") + (f" topic prefix {topic!r}" if topic else ""))
     seen = 0
     last = sub.counters()
-    was_stale = False
+    was_stale = hinted = False
     t0 = time.monotonic()
 
     def emit(obj: dict, text: str) -> None:
         _out(json.dumps(obj, separators=(",", ":")) if as_json else text)
+
+    def notice(obj: dict, text: str) -> None:
+        if as_json:
+            _out(json.dumps(obj, separators=(",", ":")))
+        else:
+            _note(text)
 
     try:
         while (count is None or seen < count) and (duration is None or time.monotonic() - t0 < duration):
@@ -223,7 +269,9 @@ def tail(
             now = sub.counters()
             for key in ("gaps", "replays_requested", "unrecoverable_gaps", "restarts", "bad_payloads", "losses"):
                 if now[key] > last[key]:
-                    emit({"type": "notice", "what": key, "count": now[key]}, f"! {key.replace('_', ' ')} (total {now[key]})")
+                    detail = _notice_detail(key, seen, replay)
+                    notice({"type": "notice", "what": key, "count": now[key], "detail": detail},
+                           f"! {key.replace('_', ' ')} (total {now[key]})" + (f": {detail}" if detail else ""))
             last = now
             for it in items:
                 if not isinstance(it, Delivery):
@@ -249,11 +297,24 @@ def tail(
                 seen += 1
                 if count is not None and seen >= count:
                     break
-            stale = sub.status()[endpoint].stale
+            status = sub.status()[endpoint]
+            waited = time.monotonic() - t0
+            if status.last_heard is None and not hinted and waited >= SILENCE_HINT_S:
+                hinted = True
+                _note(_silence_hint(endpoint, replay, waited))
+            stale = status.stale and status.last_heard is not None  # never heard: the hint above said it
             if stale and not was_stale:
-                emit({"type": "notice", "what": "stale"}, f"! no message for {stale_after:.1f}s: publisher stale")
+                notice({"type": "notice", "what": "stale"}, f"! no message for {stale_after:g}s: publisher stale")
             was_stale = stale
     except KeyboardInterrupt:
-        pass
+        return
     finally:
         sub.stop()
+    if seen == 0:
+        raise CheckFailed(f"tail: nothing received from {endpoint} in {time.monotonic() - t0:.1f}s"
+                          + ("" if hinted else f" (`kvevents doctor {endpoint}` says why)"))
+
+
+def _note(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
