@@ -246,6 +246,7 @@ class _VllmLikePublisher:
         self.pub = ctx.socket(zmq.PUB)
         self.pub.bind("tcp://127.0.0.1:*")
         self.router = ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.SNDHWM, 0)  # a whole replay goes out at once: never dropped here
         self.router.bind("tcp://127.0.0.1:*")
         self.endpoint = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
         self.replay_endpoint = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
