@@ -27,7 +27,13 @@ from kvevents.hashing import Namespace, event_hashes, to_int64
 
 __all__ = ["GOLDEN_PATH", "HashCase", "all_cases", "check_answer", "golden_cases", "property_cases", "run_adapter"]
 
-GOLDEN_PATH = Path(__file__).resolve().parents[2] / "schemas" / "golden" / "sglang-0.5.20.json"
+def _golden_dir() -> Path:
+    """The golden vectors shipped with the package (kvevents/schemas/golden), else the checkout's."""
+    shipped = Path(__file__).resolve().parents[1] / "schemas" / "golden"
+    return shipped if shipped.is_dir() else Path(__file__).resolve().parents[2] / "schemas" / "golden"
+
+
+GOLDEN_PATH = _golden_dir() / "sglang-0.5.20.json"
 
 
 @dataclass(frozen=True)
