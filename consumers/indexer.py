@@ -456,6 +456,29 @@ class BlockIndex:
                 out[key] = out.get(key, 0) + n
         return out
 
+    def adapter_counts(self) -> dict[str, dict[str, int]]:
+        """Per worker label: adapter (lora_name; "" for the base model) -> copies held. O(index),
+        for status pages (one bit count per mask column and view)."""
+        out: dict[str, dict[str, int]] = {w.label: {} for w in self._workers.values()}
+        tally: Counter[tuple[int, int]] = Counter()  # (view, worker index) -> copies
+        for vid, t in enumerate(self._views):
+            live = t.live_slots()
+            if not len(live):
+                continue
+            for (_, word), col in self._cols.items():
+                colv = np.ascontiguousarray(t.masks[live, col])
+                bits = np.unpackbits(colv.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little").sum(axis=0)
+                for b in np.flatnonzero(bits).tolist():
+                    tally[(vid, word * WORD + b)] += int(bits[b])
+        for (vid, _, wi, _), n in self._extra.items():
+            tally[(vid, wi)] += n
+        for (vid, wi), n in tally.items():
+            w = self._by_index.get(wi)
+            if w is not None and n:
+                name = self._loras[vid] or ""
+                out[w.label][name] = out[w.label].get(name, 0) + n
+        return out
+
     def __len__(self) -> int:
         """Number of block copies held (all workers, media, lora names)."""
         return sum(self._counts.values())
@@ -562,6 +585,8 @@ class BlockIndex:
 
 def _all_int64(hashes: list[int], prev: int | None) -> bool:
     """Every hash (and the parent) a plain int in int64 range (what the table can key)."""
+    if type(hashes) is list and speedups.active():
+        return speedups.all_int64(hashes, prev)
     for h in hashes:
         if type(h) is not int or not _I64_MIN <= h <= _I64_MAX:
             return False

@@ -187,6 +187,53 @@ static PyObject *digests_int64(PyObject *self, PyObject *arg) {
     return out;
 }
 
+/* pack_u32(list) -> bytes of little-endian uint32, or None when an item is not an int in
+ * 0..2**32-1 (the Python twin, kvevents.hashing.pack_tokens, then names the bad id). */
+static PyObject *pack_u32(PyObject *self, PyObject *arg) {
+    if (!PyList_Check(arg)) Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(arg);
+    if (n > MAX_PAGES) Py_RETURN_NONE;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, n * 4);
+    if (!out) return NULL;
+    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(arg) && i < n; i++) {
+        PyObject *it = PyList_GET_ITEM(arg, i);
+        if (!PyLong_Check(it)) { Py_DECREF(out); Py_RETURN_NONE; }
+        long long v;
+#if PY_VERSION_HEX < 0x030C0000 && !defined(Py_LIMITED_API)
+        if (PyLong_CheckExact(it) && (Py_SIZE(it) == 0 || Py_SIZE(it) == 1))  /* one 30-bit digit (3.11 layout) */
+            v = Py_SIZE(it) ? (long long)((PyLongObject *)it)->ob_digit[0] : 0;
+        else
+#endif
+        {
+            int overflow = 0;
+            v = PyLong_AsLongLongAndOverflow(it, &overflow);
+            if (overflow) v = -1;
+        }
+        if (v < 0 || v > 0xFFFFFFFFLL) { PyErr_Clear(); Py_DECREF(out); Py_RETURN_NONE; }
+        uint32_t u = (uint32_t)v;
+        o[4 * i] = (uint8_t)u; o[4 * i + 1] = (uint8_t)(u >> 8); o[4 * i + 2] = (uint8_t)(u >> 16); o[4 * i + 3] = (uint8_t)(u >> 24);
+    }
+    if (PyList_GET_SIZE(arg) != n) { Py_DECREF(out); Py_RETURN_NONE; }
+    return out;
+}
+
+/* all_int64(hashes, prev) -> bool: every hash (and prev, unless None) an exact int in int64 range. */
+static PyObject *all_int64(PyObject *self, PyObject *args) {
+    PyObject *hashes, *prev;
+    if (!PyArg_ParseTuple(args, "O!O", &PyList_Type, &hashes, &prev)) return NULL;
+    for (Py_ssize_t i = 0; i <= PyList_GET_SIZE(hashes); i++) {
+        PyObject *it = i < PyList_GET_SIZE(hashes) ? PyList_GET_ITEM(hashes, i) : prev;
+        if (it == Py_None && i == PyList_GET_SIZE(hashes)) break;
+        if (!PyLong_CheckExact(it)) Py_RETURN_FALSE;
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(it, &overflow);
+        if (overflow) Py_RETURN_FALSE;
+        if (v == -1 && PyErr_Occurred()) return NULL;
+    }
+    Py_RETURN_TRUE;
+}
+
 static PyObject *sha_impl(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(kv_sha_impl); }
 
 static PyObject *select_sha(PyObject *self, PyObject *arg) {
@@ -321,10 +368,22 @@ static Py_ssize_t probe(const View *v, int64_t k, Py_ssize_t b) {
  * plan: list of (cview, filter uint64[nc] or None); layout: list of WordLayout (word, cols, alive).
  * The twin of: masks = OR over the plan of t.rows(hashes) & filter; consumers.lookup.walk(masks, ...). */
 static PyObject *walk(PyObject *self, PyObject *args) {
-    PyObject *hashes, *plan, *layout, *media, *weights, *pm_cls, *wm_cls, *sum_fn;
-    if (!PyArg_ParseTuple(args, "OO!O!O!O!OOO", &hashes, &PyList_Type, &plan, &PyList_Type, &layout, &PyList_Type,
-                          &media, &PyList_Type, &weights, &pm_cls, &wm_cls, &sum_fn))
+    PyObject *hashes, *plan, *layout, *media, *weights, *pm_cls, *wm_cls, *sum_fn, *wm_fields = NULL;
+    if (!PyArg_ParseTuple(args, "OO!O!O!O!OOO|O", &hashes, &PyList_Type, &plan, &PyList_Type, &layout, &PyList_Type,
+                          &media, &PyList_Type, &weights, &pm_cls, &wm_cls, &sum_fn, &wm_fields))
         return NULL;
+    if (wm_fields == Py_None) wm_fields = NULL;
+    if (wm_fields) {  /* (pages, score, pages_by_medium) slot descriptors of wm_cls, in __init__ order */
+        int ok = PyType_Check(wm_cls) && PyTuple_Check(wm_fields) && PyTuple_GET_SIZE(wm_fields) == 3;
+        for (int f = 0; ok && f < 3; f++) {
+            PyObject *d = PyTuple_GET_ITEM(wm_fields, f);
+            ok = Py_TYPE(d) == &PyMemberDescr_Type && PyDescr_TYPE(d) == (PyTypeObject *)wm_cls;
+        }
+        if (!ok) {
+            PyErr_SetString(PyExc_ValueError, "wm_fields must be the 3 slot descriptors of the WorkerMatch class");
+            return NULL;
+        }
+    }
     Py_buffer hb;
     if (get_buf(hashes, &hb, 8, "ql", 0, "hashes") < 0) return NULL;
     const int64_t *q = hb.buf;
@@ -545,7 +604,18 @@ static PyObject *walk(PyObject *self, PyObject *args) {
             }
             if (!score) { Py_DECREF(bym); goto fail; }
             PyObject *pg = PyLong_FromLongLong(pages);
-            if (pg) wm = PyObject_CallFunctionObjArgs(wm_cls, pg, score, bym, NULL);
+            if (pg) {
+                PyObject *argv[3] = {pg, score, bym};
+                if (wm_fields) {  /* the dataclass's three slots set directly: no __init__ frame */
+                    wm = ((PyTypeObject *)wm_cls)->tp_alloc((PyTypeObject *)wm_cls, 0);
+                    for (int f = 0; wm && f < 3; f++) {
+                        PyObject *d = PyTuple_GET_ITEM(wm_fields, f);
+                        if (Py_TYPE(d)->tp_descr_set(d, wm, argv[f]) < 0) Py_CLEAR(wm);
+                    }
+                } else {
+                    wm = PyObject_Vectorcall(wm_cls, argv, 3, NULL);
+                }
+            }
             Py_XDECREF(pg); Py_DECREF(score); Py_DECREF(bym);
             if (!wm) goto fail;
             wi = PyLong_FromLongLong(wword[w] * 64 + b);
@@ -799,6 +869,8 @@ static PyMethodDef methods[] = {
     {"chain_pages", chain_pages, METH_VARARGS, "chain_pages(pages, prior) -> list of 32-byte digests"},
     {"chain_packed", chain_packed, METH_VARARGS, "chain_packed(data, page_size, prior) -> concatenated digests"},
     {"digests_int64", digests_int64, METH_O, "digests_int64(digests) -> native int64 bytes (the published ints)"},
+    {"pack_u32", pack_u32, METH_O, "pack_u32(list) -> little-endian uint32 bytes, or None (bad id)"},
+    {"all_int64", all_int64, METH_VARARGS, "all_int64(hashes, prev) -> every value an exact int in int64 range"},
     {"sha_impl", sha_impl, METH_NOARGS, "the SHA-256 compression in use: 'sha-ni' or 'portable'"},
     {"select_sha", select_sha, METH_O, "select_sha(allow_shani) -> the compression now in use"},
     {"walk", walk, METH_VARARGS, "the index walk over a plan of table views"},

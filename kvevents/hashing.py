@@ -111,6 +111,10 @@ def pack_tokens(token_ids: Any) -> bytes:
             token_ids = list(token_ids)
         except TypeError:
             raise ValueError(f"token ids must be a sequence of ints, not {type(token_ids).__name__}") from None
+    if type(token_ids) is list and _speedups.active():
+        fast = _speedups.pack_u32(token_ids)
+        if fast is not None:  # None: a bad id, named by the Python path below
+            return fast
     if isinstance(token_ids, array) and token_ids.typecode in "IL" and token_ids.itemsize == 4:
         packed = token_ids
     elif hasattr(token_ids, "dtype") and hasattr(token_ids, "astype") and token_ids.dtype.kind == "O":

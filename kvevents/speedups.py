@@ -10,7 +10,9 @@ Callers ask `active()` and call the functions below; nothing else imports the ex
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import os
+import types
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -20,7 +22,7 @@ except ImportError:  # no compiler at install time, or a pure-Python install
     _c = None  # type: ignore[assignment]
 
 __all__ = ["HAVE_C", "active", "describe", "python_only", "chain_pages", "chain_packed", "digests_int64",
-           "walk", "set_bits_each", "remove_each", "holds_bit", "sha_impl"]
+           "walk", "set_bits_each", "pack_u32", "all_int64", "portable_sha", "remove_each", "holds_bit", "sha_impl"]
 
 #: True when the compiled extension imported (whether or not it is switched on).
 HAVE_C: bool = _c is not None
@@ -70,6 +72,16 @@ def portable_sha() -> Iterator[None]:
         _c.select_sha(True)
 
 
+def pack_u32(token_ids: list) -> bytes | None:
+    """Little-endian uint32 bytes of a list of ints, or None when one is not in 0..2**32-1."""
+    return _c.pack_u32(token_ids)  # type: ignore[union-attr]
+
+
+def all_int64(hashes: list, prev: int | None) -> bool:
+    """Every hash (and `prev` unless None) an exact int in int64 range."""
+    return _c.all_int64(hashes, prev)  # type: ignore[union-attr]
+
+
 def chain_pages(pages: Any, prior: bytes | None) -> list[bytes]:
     """Raw digests of a page chain (the C twin of kvevents.hashing's chain loop)."""
     return _c.chain_pages(pages, prior)  # type: ignore[union-attr]
@@ -85,10 +97,24 @@ def digests_int64(packed: bytes) -> bytes:
     return _c.digests_int64(packed)  # type: ignore[union-attr]
 
 
+_SLOTS: dict[type, tuple | None] = {}
+
+
+def _slots_of(cls: type) -> tuple | None:
+    """The (pages, score, pages_by_medium) slot descriptors of a plain slotted dataclass, so the C
+    walk fills results without running __init__; None (C calls the class) for anything else."""
+    if cls not in _SLOTS:
+        names = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
+        plain = names == ["pages", "score", "pages_by_medium"] and not hasattr(cls, "__post_init__")
+        descs = tuple(cls.__dict__.get(n) for n in names)
+        _SLOTS[cls] = descs if plain and all(type(d) is types.MemberDescriptorType for d in descs) else None
+    return _SLOTS[cls]
+
+
 def walk(hashes: Any, plan: list, layout: list, media: list, weights: list, prefix_cls: type, worker_cls: type) -> Any:
     """The index walk over table views (see consumers.lookup.walk_plan); NotImplemented when the
     weights are not all floats (the Python twin then runs, keeping its result types)."""
-    return _c.walk(hashes, plan, layout, media, weights, prefix_cls, worker_cls, builtins.sum)  # type: ignore[union-attr]
+    return _c.walk(hashes, plan, layout, media, weights, prefix_cls, worker_cls, builtins.sum, _slots_of(worker_cls))  # type: ignore[union-attr]
 
 
 def set_bits_each(view: tuple, hashes: list[int], col: int, bit: int, prev: int | None) -> tuple[list[int], int, int] | None:

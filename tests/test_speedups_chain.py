@@ -131,3 +131,16 @@ def test_bad_pages_raise_what_the_python_chain_raises():
             hashing.digest_chain(pages)
         with speedups.python_only(), pytest.raises(ValueError):
             hashing.digest_chain(pages)
+
+
+@pytest.mark.parametrize("tokens", [[1, -1], [2**32], [0, 1.0], [True, 5], [2**100], [1, None], [1, "2"]])
+def test_packing_refuses_what_the_python_path_refuses(tokens):
+    def run():
+        try:
+            return hashing.pack_tokens(tokens)
+        except ValueError as exc:
+            return str(exc)
+
+    fast = run()
+    with speedups.python_only():
+        assert fast == run()

@@ -93,7 +93,7 @@ def test_apply_and_walk_equal_the_python_paths(ops, many, requests):
         q = np.array(req, np.int64)
         for lora in (None, "a", "zzz"):
             for strict in (True, False):
-                for weight in (lambda m: 1.0, lambda m: WEIGHTS.get(m, 0.3)):
+                for weight in (lambda m: 1.0, lambda m: WEIGHTS.get(m, 0.3), lambda m: 2):  # ints: the Python twin runs
                     got = fast.prefix_match(q, lora, strict=strict, medium_weight=weight)
                     with speedups.python_only():
                         want = slow.prefix_match(q, lora, strict=strict, medium_weight=weight)
@@ -255,3 +255,39 @@ def test_huge_and_read_only_inputs():
                         ["GPU"], [1.0], PrefixMatch, WorkerMatch)
     assert got == PrefixMatch(1_000_000)
     assert Counter() == Counter()
+
+
+def test_results_of_a_class_with_its_own_init_are_built_by_calling_it():
+    """The C walk fills a plain slotted WorkerMatch directly; any other class is called."""
+    from dataclasses import dataclass, field
+
+    from consumers.lookup import WordLayout
+
+    @dataclass(slots=True)
+    class Checked:
+        pages: int
+        score: float
+        pages_by_medium: dict = field(default_factory=dict)
+
+        def __post_init__(self) -> None:
+            self.score = -self.score
+
+    assert speedups._slots_of(Checked) is None and speedups._slots_of(WorkerMatch) is not None
+    t = HashTable(1)
+    t.reserve(3)
+    t.set_bits_each([5, 6], 0, 0b11, None)
+    got = speedups.walk(np.array([5, 6], np.int64), [(t.cview(), None)], [WordLayout(0, [(0, 0)], 0b11)], ["GPU"],
+                        [2.0], PrefixMatch, Checked)
+    assert got.workers == {0: Checked(2, 4.0, {"GPU": 2}), 1: Checked(2, 4.0, {"GPU": 2})}
+    assert got.workers[0].score == -4.0
+
+
+def test_int64_check_matches_the_python_one():
+    from consumers import indexer
+
+    cases = [([1, 2], None), ([1, 2**63], None), ([True], None), ([np.int64(3)], None), ([1.0], None),
+             ([-(2**63)], 2**63 - 1), ([1], 2**63), ([1], True), ([], None), ([], 5)]
+    for hashes, prev in cases:
+        fast = indexer._all_int64(hashes, prev)
+        with speedups.python_only():
+            assert fast == indexer._all_int64(hashes, prev), (hashes, prev)
