@@ -28,15 +28,22 @@ from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from consumers.metrics import CONTENT_TYPE
+from consumers.status import render_page
 
 if TYPE_CHECKING:  # pragma: no cover
     from consumers.service import RouterService
 
-__all__ = ["HttpLimits", "HttpServer", "build_app", "ScoreResponse", "WorkerEntry", "ErrorBody"]
+__all__ = ["ErrorBody", "HttpLimits", "HttpServer", "ScoreResponse", "WorkerEntry", "build_app"]
 
 log = logging.getLogger("consumers.http")
 
 _json = msgspec.json.Encoder()
+# the page loads nothing from anywhere: its script and styles are inline, it only fetches /status.json
+_PAGE_HEADERS = {
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "img-src data:; connect-src 'self'",
+}
 INLINE_BODY_BYTES = 64 * 1024  # POST /score bodies up to this are scored on the event loop itself
 
 
@@ -103,8 +110,8 @@ def _bug(request: Request, exc: Exception) -> Response:
     return _reply(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
 
 
-def build_app(service: "RouterService", limits: HttpLimits) -> FastAPI:
-    """The FastAPI app: POST /score, GET /workers, GET /metrics, GET / (and /healthz)."""
+def build_app(service: RouterService, limits: HttpLimits) -> FastAPI:
+    """The FastAPI app: POST /score, GET /workers, GET /metrics, GET /status.json, GET / (the page), /healthz."""
     app = FastAPI(
         title="kvevents route",
         summary="Ranks workers by the longest cached prefix of a request, from their KV events.",
@@ -171,10 +178,25 @@ def build_app(service: "RouterService", limits: HttpLimits) -> FastAPI:
         except Exception as exc:  # noqa: BLE001 - as above
             return _bug(request, exc)
 
-    @app.get("/", summary="What is served here")
-    @app.get("/healthz", include_in_schema=False)
+    @app.get("/status.json", summary="The status page's data: /workers plus copies by adapter, repairs, /score outcomes")
+    def status_json(request: Request) -> Response:
+        try:
+            return _reply(200, service.status_view(), {"Cache-Control": "no-store"})
+        except Exception as exc:  # noqa: BLE001 - as above
+            return _bug(request, exc)
+
+    @app.get("/", summary="The status page (HTML, self-contained; readable without JavaScript)", response_class=Response)
+    def page(request: Request) -> Response:
+        try:
+            body = render_page(service.status_view())
+        except Exception as exc:  # noqa: BLE001 - as above
+            return _bug(request, exc)
+        return Response(body, 200, media_type="text/html; charset=utf-8", headers=_PAGE_HEADERS)
+
+    @app.get("/healthz", summary="What is served here")
     def root() -> Response:
-        return _reply(200, {"ok": True, "endpoints": ["POST /score", "GET /workers", "GET /metrics", "GET /openapi.json"]})
+        return _reply(200, {"ok": True, "endpoints": ["POST /score", "GET /workers", "GET /metrics", "GET /status.json",
+                                                      "GET /", "GET /openapi.json"]})
 
     return app
 

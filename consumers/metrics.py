@@ -32,6 +32,7 @@ METRIC_NAMES: dict[str, str] = {
     "subscriber": "kvevents_router_subscriber_events_total",
     "score_requests": "kvevents_router_score_requests_total",
     "score_seconds": "kvevents_router_score_seconds",
+    "score_matched_pages": "kvevents_router_score_matched_pages",
 }
 
 
@@ -91,6 +92,12 @@ class ServiceMetrics:
             METRIC_NAMES["score_seconds"],
             "Time to score one request (hashing + lookup)",
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1),
+            registry=self.registry,
+        )
+        self.score_matched_pages = Histogram(
+            METRIC_NAMES["score_matched_pages"],
+            "Prefix pages held by the best worker of each answered POST /score (0: no worker had one)",
+            buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128),
             registry=self.registry,
         )
 

@@ -3,7 +3,7 @@
 `RouterService` is the glue: deliveries from an event feed (a kvevents Subscriber by default, or
 any object with its start/stop/poll/status/counters interface) are applied to the index (a Reset
 drops that source's state first), a PrefixRouter scores requests, and a FastAPI app on uvicorn
-(consumers.http_api) serves POST /score, GET /workers, GET /metrics and /openapi.json. One lock
+(consumers.http_api) serves POST /score, GET /workers, GET /metrics, /openapi.json and the status page. One lock
 guards the index: the feed's thread applies, HTTP requests hash outside it and look up inside.
 """
 
@@ -23,6 +23,7 @@ from consumers.indexer import BlockIndex, worker_label
 from consumers.keying import SourceKeyer
 from consumers.metrics import ServiceMetrics
 from consumers.router import PrefixRouter, WorkerScore
+from consumers.status import StatusBoard
 
 __all__ = [
     "RouterService",
@@ -144,6 +145,7 @@ class RouterService:
         self._stale_seen: dict[str, bool] = {}
         self.events_applied = 0
         self.metrics = ServiceMetrics(self)
+        self.status = StatusBoard()  # GET / and /status.json: repair activity and /score outcomes
         self._http: Any = None  # consumers.http_api.HttpServer while serving
 
     # ---------------------------------------------------------------- feed
@@ -165,6 +167,7 @@ class RouterService:
             if d.kind != "snapshot" and d.received_at:  # replayed batches lag too; snapshots are rebuilt
                 st.lag_s = max(0.0, d.received_at - d.batch.ts)
             self._batches[(d.source, d.kind)] += 1
+            self.status.delivered(d.source, d.kind)
             self.events_applied += len(d.batch.events)
 
     def _on_reset(self, r: Reset) -> None:
@@ -173,6 +176,7 @@ class RouterService:
             self.index.drop_source(r.source, rank)
             self.keyer.reset(r.source, rank)
             self._resets[(r.source, r.reason)] += 1
+            self.status.reset(r.source, r.reason)
             st = self._state.get(r.source)
             if st is not None:
                 st.ranks.pop(rank, None)
@@ -217,6 +221,7 @@ class RouterService:
         if self._http is not None:
             self._http.stop()
             self._http = None
+        self.status.stop()
         self._stop.set()
         if self._pump is not None:
             self._pump.join(2.0)
@@ -294,6 +299,9 @@ class RouterService:
                 entry["pages_by_medium"] = dict(w.pages_by_medium)
             workers.append(entry)
         best = workers[0] if workers and workers[0]["matched_pages"] else None
+        top_pages = workers[0]["matched_pages"] if workers else 0
+        self.status.scored(top_pages)
+        self.metrics.score_matched_pages.observe(top_pages)
         out = {
             "pages": len(req.tokens) // self.router.page_size,
             "page_size": self.router.page_size,
@@ -354,6 +362,15 @@ class RouterService:
                     )
             return {"workers": out, "index": self.index.stats()}
 
+    def adapter_counts(self) -> dict[str, dict[str, int]]:
+        """Per worker label: adapter (lora_name, "" for the base model) -> block copies. O(index)."""
+        with self.lock:
+            return self.index.adapter_counts()
+
+    def status_view(self) -> dict[str, Any]:
+        """GET /status.json: /workers plus copies by adapter, per-source repairs, /score outcomes."""
+        return self.status.view(self)
+
     def metrics_snapshot(self) -> dict[str, Any]:
         """Everything /metrics exports, read under the lock at scrape time."""
         status = self.feed.status()
@@ -410,6 +427,7 @@ class RouterService:
         server = HttpServer(build_app(self, limits), limits)
         bound = server.start(host, port)
         self._http = server
+        self.status.start()  # one sample a second for the status page's last minutes
         return bound
 
 
