@@ -1,4 +1,4 @@
-"""Record log benchmark: write and read MB/s, and the `replay --into-index` rebuild of a large log.
+"""Record log benchmark: write and read MB/s, and the `log index` rebuild of a large log.
 
     python benchmarks/bench_recordlog.py                 # defaults: 1M block copies, page 16
     python benchmarks/bench_recordlog.py --blocks 200000 --keep /tmp/big.kvlog
@@ -82,15 +82,15 @@ def main(argv: list[str] | None = None) -> int:
     index = BlockIndex()
     res = apply_log(path, index.apply, lambda s, r: index.drop_source(s, r))
     ok = res.seconds < 5.0
-    print(f"--into-index rebuild: {res.seconds:.2f} s for {res.batches} batches, {args.blocks} stored copies "
+    print(f"log index rebuild: {res.seconds:.2f} s for {res.batches} batches, {args.blocks} stored copies "
           f"({len(index)} live after removes): {args.blocks / res.seconds / 1e6:.2f} M copies/s "
           f"[target < 5 s: {'met' if ok else 'MISSED'}]")
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "kvevents", "replay", path, "--into-index", "--json"],
+    r = subprocess.run([sys.executable, "-m", "kvevents", "log", "index", path, "--json"],
                        capture_output=True, text=True)
     wall = time.perf_counter() - t0
     inner = json.loads(r.stdout)["seconds"] if r.returncode == 0 else float("nan")
-    print(f"`kvevents replay FILE --into-index`: {wall:.2f} s wall (process start included), "
+    print(f"`kvevents log index FILE`: {wall:.2f} s wall (process start included), "
           f"{inner:.2f} s rebuild")
     if not args.keep:
         os.remove(path)

@@ -122,7 +122,7 @@ def test_bad_files_give_one_line_and_exit_2(tmp_path: Path, content: bytes | Non
 
 
 @pytest.mark.parametrize("content, message", BAD_FILES)
-@pytest.mark.parametrize("command", [["log", "repair"], ["log", "export", "--jsonl"], ["replay", "--into-index"],
+@pytest.mark.parametrize("command", [["log", "repair"], ["log", "export", "--jsonl"], ["log", "index"],
                                      ["replay", "--to", "tcp://127.0.0.1:1"]])
 def test_bad_files_for_every_reading_command(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                              content: bytes | None, message: str, command: list[str]) -> None:
@@ -205,7 +205,7 @@ def test_a_damaged_header_is_read_and_repaired(clean_log: Path) -> None:
 
 
 @pytest.mark.parametrize("command", [["log", "inspect"], ["log", "repair"], ["log", "export"],
-                                     ["replay", "--into-index"], ["replay", "--to", "tcp://127.0.0.1:1"]])
+                                     ["log", "index"], ["replay", "--to", "tcp://127.0.0.1:1"]])
 def test_every_log_tool_refuses_a_fifo_at_once(tmp_path: Path, command: list[str]) -> None:
     import os
 

@@ -1,4 +1,4 @@
-"""`route --nats`, `record --nats`, `replay --from-nats`, `doctor --nats` as a user runs them, on a real nats-server."""
+"""`route --nats`, `record --nats`, `fetch --nats`, `doctor --nats` as a user runs them, on a real nats-server."""
 
 from __future__ import annotations
 
@@ -102,7 +102,7 @@ def test_record_durable_resumes_replay_and_doctor_over_nats(fleet, tmp_path):
     seqs = [r.seq for r in select_records(log, on_damage=lambda d: None) if r.kind == "live"]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))) and seqs[-1] >= e.last_seq() - 5
 
-    p = run("replay", "--from-nats", srv.url, "--stream", "KV", "--into-index", "--json")
+    p = run("fetch", "--nats", srv.url, "--stream", "KV", "--into-index", "--json")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["copies"] == sum(e.truth().values())
 

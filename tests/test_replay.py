@@ -1,4 +1,4 @@
-"""record -> replay -> record, --into-index and --fetch, with real publishers and CLI subprocesses."""
+"""record -> replay -> record, log index and fetch, with real publishers and CLI subprocesses."""
 
 from __future__ import annotations
 
@@ -126,12 +126,12 @@ def test_replay_into_index(tmp_path: Path) -> None:
     write_log(p, chain_events(Namespace()), source="w0")
     with RecordWriter(p, append=True) as w:
         w.write_reset(source="w1", reason="gap")
-    r = subprocess.run(_kv("replay", str(p), "--into-index", "--json"), capture_output=True, text=True, timeout=30)
+    r = subprocess.run(_kv("log", "index", str(p), "--json"), capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
     # 3 chains of 2 + 3 blocks, one tail block removed in chains 0 and 2
     assert s["copies"] == 15 - 2 and s["resets"] == 1 and s["media"] == {"GPU": 13}
-    r = subprocess.run(_kv("replay", str(p), "--into-index"), capture_output=True, text=True, timeout=30)
+    r = subprocess.run(_kv("log", "index", str(p)), capture_output=True, text=True, timeout=30)
     assert r.returncode == 0 and "13 block copies" in r.stdout
 
 
@@ -141,7 +141,7 @@ def test_fetch_pulls_the_replay_buffer(tmp_path: Path) -> None:
     try:
         sent = [pub.publish([]) for _ in range(15)]
         out = tmp_path / "f.kvlog"
-        r = subprocess.run(_kv("replay", "--fetch", pub.replay_endpoint, "--since", "2", "-o", str(out)),
+        r = subprocess.run(_kv("fetch", pub.replay_endpoint, "--since", "2", "-o", str(out)),
                            capture_output=True, text=True, timeout=30)
     finally:
         pub.close()
@@ -154,9 +154,9 @@ def test_fetch_pulls_the_replay_buffer(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["replay", "X"], "choose exactly one"),
-        (["replay", "--fetch", "tcp://127.0.0.1:1"], "needs -o"),
-        (["replay", "--into-index"], "missing FILE"),
+        (["replay", "X"], "Missing option '--to'"),
+        (["fetch", "tcp://127.0.0.1:1"], "needs -o"),
+        (["log", "index"], "Missing argument"),
         (["replay", "X", "--to", "tcp://127.0.0.1:1", "--speed", "fast"], "--speed"),
         (["record", "--publisher", "nonsense", "-o", "x.kvlog"], "NAME=ENDPOINT"),
     ],
@@ -203,7 +203,7 @@ def test_unrecoverable_gap_is_recorded_as_reset_then_snapshot(tmp_path: Path) ->
     v = subprocess.run(_kv("log", "inspect", str(log), "--verify", "--page-size", str(PAGE)),
                        capture_output=True, text=True, timeout=30)
     assert v.returncode == 0, v.stdout[-2000:]
-    s = json.loads(subprocess.run(_kv("replay", str(log), "--into-index", "--json"), capture_output=True, text=True,
+    s = json.loads(subprocess.run(_kv("log", "index", str(log), "--json"), capture_output=True, text=True,
                                   timeout=30).stdout)
     assert s["copies"] == sum(truth.values())
 

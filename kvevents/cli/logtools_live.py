@@ -6,7 +6,6 @@ kvevents.publisher (publish_payload keeps the original bytes) and consumers.inde
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -21,7 +20,7 @@ from kvevents.cli.keys import CLIENT_CERT_HELP, SERVER_KEYS_HELP, with_curve
 from kvevents.cli.logtools_common import err_console, out_console, warn, warn_damage
 from kvevents.errors import DecodeError
 from kvevents.events import decode_batch
-from kvevents.recordlog import START_MODES, Recorder, RecordWriter, apply_log, paced, parse_speed, select_records
+from kvevents.recordlog import START_MODES, Recorder, RecordWriter, paced, parse_speed, select_records
 
 SNAPSHOT_TIMEOUT_S = 2.0  # a publisher with snapshots=False never answers KVE/SNAPSHOT
 SILENCE_HINT_S = 3.0  # nothing received for this long: print what to check
@@ -215,55 +214,24 @@ def _scan_sources(path: str, **sel: Any) -> tuple[int, dict[str, int]]:
 
 @app.command("replay")
 def replay_cmd(
-    file: Optional[str] = typer.Argument(None, help="Record log to replay (not with --fetch)."),
-    to: Optional[str] = typer.Option(None, "--to", help="Publish on this endpoint, e.g. tcp://127.0.0.1:6557 (bound: tail, route or record connect to it)."),
+    file: str = typer.Argument(..., help="Record log to replay."),
+    to: str = typer.Option(..., "--to", help="Publish on this endpoint, e.g. tcp://127.0.0.1:6557 (bound: tail, route or record connect to it)."),
     bind: bool = typer.Option(True, "--bind/--connect", help="Bind --to (default: a replayer is a publisher for others to reach), or connect to a consumer that binds."),
     replay_endpoint: Optional[str] = typer.Option(None, "--replay-endpoint", help="Also serve replay/snapshot here."),
     speed: str = typer.Option("1", "--speed", help="1 (recorded timing), 10 (ten times faster), ..., or max."),
     from_seq: Optional[int] = typer.Option(None, "--from-seq", help="First recorded seq to replay."),
     to_seq: Optional[int] = typer.Option(None, "--to-seq", help="Last recorded seq to replay."),
     loop: bool = typer.Option(False, "--loop", help="Replay again and again (Ctrl-C stops)."),
-    source: Optional[str] = typer.Option(None, "--source", help="Only this recorded source."),
+    source: Optional[str] = typer.Option(None, "--source", help="Only this recorded source (needed when the log has several)."),
     topic: Optional[str] = typer.Option(None, "--topic", help="Publisher topic (default: the recorded one)."),
     delay: float = typer.Option(0.5, "--delay", help="Seconds to wait before the first batch (subscribers join)."),
     linger: float = typer.Option(2.0, "--linger", help="Seconds to keep serving (heartbeats, replay) after the last batch."),
     heartbeat: float = typer.Option(1.0, "--heartbeat", help="Publisher heartbeat interval in seconds (0: off)."),
-    into_index: bool = typer.Option(False, "--into-index", help="Rebuild a BlockIndex offline and print its summary."),
-    as_json: bool = typer.Option(False, "--json", help="With --into-index: print the summary as JSON."),
-    fetch: Optional[str] = typer.Option(None, "--fetch", help="Pull this replay endpoint's buffer into a log (-o)."),
-    since: int = typer.Option(0, "--since", help="With --fetch: first seq to ask for; with --from-nats: seconds back from now."),
-    from_nats: Optional[str] = typer.Option(None, "--from-nats", help="Read a NATS JetStream stream (URL) into -o FILE or --into-index."),
-    stream: str = typer.Option("kvevents", "--stream", help="With --from-nats: the JetStream stream name."),
-    output: Optional[str] = typer.Option(None, "--output", "-o", help="With --fetch: the log to write."),
-    name: Optional[str] = typer.Option(None, "--name", help="With --fetch: source name to record (default: the endpoint)."),
-    force: bool = typer.Option(False, "--force", help="With --fetch: overwrite an existing output file."),
-    timeout: float = typer.Option(3.0, "--timeout", help="With --fetch: seconds to wait for each reply."),
 ) -> None:
-    """Republish a record log through a real Publisher (new seqs, original payload bytes), rebuild a
-    BlockIndex from it (--into-index), or pull a live publisher's replay buffer into a log (--fetch)."""
-    if from_nats is not None:  # kvevents.cli.nats: as a cold router reads it (or --since N seconds of batches)
-        from kvevents.cli.nats import replay_from_nats
+    """Republish a record log through a real Publisher (new seqs, original payload bytes).
 
-        if file is not None or to is not None or fetch is not None:
-            user_error("--from-nats takes no FILE, --to or --fetch: write it with -o FILE or use --into-index")
-        if output is not None:
-            _check_overwrite(output, force)
-        return replay_from_nats(from_nats, stream, float(since) if since else None, output, into_index, as_json)
-    modes = [m for m, on in (("--to", to is not None), ("--into-index", into_index), ("--fetch", fetch is not None)) if on]
-    if len(modes) != 1:
-        user_error("choose exactly one of --to ENDPOINT, --into-index or --fetch ENDPOINT"
-                   + (f" (got {' '.join(modes)})" if modes else ""))
-    if fetch is not None:
-        if file is not None:
-            user_error("--fetch takes no FILE argument: write the fetched log with -o FILE")
-        if output is None:
-            user_error("--fetch needs -o FILE")
-        _check_overwrite(output, force)
-        return _fetch(fetch, since, output, name or fetch, timeout)
-    if file is None:
-        user_error("missing FILE: the record log to replay")
-    if into_index:
-        return _into_index(file, as_json)
+    Related: `kvevents log index FILE` rebuilds a block index offline; `kvevents fetch` pulls a
+    publisher's replay buffer (or a JetStream stream) into a log."""
     rate = parse_speed(speed)
     sel: dict[str, Any] = {"from_seq": from_seq, "to_seq": to_seq}
     total, by_source = _scan_sources(file, **sel)
@@ -276,8 +244,41 @@ def replay_cmd(
                    f"replays one publisher, pick it with --source NAME")
     if total == 0:
         user_error(f"no record of {file} to replay (check --from-seq/--to-seq)")
-    _publish_log(file, to, replay_endpoint, rate, sel, source, topic, loop, total, delay, linger, heartbeat,  # type: ignore[arg-type]
-                 bind)
+    _publish_log(file, to, replay_endpoint, rate, sel, source, topic, loop, total, delay, linger, heartbeat, bind)
+
+
+@app.command("fetch")
+def fetch_cmd(
+    endpoint: Optional[str] = typer.Argument(None, help="A publisher's replay endpoint (its ROUTER), e.g. tcp://127.0.0.1:5558."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="The record log to write."),
+    since: int = typer.Option(0, "--since", min=0, help="With ENDPOINT: the first seq to ask for."),
+    name: Optional[str] = typer.Option(None, "--name", help="With ENDPOINT: source name to record (default: the endpoint)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
+    timeout: float = typer.Option(3.0, "--timeout", help="With ENDPOINT: seconds to wait for each reply."),
+    nats_url: Optional[str] = typer.Option(None, "--nats", help="Read a NATS JetStream stream (URL) instead of an endpoint."),
+    stream: str = typer.Option("kvevents", "--stream", help="With --nats: the JetStream stream name."),
+    back: Optional[float] = typer.Option(None, "--back", help="With --nats: only the live batches of the last N seconds (default: snapshot + tail, as a cold router reads it)."),
+    into_index: bool = typer.Option(False, "--into-index", help="With --nats: rebuild a block index and print its summary (instead of, or besides, -o)."),
+    as_json: bool = typer.Option(False, "--json", help="With --into-index: print the summary as JSON."),
+) -> None:
+    """Pull a publisher's replay buffer (ENDPOINT, from seq --since) or what a JetStream stream holds
+    (--nats URL --stream NAME) into a record log."""
+    if nats_url is not None:  # kvevents.cli.nats: as a cold router reads it (or --back N seconds of batches)
+        from kvevents.cli.nats import replay_from_nats
+
+        if endpoint is not None:
+            user_error("give ENDPOINT or --nats URL, not both")
+        if output is not None:
+            _check_overwrite(output, force)
+        return replay_from_nats(nats_url, stream, back, output, into_index, as_json)
+    if endpoint is None:
+        user_error("missing ENDPOINT (a replay endpoint) or --nats URL")
+    if into_index or back is not None:
+        user_error("--into-index and --back go with --nats; for a record log use `kvevents log index FILE`")
+    if output is None:
+        user_error("fetch needs -o FILE")
+    _check_overwrite(output, force)
+    _fetch(endpoint, since, output, name or endpoint, timeout)
 
 
 def _publish_log(file: str, to: str, replay_ep: str | None, rate: float | None, sel: dict[str, Any],
@@ -342,32 +343,6 @@ def _publish_log(file: str, to: str, replay_ep: str | None, rate: float | None, 
     el = time.monotonic() - t0
     out_console().print(f"replayed {sent} batches ({loops} pass{'es' if loops > 1 else ''}, {skipped} undecodable "
                         f"skipped) in {el:.2f}s", highlight=False)
-
-
-def _into_index(file: str, as_json: bool) -> None:
-    from consumers.indexer import BlockIndex
-
-    index = BlockIndex()
-    res = apply_log(file, index.apply, lambda src, rank: index.drop_source(src, rank), on_damage=warn_damage)
-    n, resets, bad, el = res.records, res.resets, res.decode_errors, res.seconds
-    summary = {
-        "file": file, "records": n, "resets": resets, "decode_errors": bad, "seconds": round(el, 4),
-        "copies": len(index), "entries": index.distinct_hashes, "workers": index.block_counts(),
-        "media": index.medium_counts(), "counters": index.stats(),
-    }
-    if as_json:
-        sys.stdout.write(json.dumps(summary) + "\n")
-        return
-    c = out_console()
-    c.print(f"rebuilt a BlockIndex from {file}: {n} records ({resets} resets, {bad} undecodable) in {el:.3f}s",
-            highlight=False)
-    c.print(f"{len(index)} block copies, {index.distinct_hashes} distinct hashes, media: "
-            + (", ".join(f"{m} {k}" for m, k in sorted(index.medium_counts().items())) or "-"), highlight=False)
-    for label, per in index.block_counts().items():
-        c.print(f"  {label}: " + (", ".join(f"{m} {k}" for m, k in sorted(per.items())) or "no blocks"), highlight=False)
-    odd = {k: v for k, v in index.stats().items() if k not in ("copies", "entries", "workers", "batches") and v}
-    if odd:
-        c.print("counters: " + ", ".join(f"{k} {v}" for k, v in sorted(odd.items())), highlight=False)
 
 
 def _fetch(endpoint: str, since: int, output: str, name: str, timeout: float) -> None:

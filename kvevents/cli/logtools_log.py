@@ -1,4 +1,4 @@
-"""`kvevents log inspect|repair|export`: read-only tools over a record log (plus tail repair)."""
+"""`kvevents log inspect|repair|export|index`: read-only tools over a record log (plus tail repair)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from rich.table import Table
 from kvevents.cli.app import CheckFailed, user_error
 from kvevents.cli.logtools_common import out_console, warn_damage
 from kvevents.recordlog.verify import make_verifier
-from kvevents.recordlog import LogStats, RecordReader, StatsCollector, VerifyReport, iter_jsonl, repair_log
+from kvevents.recordlog import LogStats, RecordReader, StatsCollector, VerifyReport, apply_log, iter_jsonl, repair_log
 
-log_app = typer.Typer(help="Inspect, verify, repair and export record logs.", no_args_is_help=True)
+log_app = typer.Typer(help="Inspect, verify, repair, export and index record logs.", no_args_is_help=True)
 
 MAX_SHOWN = 50
 
@@ -193,3 +193,34 @@ def export_cmd(
         with open(output, "wb") as f:
             for line in lines:
                 f.write(line)
+
+
+@log_app.command("index")
+def index_cmd(
+    file: str = typer.Argument(..., help="Record log to read."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Rebuild a BlockIndex offline from a log (resets applied) and print what it holds."""
+    from consumers.indexer import BlockIndex
+
+    index = BlockIndex()
+    res = apply_log(file, index.apply, lambda src, rank: index.drop_source(src, rank), on_damage=warn_damage)
+    n, resets, bad, el = res.records, res.resets, res.decode_errors, res.seconds
+    summary = {
+        "file": file, "records": n, "resets": resets, "decode_errors": bad, "seconds": round(el, 4),
+        "copies": len(index), "entries": index.distinct_hashes, "workers": index.block_counts(),
+        "media": index.medium_counts(), "counters": index.stats(),
+    }
+    if as_json:
+        sys.stdout.write(json.dumps(summary) + "\n")
+        return
+    c = out_console()
+    c.print(f"rebuilt a BlockIndex from {file}: {n} records ({resets} resets, {bad} undecodable) in {el:.3f}s",
+            highlight=False)
+    c.print(f"{len(index)} block copies, {index.distinct_hashes} distinct hashes, media: "
+            + (", ".join(f"{m} {k}" for m, k in sorted(index.medium_counts().items())) or "-"), highlight=False)
+    for label, per in index.block_counts().items():
+        c.print(f"  {label}: " + (", ".join(f"{m} {k}" for m, k in sorted(per.items())) or "no blocks"), highlight=False)
+    odd = {k: v for k, v in index.stats().items() if k not in ("copies", "entries", "workers", "batches") and v}
+    if odd:
+        c.print("counters: " + ", ".join(f"{k} {v}" for k, v in sorted(odd.items())), highlight=False)

@@ -1,7 +1,7 @@
 """`kvevents bridge`: engines' ZeroMQ streams into a NATS JetStream stream (kvevents.transport.jetstream_bridge).
 
 Also the NATS connection flags the other commands share (`route --nats`, `record --nats`,
-`replay --from-nats`, `doctor --nats`): `nats_options(...)` turns them into NatsOptions.
+`fetch --nats`, `doctor --nats`): `nats_options(...)` turns them into NatsOptions.
 """
 
 from __future__ import annotations
@@ -176,16 +176,16 @@ def record_positions(path: str) -> dict:
 
 def replay_from_nats(url: str, stream: str, since_s: float | None, output: str | None, into_index: bool,
                      as_json: bool, timeout: float = 30.0) -> None:
-    """`replay --from-nats`: what the stream holds, as a cold router reads it (snapshot + tail) or,
+    """`fetch --nats`: what the stream holds, as a cold router reads it (snapshot + tail) or,
     with --since, the live batches stored in the last N seconds; into a record log (-o) or an index."""
     import json
 
     from kvevents.subscriber import Delivery
 
     if output is None and not into_index:
-        user_error("--from-nats needs -o FILE (a record log) or --into-index")
+        user_error("fetch --nats needs -o FILE (a record log) or --into-index")
     if since_s is not None and since_s <= 0:
-        user_error(f"--since (seconds back, with --from-nats) must be > 0, got {since_s:g}")
+        user_error(f"--back (seconds) must be > 0, got {since_s:g}")
     index = writer = rec = None
     if into_index:
         from consumers.indexer import BlockIndex
