@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -129,6 +130,9 @@ def demo_cmd(
         "mixed", "--fleet", help="mixed: half the workers are vLLM 0.33 workers (vLLM's hashes, keyed by tokens); "
         "contract: every worker emits by the contract."
     ),
+    html_out: Optional[str] = typer.Option(
+        None, "--html", help="Also write the run as one self-contained HTML page (hit rates over time, faults, checks)."
+    ),
 ) -> None:
     """The main job: simulated workers publish on loopback, a prefix router routes, faults heal, checks run."""
     from kvevents.demo import DemoConfig, DemoProgress, render_result, run_demo
@@ -140,6 +144,8 @@ def demo_cmd(
         cfg.validate()
     except ValueError as exc:
         user_error(str(exc))
+    if html_out is not None and not os.path.isdir(os.path.dirname(os.path.abspath(html_out))):
+        user_error(f"--html {html_out}: no such directory")
     if as_json:
         result = run_demo(cfg)
         sys.stdout.write(json.dumps(result) + "\n")
@@ -152,6 +158,15 @@ def demo_cmd(
         if not out.is_terminal:
             out = Console(width=120)
         render_result(result, out)
+    if html_out is not None:
+        from kvevents.demo.report import render_report
+
+        try:
+            with open(html_out, "w", encoding="utf-8") as fh:
+                fh.write(render_report(result))
+        except OSError as exc:
+            user_error(f"--html {html_out}: {exc.strerror or exc}")
+        sys.stderr.write(f"kvevents demo: report written to {html_out}\n")
     failed = [name for name, ok in result["checks"].items() if not ok]
     if failed:
         raise CheckFailed(f"demo: {len(failed)} check(s) failed: {', '.join(failed)}")

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-__all__ = ["DemoProgress", "render_result"]
+__all__ = ["DemoProgress", "render_result", "check_details"]
 
 _POLICY_LABELS = {"prefix": "prefix router (served)", "random": "random (shadow cluster)", "round_robin": "round-robin (shadow cluster)"}
 
@@ -87,7 +87,20 @@ def render_result(result: dict[str, Any], console: Console) -> None:
         )
     console.print(pol)
 
+    details = check_details(result)
+    chk = Table(title="live contract checks")
+    chk.add_column("check")
+    chk.add_column("result")
+    chk.add_column("detail")
+    for name, ok in result["checks"].items():
+        chk.add_row(name, "[green]PASS[/]" if ok else "[red]FAIL[/]", details.get(name, ""))
+    console.print(chk)
+
+
+def check_details(result: dict[str, Any]) -> dict[str, str]:
+    """One line per live contract check saying what was measured (the tables and the HTML report)."""
     c = result["contract"]
+    t = result["transport"]
     details = {
         "no_published_hash_moved_by_extra_key": f"{c['stored_events_checked']} BlockStored checked, "
         f"{c['stored_events_under_extra_key']} under an extra key, {c['stored_events_wrong']} wrong",
@@ -104,10 +117,4 @@ def render_result(result: dict[str, Any], console: Console) -> None:
             f"{probe['pages']}-page salted LoRA prompt: {probe['contract_worker']} {mp['prefix']['contract']} pages, "
             f"{probe['vllm_worker']} {mp['prefix']['vllm']} (longer request: {mp['longer']['contract']} / {mp['longer']['vllm']})"
         )
-    chk = Table(title="live contract checks")
-    chk.add_column("check")
-    chk.add_column("result")
-    chk.add_column("detail")
-    for name, ok in result["checks"].items():
-        chk.add_row(name, "[green]PASS[/]" if ok else "[red]FAIL[/]", details.get(name, ""))
-    console.print(chk)
+    return details

@@ -32,6 +32,7 @@ from kvevents.demo.cluster import (
     random_policy,
     round_robin_policy,
 )
+from kvevents.demo.timeline import Timeline
 from kvevents.events import BlockStored, Event
 from kvevents.hashing import Namespace, event_hashes, to_int64
 from kvevents.publisher import Publisher
@@ -164,6 +165,8 @@ def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str
         hash_checked = hash_bad = hash_checked_extra = 0
         routed_to_best = 0
         requests = iter(Workload(seed=cfg.seed, page_size=cfg.page_size))
+        policy_stats = {"prefix": live.stats, **{k: c.stats for k, (c, _) in shadows.items()}}
+        timeline = Timeline(service, names, pubs, policy_stats, interval_s=max(0.25, cfg.duration / 240))
         start = time.monotonic()
         last_progress = 0.0
         while True:
@@ -174,12 +177,14 @@ def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str
                 drop_mark = pubs[drop_victim].stats()["batches_published"]
                 pubs[drop_victim].drop_live(cfg.drop_burst)
                 faults.update(dropped_live=cfg.drop_burst, drop_worker=names[drop_victim])
+                timeline.mark(elapsed, "drop", names[drop_victim], f"{cfg.drop_burst} live frames dropped")
             if faults["restart_worker"] is None and elapsed >= restart_at:
                 if restart_victim == drop_victim:  # one worker: let replay heal the burst first
                     _flush_drops(pubs[drop_victim], cfg.drop_burst, drop_mark)
                     _wait_applied(service, [names[drop_victim]], [pubs[drop_victim]], cfg.settle_timeout_s)
                 pubs[restart_victim] = _restart(cfg, live, shadows, pubs[restart_victim], restart_victim, retired)
                 faults["restart_worker"] = names[restart_victim]
+                timeline.mark(elapsed, "restart", names[restart_victim], "new epoch")
             req = next(requests)
             ranked = service.score(req.tokens, req.namespace.cache_salt, req.lora_name, loads=balance.loads())
             pick = _choose(ranked, balance)
@@ -194,10 +199,12 @@ def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str
                 hash_checked_extra += checked
             for cluster, policy in shadows.values():
                 cluster.serve(policy(req), req)
+            timeline.tick(time.monotonic() - start)  # for --html: hit rates, backlog, repairs over time
             if on_progress is not None and elapsed - last_progress >= 0.2:
                 last_progress = elapsed
                 on_progress(elapsed, _progress_figures(live, shadows, service))
         run_s = time.monotonic() - start
+        timeline.tick(run_s, force=True)
         if faults["drop_worker"] is not None and not (restart_victim == drop_victim and faults["restart_worker"]):
             _flush_drops(pubs[drop_victim], cfg.drop_burst, drop_mark)
         probe = probe_vllm_prefix(cfg, service, live, pubs, names, rng) if "vllm" in engines else None
@@ -247,6 +254,7 @@ def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str
         "vllm_probe": probe,
         "duration_s": round(run_s, 3),
         "seed": cfg.seed,
+        "timeline": timeline.as_dict(),
         "requests": live.stats.requests,
         "requests_per_s": round(live.stats.requests / max(run_s, 1e-9), 1),
         "routed_to_top_score": routed_to_best,
