@@ -18,8 +18,9 @@ the contract's SHA-256 chain. Match results are compared on 100 requests (matche
 Figures: apply (stores of 16-page events, already decoded for kvevents; JSON event bytes, the
 peer's input form, for the peer), lookup with hashes given (kvevents `BlockIndex.prefix_match`,
 peer `find_matches`), full request (hash 8,192 tokens + that lookup), hashing alone, and memory
-per held copy (kvevents: tracemalloc of the index build; both: RSS growth). p50/p99 per round, each
-round a fresh pass over every request; the machine is shared, so compare p50s and rounds.
+per held copy (kvevents: tracemalloc of the index build; both: RSS growth). Each round applies everything into a
+fresh index and then times every request; the sides take turns round by round, so a busy machine
+slows them alike. p50/p99 per round; the machine is shared, so compare p50s and rounds.
 """
 
 from __future__ import annotations
@@ -49,16 +50,18 @@ from kvevents import speedups  # noqa: E402
 
 _U64 = (1 << 64) - 1
 
-# The peer's side, run by an interpreter that has ai-dynamo-runtime (argv: data dir, cpu, rounds).
+# The peer's side, run by an interpreter that has ai-dynamo-runtime (argv: data dir, cpu). It reads
+# one command a line on stdin ("apply", "round", "matches", "quit") and answers one JSON line, so
+# the two sides' rounds interleave in time (the machine's load hits both alike).
 PEER = r"""
 import json, os, sys, time, gc
 from array import array
-data, cpu, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+data, cpu = sys.argv[1], int(sys.argv[2])
 if cpu >= 0:
     os.sched_setaffinity(0, {cpu})  # before the tree exists: its background thread inherits it
 from dynamo.llm import RadixTree, compute_block_hash_for_seq
 meta = json.load(open(os.path.join(data, "meta.json")))
-pages, page = meta["pages"], meta["page"]
+pages, page, copies = meta["pages"], meta["page"], meta["copies"]
 def u32s(name):
     a = array("I"); a.frombytes(open(os.path.join(data, name), "rb").read()); return a
 def i64s(name):
@@ -76,39 +79,41 @@ for i, (wid, parent, hs) in enumerate(json.load(open(os.path.join(data, "batches
     ev = {"event_id": i, "data": {"stored": {"parent_hash": None if parent is None else parent & 0xFFFFFFFFFFFFFFFF,
           "blocks": [{"block_hash": h, "tokens_hash": local.get(h, h)} for h in hs]}}}
     events.append((wid, json.dumps(ev).encode()))
-def rss():
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-out = {"apply_copies_per_s": [], "rounds": []}
-tree = None
-for r in range(rounds):
-    del tree
-    gc.collect()
-    before = rss()
-    tree = RadixTree()
-    t0 = time.perf_counter()
-    for wid, ev in events:
-        tree.apply_event(wid, ev)
-    tree.find_matches([1])  # queued behind the applies: they are all done when it returns
-    out["apply_copies_per_s"].append(meta["copies"] / (time.perf_counter() - t0))
-    if r == 0:
-        out["rss_bytes_per_copy"] = (rss() - before) / meta["copies"]
 nreq = len(req_toks) // span
 reqs = [req_toks[i * span:(i + 1) * span].tolist() for i in range(nreq)]
 hashed = [compute_block_hash_for_seq(t, page) for t in reqs]
-for t in reqs[:20]:
-    tree.find_matches(compute_block_hash_for_seq(t, page))
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+tree = None
 pc = time.perf_counter
-for r in range(rounds):
-    look, full, hsh = [], [], []
-    for hs in hashed:
-        t0 = pc(); tree.find_matches(hs); look.append(pc() - t0)
-    for t in reqs:
-        t0 = pc(); hs = compute_block_hash_for_seq(t, page); t1 = pc(); tree.find_matches(hs); t2 = pc()
-        full.append(t2 - t0); hsh.append(t1 - t0)
-    out["rounds"].append({"lookup": look, "full": full, "hash": hsh})
-out["matches"] = [{str(w): n for (w, _), n in tree.find_matches(hs).scores.items()} for hs in hashed[:100]]
-json.dump(out, sys.stdout)
+for line in sys.stdin:
+    cmd = line.strip()
+    if cmd == "apply":
+        tree = None
+        gc.collect()
+        before = rss()
+        tree = RadixTree()
+        t0 = pc()
+        for wid, ev in events:
+            tree.apply_event(wid, ev)
+        tree.find_matches([1])  # queued behind the applies: they are all done when it returns
+        out = {"apply_copies_per_s": copies / (pc() - t0), "rss_bytes_per_copy": (rss() - before) / copies}
+        for t in reqs[:20]:
+            tree.find_matches(compute_block_hash_for_seq(t, page))
+    elif cmd == "round":
+        look, full, hsh = [], [], []
+        for hs in hashed:
+            t0 = pc(); tree.find_matches(hs); look.append(pc() - t0)
+        for t in reqs:
+            t0 = pc(); hs = compute_block_hash_for_seq(t, page); t1 = pc(); tree.find_matches(hs); t2 = pc()
+            full.append(t2 - t0); hsh.append(t1 - t0)
+        out = {"lookup": look, "full": full, "hash": hsh}
+    elif cmd == "matches":
+        out = [{str(w): n for (w, _), n in tree.find_matches(hs).scores.items()} for hs in hashed[:100]]
+    else:
+        break
+    print(json.dumps(out), flush=True)
 """
 
 
@@ -133,62 +138,69 @@ def _quantiles(samples: list[float]) -> tuple[float, float]:
     return pct(samples, 0.5) * 1e6, pct(samples, 0.99) * 1e6
 
 
-def measure_kvevents(batches, copies: int, reqs, rounds: int) -> dict:
-    """Apply rate (best of rounds), memory per copy, and per-round lookup/full/hash latencies."""
-    out: dict = {"apply_copies_per_s": [], "rounds": []}
-    idx = None
-    for r in range(rounds):
-        idx = None
+class Ours:
+    """kvevents' side: an index built by applying the batches, timed per round like the peer."""
+
+    def __init__(self, batches, copies: int, reqs) -> None:
+        self.batches, self.copies, self.reqs = batches, copies, reqs
+        self.idx: BlockIndex | None = None
+
+    def apply(self) -> dict:
+        """A fresh index from every batch (decoded already): copies/s and RSS growth per copy."""
+        self.idx = None
         gc.collect()
         before = _rss()
         idx = BlockIndex()
         apply = idx.apply
         gc.disable()
         t0 = time.perf_counter()
-        for src, b in batches:
+        for src, b in self.batches:
             apply(src, b)
-        out["apply_copies_per_s"].append(copies / (time.perf_counter() - t0))
+        rate = self.copies / (time.perf_counter() - t0)
         gc.enable()
-        if r == 0:
-            out["rss_bytes_per_copy"] = (_rss() - before) / copies
-    assert idx is not None
-    idx = None
-    gc.collect()
-    tracemalloc.start()
-    base = tracemalloc.get_traced_memory()[0]
-    idx = BlockIndex()
-    for src, b in batches:
-        idx.apply(src, b)
-    gc.collect()
-    out["traced_bytes_per_copy"] = (tracemalloc.get_traced_memory()[0] - base) / copies
-    tracemalloc.stop()
-    out["table_bytes_per_copy"] = idx.stats()["table_bytes"] / copies
-    router = PrefixRouter(idx, PAGE, seed=0)
-    hashed = [router.hash_array(t) for t in reqs]
-    lookup = idx.prefix_match
-    for t in reqs[:20]:
-        lookup(router.hash_array(t))
-    pc = time.perf_counter
-    for _ in range(rounds):
+        self.idx = idx
+        self.router = PrefixRouter(idx, PAGE, seed=0)
+        self.hashed = [self.router.hash_array(t) for t in self.reqs]
+        for hs in self.hashed[:20]:
+            idx.prefix_match(hs)
+        return {"apply_copies_per_s": rate, "rss_bytes_per_copy": (_rss() - before) / self.copies}
+
+    def memory(self) -> dict:
+        """Bytes the index keeps per copy, as tracemalloc sees them (numpy arrays included)."""
+        gc.collect()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        idx = BlockIndex()
+        for src, b in self.batches:
+            idx.apply(src, b)
+        gc.collect()
+        traced = (tracemalloc.get_traced_memory()[0] - base) / self.copies
+        tracemalloc.stop()
+        return {"traced_bytes_per_copy": traced, "table_bytes_per_copy": idx.stats()["table_bytes"] / self.copies}
+
+    def round(self) -> dict:
+        """Lookup with hashes given (every request), then full requests (hash all pages + lookup)."""
+        assert self.idx is not None
+        lookup, hash_array, pc = self.idx.prefix_match, self.router.hash_array, time.perf_counter
         look, full, hsh = [], [], []
-        for hs in hashed:
+        for hs in self.hashed:
             t0 = pc()
             lookup(hs)
             look.append(pc() - t0)
-        for t in reqs:
+        for t in self.reqs:
             t0 = pc()
-            hs = router.hash_array(t)
+            hs = hash_array(t)
             t1 = pc()
             lookup(hs)
             t2 = pc()
             full.append(t2 - t0)
             hsh.append(t1 - t0)
-        out["rounds"].append({"lookup": look, "full": full, "hash": hsh})
-    labels = idx.labels()
-    out["matches"] = [
-        {labels[wi][1:]: m.pages for wi, m in lookup(hs).workers.items()} for hs in hashed[:100]
-    ]
-    return out
+        return {"lookup": look, "full": full, "hash": hsh}
+
+    def matches(self) -> list[dict[str, int]]:
+        assert self.idx is not None
+        labels = self.idx.labels()
+        return [{labels[wi][1:]: m.pages for wi, m in self.idx.prefix_match(hs).workers.items()} for hs in self.hashed[:100]]
 
 
 def find_peer_python(given: str | None) -> str | None:
@@ -202,37 +214,51 @@ def find_peer_python(given: str | None) -> str | None:
     return None
 
 
-def measure_peer(python: str, docs, batches, reqs, pages: int, copies: int, cpu: int, rounds: int) -> dict:
-    with tempfile.TemporaryDirectory() as d:
-        dd = Path(d)
+class Peer:
+    """The peer in a subprocess, driven one command at a time (see PEER)."""
+
+    def __init__(self, python: str, docs, batches, reqs, pages: int, copies: int, cpu: int) -> None:
+        self.dir = tempfile.TemporaryDirectory()
+        dd = Path(self.dir.name)
         (dd / "meta.json").write_text(json.dumps({"pages": pages, "page": PAGE, "docs": len(docs), "copies": copies}))
         (dd / "docs.u32").write_bytes(b"".join(array("I", t).tobytes() for t, _ in docs))
         (dd / "doc_hashes.i64").write_bytes(b"".join(array("q", h).tobytes() for _, h in docs))
         (dd / "reqs.u32").write_bytes(b"".join(array("I", t).tobytes() for t in reqs))
-        rows = []
-        for src, b in batches:
-            for ev in b.events:
-                rows.append([int(src[1:]), ev.parent_block_hash, list(ev.block_hashes)])
+        rows = [[int(src[1:]), ev.parent_block_hash, list(ev.block_hashes)] for src, b in batches for ev in b.events]
         (dd / "batches.json").write_text(json.dumps(rows))
-        proc = subprocess.run([python, "-c", PEER, d, str(cpu), str(rounds)], capture_output=True, text=True, timeout=3600)
-        if proc.returncode != 0:
-            raise RuntimeError(f"peer failed: {proc.stderr.strip()[-2000:]}")
-        return json.loads(proc.stdout)
+        self.proc = subprocess.Popen([python, "-c", PEER, self.dir.name, str(cpu)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+
+    def ask(self, cmd: str):
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"peer exited (code {self.proc.wait()})")
+        return json.loads(line)
+
+    def close(self) -> None:
+        try:
+            self.ask("quit")
+        except (RuntimeError, BrokenPipeError, ValueError):
+            pass
+        self.proc.wait(timeout=60)
+        self.dir.cleanup()
 
 
-def summarize(res: dict) -> dict:
-    """Per-round p50/p99 (us) of each phase, the median of the rounds, and the best apply rate."""
-    s: dict = {"apply_copies_per_s_best": max(res["apply_copies_per_s"]),
-               "apply_copies_per_s": [round(v) for v in res["apply_copies_per_s"]]}
+def summarize(applies: list[dict], rounds: list[dict], extra: dict | None = None) -> dict:
+    """Per-round p50/p99 (us) of each phase, the median over rounds, apply rates and memory."""
+    rates = [a["apply_copies_per_s"] for a in applies]
+    s: dict = {"apply_copies_per_s_best": max(rates), "apply_copies_per_s_median": statistics.median(rates),
+               "apply_copies_per_s": [round(v) for v in rates], "rss_bytes_per_copy": applies[0]["rss_bytes_per_copy"]}
     for phase in ("lookup", "full", "hash"):
-        per = [_quantiles(r[phase]) for r in res["rounds"]]
+        per = [_quantiles(r[phase]) for r in rounds]
         s[f"{phase}_p50_us"] = [round(p[0], 1) for p in per]
         s[f"{phase}_p99_us"] = [round(p[1], 1) for p in per]
         s[f"{phase}_p50_median_us"] = round(statistics.median(p[0] for p in per), 1)
         s[f"{phase}_p99_median_us"] = round(statistics.median(p[1] for p in per), 1)
-    for k in ("rss_bytes_per_copy", "traced_bytes_per_copy", "table_bytes_per_copy"):
-        if k in res:
-            s[k] = round(res[k], 1)
+    s.update(extra or {})
     return s
 
 
@@ -256,23 +282,45 @@ def main() -> None:
     batches, copies = shared_batches(docs, args.workers, args.copies, rnd)
     reqs = make_requests(docs, args.pages, args.requests, rnd)
     report: dict = {"config": vars(args) | {"copies_held": copies, "speedups": speedups.describe()}}
-    results: dict = {}
+    sides: dict = {}
     if speedups.active():
-        results["kvevents_c"] = measure_kvevents(batches, copies, reqs, args.rounds)
+        sides["kvevents_c"] = (Ours(batches, copies, reqs), False)
     if not args.no_fallback or not speedups.active():
-        with speedups.python_only():
-            results["kvevents_python"] = measure_kvevents(batches, copies, reqs, args.rounds)
+        sides["kvevents_python"] = (Ours(batches, copies, reqs), True)
     peer_py = find_peer_python(args.peer_python)
-    if peer_py:
-        results["dynamo"] = measure_peer(peer_py, docs, batches, reqs, args.pages, copies, args.cpu, args.rounds)
-    else:
+    peer = Peer(peer_py, docs, batches, reqs, args.pages, copies, args.cpu) if peer_py else None
+    if peer is None:
         report["dynamo"] = "skipped: no interpreter with ai-dynamo-runtime (--peer-python)"
-    for name, res in results.items():
-        report[name] = summarize(res)
-    if "dynamo" in results:
-        ours = results.get("kvevents_c") or results["kvevents_python"]
-        same = sum(a == b for a, b in zip(ours["matches"], results["dynamo"]["matches"]))
-        report["identical_matches"] = f"{same} of {len(ours['matches'])}"
+    applies: dict[str, list] = {k: [] for k in [*sides, *(["dynamo"] if peer else [])]}
+    rounds: dict[str, list] = {k: [] for k in applies}
+
+    def on(name: str, fn):
+        side, pure = sides[name]
+        if pure:
+            with speedups.python_only():
+                return fn(side)
+        return fn(side)
+
+    try:
+        for _ in range(args.rounds):  # the sides take turns, so the machine's load hits them alike
+            for name in sides:
+                applies[name].append(on(name, Ours.apply))
+            if peer:
+                applies["dynamo"].append(peer.ask("apply"))
+            for name in sides:
+                rounds[name].append(on(name, Ours.round))
+            if peer:
+                rounds["dynamo"].append(peer.ask("round"))
+        for name in sides:
+            report[name] = summarize(applies[name], rounds[name], {k: round(v, 1) for k, v in on(name, Ours.memory).items()})
+        if peer:
+            report["dynamo"] = summarize(applies["dynamo"], rounds["dynamo"])
+            ours = next(iter(sides.values()))[0].matches()
+            theirs = peer.ask("matches")
+            report["identical_matches"] = f"{sum(a == b for a, b in zip(ours, theirs))} of {len(ours)}"
+    finally:
+        if peer:
+            peer.close()
     if args.json:
         print(json.dumps(report, indent=2))
         return
@@ -280,7 +328,8 @@ def main() -> None:
           f"{args.rounds} rounds, cpu {args.cpu}; {speedups.describe()}")
     cols = [k for k in ("kvevents_c", "kvevents_python", "dynamo") if k in report and isinstance(report[k], dict)]
     print(f"{'figure':38s}" + "".join(f"{c:>24s}" for c in cols))
-    rows = [("apply copies/s (best)", "apply_copies_per_s_best", "{:,.0f}")]
+    rows = [("apply copies/s (best)", "apply_copies_per_s_best", "{:,.0f}"),
+            ("apply copies/s (median)", "apply_copies_per_s_median", "{:,.0f}")]
     for phase in ("lookup", "full", "hash"):
         rows.append((f"{phase} p50 us (rounds)", f"{phase}_p50_us", None))
         rows.append((f"{phase} p99 us (rounds)", f"{phase}_p99_us", None))

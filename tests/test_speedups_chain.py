@@ -17,7 +17,7 @@ from kvevents import hashing, speedups
 from kvevents.cli.golden_check import check_golden
 from kvevents.hashing import Namespace
 
-pytestmark = pytest.mark.skipif(not speedups.HAVE_C, reason="kvevents._speedups not built (pure-Python install)")
+pytestmark = pytest.mark.skipif(not speedups.active(), reason="kvevents._speedups not built, or KVEVENTS_PURE_PYTHON set")
 
 TOKENS = st.lists(st.integers(0, 2**32 - 1), max_size=300)
 SIZES = st.integers(1, 70)
