@@ -273,7 +273,7 @@ class BlockIndex:
         wi = w.index
         mi = self._medium_ix.get(ev.medium)
         col = None if mi is None else self._cols.get((mi, wi // WORD))
-        if col is None:
+        if mi is None or col is None:
             self.counters["unknown_remove"] += n
             return
         # The remove's lora_name picks the adapter's copy. A worker that names adapters on removes
@@ -287,7 +287,7 @@ class BlockIndex:
             if not _all_int64(hashes, None):
                 self.counters["bad_hash"] += 1
                 return
-            found = remove_each(self._views, self._extra, mi, col, wi, hashes, prefer, exact)  # type: ignore[arg-type]
+            found = remove_each(self._views, self._extra, mi, col, wi, hashes, prefer, exact)
             self._count_removal(wi, mi, *found)
             return
         try:

@@ -171,7 +171,11 @@ class PrefixRouter:
         return digests_as_int64(digests)
 
     def score_hashes(
-        self, hashes: Sequence[int], lora_name: str | None = None, *, loads: Mapping[str, float] | None = None
+        self,
+        hashes: Sequence[int] | np.ndarray,
+        lora_name: str | None = None,
+        *,
+        loads: Mapping[str, float] | None = None,
     ) -> list[WorkerScore]:
         """`score` for a request whose int64 event hashes are already known (the lookup part alone)."""
         found = self.index.prefix_match(

@@ -119,3 +119,17 @@ def test_events_are_kept_by_reference_and_copies_removed_newest_first():
     assert len(v) == 0
     v.apply([c, AllBlocksCleared(), b])
     assert _state(v.freeze().media, v.freeze().extra) == ([("GPU", [(1, id(b))])], {})
+
+
+def test_a_remove_naming_its_adapter_takes_that_adapters_copy():
+    """One hash stored under two adapters: a BlockRemoved with lora_name drops that adapter's copy,
+    whichever of the two the view kept first; the snapshot rebuilds the other."""
+    from kvevents.transport.view import LiveView, snapshot_batches
+
+    for first, gone, kept in (("a", "a", "b"), ("a", "b", "a")):
+        v = LiveView()
+        second = "b" if first == "a" else "a"
+        v.apply([BlockStored([7], None, [1, 2], 2, None, "GPU", first), BlockStored([7], None, [1, 2], 2, None, "GPU", second)])
+        v.apply([BlockRemoved([7], "GPU", gone)])
+        evs = [e for batch in snapshot_batches(v.freeze()) for e in batch if isinstance(e, BlockStored)]
+        assert [(e.block_hashes, e.lora_name) for e in evs] == [([7], kept)]

@@ -56,8 +56,8 @@ def _type_column(param: TyperOption | TyperArgument, ctx: Any) -> str | None:
 
 
 _TYPE_WORDS = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "path": "PATH", "file": "FILE", "directory": "DIR"}
-TyperOption.display_type_rich = _type_column  # type: ignore[method-assign]  # our help's wording, one place
-TyperArgument.display_type_rich = _type_column  # type: ignore[method-assign]
+TyperOption.display_type_rich = _type_column  # type: ignore[method-assign, assignment]  # our help's wording, one place
+TyperArgument.display_type_rich = _type_column  # type: ignore[method-assign, assignment]
 
 
 class UserError(Exception):

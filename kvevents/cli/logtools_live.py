@@ -315,9 +315,9 @@ def _publish_log(file: str, to: str, replay_ep: str | None, rate: float | None, 
         with Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TextColumn("eta"),
                       TimeRemainingColumn(), console=econ, disable=not econ.is_terminal, transient=False) as prog:
             task = prog.add_task("replay", total=total)
-            first = True
-            while first or loop:
-                first = False
+            again = True
+            while again:
+                again = loop
                 loops += 1
                 prog.update(task, completed=0)
                 recs = select_records(file, on_damage=warn_damage if loops == 1 else (lambda d: None), **sel)

@@ -162,16 +162,16 @@ class LiveView:
                 if h in m:
                     del m[h]
                 continue
-            i = len(copies) - 1
-            if lora is not None:
-                i = next((j for j in range(len(copies) - 1, -1, -1) if copies[j].lora_name == lora), -1)
-                if i < 0 and m[h].lora_name == lora:
-                    m[h] = copies.pop()  # the first copy is the one removed: an extra one takes its place
-                    i = None
-                elif i < 0:
-                    i = len(copies) - 1
-            if i is not None:
-                copies.pop(i)
+            j = len(copies) - 1  # the newest extra copy, unless the remove names another adapter's
+            if lora is not None and copies[j].lora_name != lora:
+                named = [k for k in range(len(copies)) if copies[k].lora_name == lora]
+                if named:
+                    j = named[-1]
+                elif m[h].lora_name == lora:  # the first copy is the named one: an extra takes its place
+                    m[h] = copies.pop()
+                    j = -1
+            if j >= 0:
+                copies.pop(j)
             if not copies:
                 del extra[(md, h)]
 
