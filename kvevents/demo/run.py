@@ -13,11 +13,18 @@ A mixed fleet (`fleet="mixed"`, the default) runs half of the workers as vLLM 0.
 every source automatically (contract or token-derived keys, consumers.keying) and routes all of
 them. Extra live checks: each source got the right key mode, and a prefix cached on a vLLM
 worker is found exactly as the same prefix cached on a contract worker.
+
+`requests=N` (instead of a duration) runs a reproducible demo: the faults fire at request counts,
+the router applies each batch before the next request is scored, and the drop burst is flushed at
+once, so every figure in REPRODUCIBLE is the same for the same seed; timings are not.
+Ctrl-C (SIGINT, main thread) ends the traffic early: the run settles and reports what it measured.
 """
 
 from __future__ import annotations
 
 import random
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -39,10 +46,16 @@ from kvevents.publisher import Publisher
 from kvevents.sim import Request, Workload
 from kvevents.subscriber import Source
 
-__all__ = ["DemoConfig", "run_demo", "check_stored_hashes"]
+__all__ = ["DemoConfig", "run_demo", "check_stored_hashes", "REPRODUCIBLE"]
 
 LOOPBACK = "tcp://127.0.0.1:*"
+#: on_progress(elapsed_s, figures); figures["fraction"] is the share of the run done (time or requests).
+#: An on_progress object with a `phase(text)` method is also told each phase of the run.
 ProgressFn = Callable[[float, dict[str, Any]], None]
+#: With --requests N and one seed, these figures repeat exactly (JSON paths); timings and batch counts
+#: (heartbeats, replayed batches, settle time) do not.
+REPRODUCIBLE = ("requests", "policies", "contract", "checks", "key_modes", "vllm_probe", "faults",
+                "transport.events_published")
 
 
 @dataclass
@@ -58,12 +71,15 @@ class DemoConfig:
     heartbeat_s: float = 0.2
     settle_timeout_s: float = 15.0
     fleet: str = "mixed"
+    requests: int | None = None  # a reproducible run of exactly this many requests (duration unused)
 
     def validate(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 1 <= self.workers <= 64:
             raise ValueError(f"--workers must be an integer in 1..64, got {self.workers!r}")
         if not self.duration > 0 or self.duration > 24 * 3600:
             raise ValueError(f"--duration must be > 0 seconds, got {self.duration!r}")
+        if self.requests is not None and not 1 <= self.requests <= 10_000_000:
+            raise ValueError(f"--requests must be in 1..10000000, got {self.requests!r}")
         if self.page_size < 1 or self.capacity_pages < 1 or self.drop_burst < 0:
             raise ValueError("page_size and capacity_pages must be >= 1, drop_burst >= 0")
         fleet_engines(self.fleet, self.workers)
@@ -125,9 +141,36 @@ def _truth(worker: DemoWorker) -> Any:
     return worker.cache.published_copies()
 
 
+class _Interrupt:
+    """The first Ctrl-C ends the traffic (the run settles and reports); a second one aborts."""
+
+    def __init__(self) -> None:
+        self.hit = threading.Event()
+        self._old: Any = None
+
+    def __enter__(self) -> "_Interrupt":
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        self.hit.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._old is not None:
+            signal.signal(signal.SIGINT, self._old)
+
+
 def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str, Any]:
     """Run the whole demo; returns the figures and a `checks` map (name -> bool), plus `ok`."""
     cfg.validate()
+    with _Interrupt() as interrupt:
+        return _run(cfg, on_progress, interrupt)
+
+
+def _run(cfg: DemoConfig, on_progress: ProgressFn | None, interrupt: _Interrupt) -> dict[str, Any]:
+    phase: Callable[[str], None] = getattr(on_progress, "phase", None) or (lambda _text: None)
     n = cfg.workers
     rng = random.Random(cfg.seed)
     engines = fleet_engines(cfg.fleet, n)
@@ -142,6 +185,7 @@ def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str
     service: RouterService | None = None
     retired: list[dict[str, int]] = []
     try:
+        phase(f"starting {n} publisher{'s' * (n != 1)} on loopback and a router subscribed to all")
         for engine in engines:
             pubs.append(_publisher(cfg, vllm=engine == "vllm"))
         sources = [Source(p.endpoint, p.replay_endpoint, name) for p, name in zip(pubs, names)]
@@ -155,7 +199,9 @@ def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str
         # saw the old epoch of is just a first contact), so the clock starts after the join.
         _wait_applied(service, names, pubs, cfg.settle_timeout_s, nudge=True)
         balance = BoundedLoad(names, window=16 * n)
-        drop_at, restart_at = 0.4 * cfg.duration, 0.6 * cfg.duration
+        drop_at, restart_at = 0.4, 0.6  # shares of the run (time, or requests with cfg.requests)
+        phase(f"router follows every publisher; routing {_plural(cfg.requests, 'request')}" if cfg.requests
+              else f"router follows every publisher; routing requests for {cfg.duration:g} s")
         drop_victim = rng.randrange(n)
         restart_victim = (drop_victim + 1) % n if n > 1 else 0
         while engines[restart_victim] == "vllm":  # vLLM has no snapshots: the restart hits a contract worker
@@ -164,34 +210,50 @@ def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str
         drop_mark = 0
         hash_checked = hash_bad = hash_checked_extra = 0
         routed_to_best = 0
+        tie = random.Random(cfg.seed + 2)
         requests = iter(Workload(seed=cfg.seed, page_size=cfg.page_size))
         policy_stats = {"prefix": live.stats, **{k: c.stats for k, (c, _) in shadows.items()}}
         timeline = Timeline(service, names, pubs, policy_stats, interval_s=max(0.25, cfg.duration / 240))
         start = time.monotonic()
-        last_progress = 0.0
-        while True:
+        last_progress = -1.0
+        flushed = False  # the drop burst was used up at once (cfg.requests)
+        while not interrupt.hit.is_set():
             elapsed = time.monotonic() - start
-            if elapsed >= cfg.duration:
+            done = live.stats.requests / cfg.requests if cfg.requests else elapsed / cfg.duration
+            if done >= 1.0:
                 break
-            if faults["drop_worker"] is None and elapsed >= drop_at:
+            if faults["drop_worker"] is None and done >= drop_at:
+                phase(f"t={elapsed:.1f}s: dropping {cfg.drop_burst} live frames of {names[drop_victim]} (replay must heal them)")
                 drop_mark = pubs[drop_victim].stats()["batches_published"]
                 pubs[drop_victim].drop_live(cfg.drop_burst)
                 faults.update(dropped_live=cfg.drop_burst, drop_worker=names[drop_victim])
                 timeline.mark(elapsed, "drop", names[drop_victim], f"{cfg.drop_burst} live frames dropped")
-            if faults["restart_worker"] is None and elapsed >= restart_at:
-                if restart_victim == drop_victim:  # one worker: let replay heal the burst first
+                if cfg.requests:  # reproducible: the burst eats heartbeats now, not a timing-dependent share of batches
                     _flush_drops(pubs[drop_victim], cfg.drop_burst, drop_mark)
                     _wait_applied(service, [names[drop_victim]], [pubs[drop_victim]], cfg.settle_timeout_s)
+                    flushed = True
+            if faults["restart_worker"] is None and done >= restart_at:
+                phase(f"t={elapsed:.1f}s: restarting {names[restart_victim]} (new epoch; snapshot must resync it)")
+                if restart_victim == drop_victim and not flushed:  # one worker: let replay heal the burst first
+                    _flush_drops(pubs[drop_victim], cfg.drop_burst, drop_mark)
+                    _wait_applied(service, [names[drop_victim]], [pubs[drop_victim]], cfg.settle_timeout_s)
+                    flushed = True
+                restarts_seen = service.stats()["resets"].get("restart", 0)
                 pubs[restart_victim] = _restart(cfg, live, shadows, pubs[restart_victim], restart_victim, retired)
                 faults["restart_worker"] = names[restart_victim]
                 timeline.mark(elapsed, "restart", names[restart_victim], "new epoch")
+                if cfg.requests:  # the old epoch's seqs are higher: first wait for the router to see the restart
+                    _wait_restart_seen(service, restarts_seen, cfg.settle_timeout_s)
+                    _wait_applied(service, [names[restart_victim]], [pubs[restart_victim]], cfg.settle_timeout_s)
             req = next(requests)
             ranked = service.score(req.tokens, req.namespace.cache_salt, req.lora_name, loads=balance.loads())
-            pick = _choose(ranked, balance)
+            pick = _choose(ranked, balance, tie)
             balance.record(names[pick])
             routed_to_best += 1 if ranked and ranked[0].worker == names[pick] else 0
             live.serve(pick, req)
             events = _publish_step(pubs[pick], live.workers[pick])
+            if cfg.requests:  # the next score sees this batch: routing does not depend on timing
+                _wait_applied(service, [names[pick]], [pubs[pick]], cfg.settle_timeout_s, poll_s=0.0002)
             checked, bad = check_stored_hashes(req, events, cfg.page_size)
             hash_checked += checked
             hash_bad += bad
@@ -202,10 +264,13 @@ def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str
             timeline.tick(time.monotonic() - start)  # for --html: hit rates, backlog, repairs over time
             if on_progress is not None and elapsed - last_progress >= 0.2:
                 last_progress = elapsed
-                on_progress(elapsed, _progress_figures(live, shadows, service))
+                on_progress(elapsed, {**_progress_figures(live, shadows, service), "fraction": min(1.0, done)})
         run_s = time.monotonic() - start
         timeline.tick(run_s, force=True)
-        if faults["drop_worker"] is not None and not (restart_victim == drop_victim and faults["restart_worker"]):
+        interrupted = interrupt.hit.is_set()
+        phase(("interrupted (Ctrl-C)" if interrupted else "traffic done") + f" after {run_s:.1f}s and "
+              f"{_plural(live.stats.requests, 'request')}; waiting for the router to catch up, then checking")
+        if faults["drop_worker"] is not None and not flushed:
             _flush_drops(pubs[drop_victim], cfg.drop_burst, drop_mark)
         probe = probe_vllm_prefix(cfg, service, live, pubs, names, rng) if "vllm" in engines else None
         settled, settle_s, mismatched = _settle(cfg, service, live, pubs, names)
@@ -221,6 +286,10 @@ def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str
     content_errors = sum(w.content_errors for c in [live] + [c for c, _ in shadows.values()] for w in c.workers)
     policies = {"prefix": live.stats.summary(n)}
     policies.update({name: c.stats.summary(n) for name, (c, _) in shadows.items()})
+    for name, st in [("prefix", live.stats)] + [(k, c.stats) for k, (c, _) in shadows.items()]:
+        policies[name].update(  # per policy: reused on the device, loaded from the shared tier, prefilled again
+            device_tokens_reused=st.device_hit_tokens, storage_tokens_loaded=st.storage_hit_tokens,
+            prefill_tokens_recomputed=st.tokens - st.device_hit_tokens - st.storage_hit_tokens)
     transport = {
         "events_published": sum(s["events_published"] for s in pub_stats),
         "batches_published": sum(s["batches_published"] for s in pub_stats),
@@ -242,6 +311,8 @@ def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str
         "router_index_equals_worker_caches": settled,
         "injected_faults_observed": transport["batches_replayed"] >= 1 and transport["restarts_detected"] >= 1,
     }
+    if interrupted and faults["restart_worker"] is None:  # stopped before the faults: nothing to observe
+        del checks["injected_faults_observed"]
     if probe is not None:
         checks["key_mode_detected_per_source"] = all(
             key_modes[name] == ("tokens" if e == "vllm" else "contract") for name, e in zip(names, engines))
@@ -255,6 +326,9 @@ def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str
         "duration_s": round(run_s, 3),
         "seed": cfg.seed,
         "timeline": timeline.as_dict(),
+        "requests_asked": cfg.requests,  # None: a time-bound run (not reproducible)
+        "reproducible": list(REPRODUCIBLE) if cfg.requests and not interrupted else [],
+        "interrupted": interrupted,
         "requests": live.stats.requests,
         "requests_per_s": round(live.stats.requests / max(run_s, 1e-9), 1),
         "routed_to_top_score": routed_to_best,
@@ -274,10 +348,15 @@ def run_demo(cfg: DemoConfig, on_progress: ProgressFn | None = None) -> dict[str
     }
 
 
-def _choose(ranked: list, balance: BoundedLoad) -> int:
-    """Best-scored worker within the load bound (ties were broken by load hint, then random).
+def _choose(ranked: list, balance: BoundedLoad, tie: random.Random) -> int:
+    """Best-scored worker within the load bound; ties by load hint, then in an order drawn from `tie`
+    (the router's own tie order follows its index ids, which depend on which stream it heard first).
 
     Workers the router has not heard from yet count as score 0, least loaded first."""
+    shuffled = list(balance.names)
+    tie.shuffle(shuffled)
+    rank = {name: i for i, name in enumerate(shuffled)}
+    ranked = sorted(ranked, key=lambda s: (-s.score, s.load, rank.get(s.worker, len(rank))))
     order = [s.worker for s in ranked]
     seen = set(order)
     loads = balance.loads()
@@ -298,7 +377,8 @@ def _flush_drops(pub: Publisher, burst: int, mark: int) -> None:
 
 
 def _wait_applied(
-    service: RouterService, names: list[str], pubs: list[Publisher], timeout_s: float, *, nudge: bool = False
+    service: RouterService, names: list[str], pubs: list[Publisher], timeout_s: float, *, nudge: bool = False,
+    poll_s: float = 0.01,
 ) -> bool:
     """Wait (bounded) until the router applied every seq these publishers published, replayed ones too.
 
@@ -313,8 +393,22 @@ def _wait_applied(
             return True
         for p in behind if nudge else ():
             p.publish([])
-        time.sleep(0.02 if nudge else 0.01)
+        time.sleep(0.02 if nudge else poll_s)
     return False
+
+
+def _wait_restart_seen(service: RouterService, before: int, timeout_s: float) -> bool:
+    """Wait (bounded) until the router reset a source for a restart once more than `before` times."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if service.stats()["resets"].get("restart", 0) > before:
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def _plural(count: int | None, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
 def _restart(cfg: DemoConfig, live: Cluster, shadows: dict, pub: Publisher, i: int, retired: list) -> Publisher:
