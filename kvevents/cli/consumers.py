@@ -104,7 +104,7 @@ def route_cmd(
             user_error(str(exc))
         sys.stderr.write(
             f"kvevents route: {f'stream {stream}' if nats_url else f'{len(sources)} publisher(s)'}; http://{bound[0]}:{bound[1]} "
-            "(POST /score, GET /workers, GET /metrics, GET /openapi.json); Ctrl-C to stop\n"
+            "(status page at /, POST /score, GET /workers, GET /metrics, GET /openapi.json); Ctrl-C to stop\n"
         )
         sys.stderr.flush()
         for sig in (signal.SIGINT, signal.SIGTERM):
