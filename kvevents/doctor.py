@@ -11,9 +11,8 @@ import re
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
 
-import msgspec
 import zmq
 
 from kvevents import speedups
@@ -21,7 +20,11 @@ from kvevents.errors import DecodeError
 from kvevents.events import KVEventBatch, decode_batch
 from kvevents.recordlog.format import Record
 from kvevents.recordlog.verify import ContractVerifier
-from kvevents.transport.wire import DESCRIBE_REQUEST, END_SEQ, SEQ, SNAPSHOT_REQUEST, SNAPSHOT_SEQ, pack_seq
+from kvevents.transport.engine_requests import EngineRequestError
+from kvevents.transport.engine_requests import describe as describe_request
+from kvevents.transport.engine_requests import replay as replay_request
+from kvevents.transport.engine_requests import snapshot as request_snapshot
+from kvevents.transport.wire import SEQ
 
 __all__ = ["Check", "DoctorReport", "run_doctor", "fetch_replay", "request_describe", "ProbeError"]
 
@@ -29,8 +32,9 @@ OK, FAIL, WARN, SKIP = "ok", "fail", "warn", "skip"
 _HASH_CODES = ("hash-mismatch", "token-count", "block-size")
 
 
-class ProbeError(ValueError):
-    """A replay/describe request got no (valid) answer in time."""
+ProbeError = EngineRequestError  # a replay/describe request got no (valid) answer in time
+fetch_replay = replay_request  # the doctor's names for kvevents.transport.engine_requests
+request_describe = describe_request
 
 
 @dataclass
@@ -68,88 +72,6 @@ class DoctorReport:
 
 
 # ---------------------------------------------------------------- raw probes
-
-def _dealer(ctx: zmq.Context, endpoint: str) -> zmq.Socket:
-    d = ctx.socket(zmq.DEALER)
-    d.setsockopt(zmq.LINGER, 0)
-    d.setsockopt(zmq.RCVHWM, 0)
-    try:
-        d.connect(endpoint)
-    except zmq.ZMQError as exc:
-        d.close(0)
-        raise ProbeError(f"cannot connect to {endpoint!r}: {exc}") from None
-    return d
-
-
-def fetch_replay(
-    endpoint: str, start: int = 0, *, timeout: float = 3.0, context: zmq.Context | None = None
-) -> Iterator[tuple[bytes, int, bytes]]:
-    """Ask a replay ROUTER for every kept batch with seq >= start (schemas/README.md, "Transport in one page"); yield (topic, seq, payload).
-
-    Raises ProbeError when nothing (or a malformed frame) arrives within `timeout` of the last reply.
-    """
-    if not 0 <= start < 2**64:
-        raise ValueError(f"start seq must be in 0..2**64-1, got {start}")
-    ctx = context or zmq.Context.instance()
-    d = _dealer(ctx, endpoint)
-    try:
-        d.send_multipart([b"", pack_seq(start)])
-        while True:
-            if not d.poll(int(timeout * 1000)):
-                raise ProbeError(f"replay endpoint {endpoint} did not answer within {timeout:g}s")
-            frames = d.recv_multipart()
-            if len(frames) != 4 or frames[0] != b"" or len(frames[2]) != 8:
-                raise ProbeError(f"replay endpoint {endpoint}: malformed reply of {len(frames)} frames")
-            _, topic, seq_b, payload = frames
-            if seq_b == END_SEQ:
-                return
-            yield topic, SEQ.unpack(seq_b)[0], payload
-    finally:
-        d.close(0)
-
-
-def request_describe(endpoint: str, *, timeout: float = 2.0, context: zmq.Context | None = None) -> dict[str, Any]:
-    """Send KVE/DESCRIBE (schemas/README.md, "Transport in one page") and return the answered map (ProbeError if none)."""
-    ctx = context or zmq.Context.instance()
-    d = _dealer(ctx, endpoint)
-    try:
-        d.send_multipart([b"", DESCRIBE_REQUEST])
-        if not d.poll(int(timeout * 1000)):
-            raise ProbeError(f"no KVE/DESCRIBE answer from {endpoint} within {timeout:g}s")
-        frames = d.recv_multipart()
-        try:
-            out = msgspec.msgpack.decode(frames[-1])
-        except msgspec.DecodeError:
-            out = None
-        if not isinstance(out, dict):
-            raise ProbeError(f"KVE/DESCRIBE answer from {endpoint} is not a msgpack map")
-        return out
-    finally:
-        d.close(0)
-
-
-def request_snapshot(endpoint: str, *, timeout: float = 3.0, context: zmq.Context | None = None) -> tuple[list[bytes], int | None]:
-    """Send KVE/SNAPSHOT; return the snapshot payloads and S (None when S is ff..ff, nothing published)."""
-    ctx = context or zmq.Context.instance()
-    d = _dealer(ctx, endpoint)
-    out: list[bytes] = []
-    try:
-        d.send_multipart([b"", SNAPSHOT_REQUEST])
-        while True:
-            if not d.poll(int(timeout * 1000)):
-                raise ProbeError(f"no KVE/SNAPSHOT answer from {endpoint} within {timeout:g}s")
-            frames = d.recv_multipart()
-            if len(frames) != 4 or frames[0] != b"":
-                raise ProbeError(f"KVE/SNAPSHOT reply of {len(frames)} frames from {endpoint}")
-            if frames[2] == END_SEQ:
-                last = frames[3]
-                return out, (SEQ.unpack(last)[0] if len(last) == 8 and last != END_SEQ else None)
-            if frames[2] != SNAPSHOT_SEQ:
-                raise ProbeError(f"KVE/SNAPSHOT reply with seq frame {frames[2].hex()} from {endpoint}")
-            out.append(frames[3])
-    finally:
-        d.close(0)
-
 
 _TCP = re.compile(r"^tcp://(\[[^\]]+\]|[^:/]+):(\d+)$")
 

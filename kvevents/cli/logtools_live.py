@@ -346,7 +346,7 @@ def _publish_log(file: str, to: str, replay_ep: str | None, rate: float | None, 
 
 
 def _fetch(endpoint: str, since: int, output: str, name: str, timeout: float) -> None:
-    from kvevents.doctor import fetch_replay
+    from kvevents.transport.engine_requests import replay as fetch_replay
 
     if since < 0:
         user_error(f"--since must be >= 0, got {since}")

@@ -1,4 +1,4 @@
-"""One-shot KVE/DESCRIBE and KVE/SNAPSHOT requests to a publisher's replay ROUTER.
+"""One-shot replay, KVE/DESCRIBE and KVE/SNAPSHOT requests to a publisher's replay ROUTER.
 
 For callers that need an engine's epoch or its live blocks outside a Subscriber's repair loop
 (the JetStream bridge stores snapshots on its own cadence). Each call uses its own DEALER, so
@@ -7,7 +7,7 @@ calls from several threads do not share a socket.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import msgspec
 import zmq
@@ -16,11 +16,13 @@ from kvevents.transport.wire import (
     DESCRIBE_REQUEST,
     END_SEQ,
     SNAPSHOT_REQUEST,
+    SEQ,
     SNAPSHOT_SEQ,
+    pack_seq,
     unpack_seq,
 )
 
-__all__ = ["EngineRequestError", "describe", "snapshot"]
+__all__ = ["EngineRequestError", "describe", "snapshot", "replay"]
 
 
 class EngineRequestError(ValueError):
@@ -83,5 +85,28 @@ def snapshot(endpoint: str, *, timeout: float = 3.0, context: zmq.Context | None
             if seq_frame != SNAPSHOT_SEQ:
                 raise EngineRequestError(f"KVE/SNAPSHOT reply with seq frame {seq_frame.hex()} from {endpoint}")
             payloads.append(payload)
+    finally:
+        sock.close(0)
+
+
+def replay(
+    endpoint: str, start: int = 0, *, timeout: float = 3.0, context: zmq.Context | None = None
+) -> Iterator[tuple[bytes, int, bytes]]:
+    """Every kept batch with seq >= start, as (topic, seq, payload), until the end marker.
+
+    EngineRequestError when nothing (or a malformed frame) arrives within `timeout` of the last reply.
+    """
+    if not 0 <= start < 2**64:
+        raise ValueError(f"start seq must be in 0..2**64-1, got {start}")
+    sock = _ask(endpoint, pack_seq(start), context)
+    try:
+        while True:
+            frames = _reply(sock, endpoint, "replay", timeout)
+            if len(frames) != 4 or frames[0] != b"" or len(frames[2]) != 8:
+                raise EngineRequestError(f"replay endpoint {endpoint}: malformed reply of {len(frames)} frames")
+            _, topic, seq_b, payload = frames
+            if seq_b == END_SEQ:
+                return
+            yield topic, SEQ.unpack(seq_b)[0], payload
     finally:
         sock.close(0)
