@@ -49,11 +49,11 @@ def line_chart(
     colors = colors or {}
     ys = [y for pts in series.values() for _, y in pts if y is not None]
     if y_max is not None:
-        top = y_max
+        top: float = y_max
     else:  # a round ceiling just above the data
         peak = max(ys + [0.0]) or 1.0
-        step = _step(peak * 1.05, 4)
-        top = step * math.ceil(peak * 1.05 / step)
+        unit = _step(peak * 1.05, 4)
+        top = unit * math.ceil(peak * 1.05 / unit)
     pw, ph = W - PAD_L - PAD_R, H - PAD_T - PAD_B
     x_max = max(x_max, 1e-9)
 
