@@ -7,13 +7,11 @@ import sys
 from typing import List, Optional
 
 import typer
-from rich.table import Table
 
 from kvevents.cli.app import CheckFailed, app, user_error
 from kvevents.cli.keys import CLIENT_CERT_HELP, SERVER_KEY_HELP, curve_client
-from kvevents.cli.logtools_common import out_console
+from kvevents.cli.logtools_common import print_checks
 
-_MARK = {"ok": "[green]✓ ok[/]", "fail": "[red]✗ FAIL[/]", "warn": "[yellow]! warn[/]", "skip": "[dim]- skip[/]"}
 
 
 @app.command("doctor")
@@ -56,18 +54,7 @@ def doctor_cmd(
     if as_json:
         sys.stdout.write(json.dumps(rep.as_dict(), default=str) + "\n")
     else:
-        c = out_console()
-        t = Table(title=f"kvevents doctor {endpoint}" + (f" (replay {replay})" if replay else ""),
-                  show_edge=False, header_style="bold", show_lines=False)
-        t.add_column("check", no_wrap=True)
-        t.add_column("status", no_wrap=True)
-        t.add_column("details")
-        for ch in rep.checks:
-            t.add_row(ch.name, _MARK.get(ch.status, ch.status), ch.detail)
-        c.print(t)
-        for ch in rep.checks:
-            if ch.hint and ch.status in ("fail", "warn"):
-                c.print(f"[bold]hint[/] ({ch.name}): {ch.hint}", highlight=False)
+        print_checks(f"kvevents doctor {endpoint}" + (f" (replay {replay})" if replay else ""), rep.checks)
     failed = [ch.name for ch in rep.checks if ch.status == "fail"]
     if failed:
         raise CheckFailed(f"doctor: {len(failed)} check(s) failed: {', '.join(failed)}")

@@ -6,7 +6,6 @@ kvevents.publisher (publish_payload keeps the original bytes) and consumers.inde
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import time
@@ -17,7 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kvevents.cli.app import CheckFailed, app, user_error
 from kvevents.cli.keys import CLIENT_CERT_HELP, SERVER_KEYS_HELP, with_curve
-from kvevents.cli.logtools_common import err_console, out_console, warn, warn_damage
+from kvevents.cli.logtools_common import err_console, log_to_stderr, out_console, warn, warn_damage
 from kvevents.errors import DecodeError
 from kvevents.events import decode_batch
 from kvevents.recordlog import START_MODES, Recorder, RecordWriter, paced, parse_speed, select_records
@@ -82,7 +81,7 @@ def record_cmd(
                          start="now" if start == "now" else "oldest")
     econ = err_console()
     interrupted = False
-    _log_to_stderr()
+    log_to_stderr()
     for s in sources:
         _say(f"connecting to {s.name} at {s.endpoint}" + (f" (replay {s.replay_endpoint})" if s.replay_endpoint else ""))
     t0 = time.monotonic()
@@ -190,17 +189,6 @@ def _check_overwrite(path: str, allowed: bool) -> None:
         user_error(f"{path} is not a regular file (a FIFO, socket or device): give a file name for the log")
     if not allowed and os.path.exists(path) and os.path.getsize(path) > 0:
         user_error(f"{path} exists: use --append to continue it or --force to overwrite it")
-
-
-def _log_to_stderr() -> None:
-    """Transport warnings (stale sources, losses) as one-line `kvevents: warning:` messages."""
-    logger = logging.getLogger("kvevents")
-    if not logger.handlers and not logging.getLogger().handlers:
-        h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("kvevents: %(levelname)s: %(message)s"))
-        logger.addHandler(h)
-        logger.setLevel(logging.WARNING)
-        logger.propagate = False
 
 
 def _scan_sources(path: str, **sel: Any) -> tuple[int, dict[str, int]]:

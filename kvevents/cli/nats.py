@@ -6,7 +6,6 @@ Also the NATS connection flags the other commands share (`route --nats`, `record
 
 from __future__ import annotations
 
-import logging
 import signal
 import sys
 import threading
@@ -16,6 +15,7 @@ from typing import List, Optional
 import typer
 
 from kvevents.cli.app import app, user_error
+from kvevents.cli.logtools_common import log_to_stderr, print_checks
 from kvevents.cli.keys import CLIENT_CERT_HELP, SERVER_KEYS_HELP, with_curve
 
 
@@ -51,17 +51,6 @@ def say(prog: str, message: str) -> None:
     """One line on stderr, prefixed with the command."""
     sys.stderr.write(f"kvevents {prog}: {' '.join(str(message).split())}\n")
     sys.stderr.flush()
-
-
-def log_to_stderr() -> None:
-    """Library warnings (NATS disconnects, losses) as one-line `kvevents: WARNING:` messages."""
-    logger = logging.getLogger("kvevents")
-    if not logger.handlers and not logging.getLogger().handlers:
-        h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("kvevents: %(levelname)s: %(message)s"))
-        logger.addHandler(h)
-        logger.setLevel(logging.WARNING)
-        logger.propagate = False
 
 
 CREDS_HELP = "NATS credentials file (JWT + NKey seed, decentralized auth)."
@@ -243,8 +232,6 @@ def doctor_nats(url: str, stream: str, timeout: float, as_json: bool) -> None:
     """`doctor --nats`: the JetStream checklist (kvevents.transport.jetstream_admin.nats_doctor)."""
     import json
 
-    from rich.console import Console
-    from rich.table import Table
 
     from kvevents.cli.app import CheckFailed
     from kvevents.doctor_nats import nats_doctor
@@ -253,18 +240,7 @@ def doctor_nats(url: str, stream: str, timeout: float, as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(rep.as_dict(), default=str) + "\n")
     else:
-        c = Console() if sys.stdout.isatty() else Console(width=200)
-        marks = {"ok": "[green]ok[/]", "fail": "[red]FAIL[/]", "warn": "[yellow]warn[/]", "skip": "[dim]skip[/]"}
-        t = Table(title=f"kvevents doctor {rep.endpoint}", show_edge=False, header_style="bold")
-        t.add_column("check", no_wrap=True)
-        t.add_column("status", no_wrap=True)
-        t.add_column("details")
-        for ch in rep.checks:
-            t.add_row(ch.name, marks.get(ch.status, ch.status), ch.detail)
-        c.print(t)
-        for ch in rep.checks:
-            if ch.hint and ch.status in ("fail", "warn"):
-                c.print(f"[bold]hint[/] ({ch.name}): {ch.hint}", highlight=False)
+        print_checks(f"kvevents doctor {rep.endpoint}", rep.checks)
     failed = [ch.name for ch in rep.checks if ch.status == "fail"]
     if failed:
         raise CheckFailed(f"doctor: {len(failed)} check(s) failed: {', '.join(failed)}")
