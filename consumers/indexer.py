@@ -466,10 +466,10 @@ class BlockIndex:
             if not len(live):
                 continue
             for (_, word), col in self._cols.items():
-                colv = np.ascontiguousarray(t.masks[live, col])
-                bits = np.unpackbits(colv.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little").sum(axis=0)
-                for b in np.flatnonzero(bits).tolist():
-                    tally[(vid, word * WORD + b)] += int(bits[b])
+                colv = t.masks[live, col]
+                present = int(np.bitwise_or.reduce(colv)) if len(colv) else 0
+                for b in _bits(present):
+                    tally[(vid, word * WORD + b)] += int(np.count_nonzero(colv & np.uint64(1 << b)))
         for (vid, _, wi, _), n in self._extra.items():
             tally[(vid, wi)] += n
         for (vid, wi), n in tally.items():

@@ -65,6 +65,10 @@ class StatusBoard:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.started_at = clock()
+        # copies by adapter cost O(index) under the index lock (~50 ms at a million entries): they
+        # are recounted at most every `adapter_refresh_s`, or 50x the last count's cost if longer
+        self.adapter_refresh_s = 5.0
+        self._adapters: tuple[float, float, dict[str, dict[str, int]]] | None = None  # (at, cost, counts)
 
     # ---------------------------------------------------------------- counting
 
@@ -168,7 +172,7 @@ class StatusBoard:
     def view(self, service: RouterService) -> dict[str, Any]:
         """GET /status.json: /workers plus copies by adapter, repair activity and /score outcomes."""
         workers = service.workers_view()
-        adapters = service.adapter_counts()
+        adapters, adapters_at = self._adapter_counts(service)
         media: set[str] = set()
         names: set[str] = set()
         for w in workers["workers"]:
@@ -183,8 +187,19 @@ class StatusBoard:
             "media": sorted(media),
             "adapters": sorted(names),
             "index": workers["index"],
+            "adapters_age_s": round(self.clock() - adapters_at, 1),
             **act,
         }
+
+    def _adapter_counts(self, service: "RouterService") -> tuple[dict[str, dict[str, int]], float]:
+        now = self.clock()
+        cached = self._adapters
+        if cached is not None and now - cached[0] < max(self.adapter_refresh_s, 50 * cached[1]):
+            return cached[2], cached[0]
+        t0 = time.perf_counter()
+        counts = service.adapter_counts()
+        self._adapters = (now, time.perf_counter() - t0, counts)
+        return counts, now
 
 
 def _label(worker: str, dp_rank: int) -> str:
