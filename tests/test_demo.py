@@ -129,7 +129,7 @@ def test_demo_tables_exit_0():
     proc = run("demo", "--duration", "1", "--workers", "2", "--seed", "4")
     assert proc.returncode == 0, proc.stderr
     for needle in ("events published", "gaps detected / healed by replay", "resyncs by snapshot",
-                   "prefix router (served)", "round-robin (shadow cluster)", "router_index_equals_worker_caches", "PASS"):
+                   "prefix router (served)", "round-robin (shadow)", "router_index_equals_worker_caches", "PASS"):
         assert needle in proc.stdout
     assert "FAIL" not in proc.stdout
 

@@ -123,8 +123,11 @@ def route_cmd(
 @app.command("demo")
 def demo_cmd(
     workers: int = typer.Option(4, "--workers", help="Simulated workers (1..64), each with its own publisher."),
-    duration: float = typer.Option(15.0, "--duration", help="Seconds of traffic (about)."),
+    duration: float = typer.Option(15.0, "--duration", help="Seconds of traffic (about; not with --requests)."),
     seed: int = typer.Option(0, "--seed", help="Workload, routing and fault seed."),
+    requests: Optional[int] = typer.Option(
+        None, "--requests", help="Run exactly N requests instead of --duration: the same seed then gives the same "
+        "requests, policy figures, contract counts and events published (timings and batch counts vary)."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (figures + checks) instead of tables."),
     fleet: str = typer.Option(
         "mixed", "--fleet", help="mixed: half the workers are vLLM 0.33 workers (vLLM's hashes, keyed by tokens); "
@@ -137,7 +140,7 @@ def demo_cmd(
     """The main job: simulated workers publish on loopback, a prefix router routes, faults heal, checks run."""
     from kvevents.demo import DemoConfig, DemoProgress, render_result, run_demo
 
-    cfg = DemoConfig(workers=workers, duration=duration, seed=seed, fleet=fleet)
+    cfg = DemoConfig(workers=workers, duration=duration, seed=seed, fleet=fleet, requests=requests)
     # the demo injects faults on purpose: the transport's warnings about them would only be noise
     logging.getLogger("kvevents").setLevel(logging.ERROR)
     try:
@@ -167,6 +170,9 @@ def demo_cmd(
         except OSError as exc:
             user_error(f"--html {html_out}: {exc.strerror or exc}")
         sys.stderr.write(f"kvevents demo: report written to {html_out}\n")
+    if result.get("interrupted"):  # Ctrl-C: the summary of the traffic so far was printed
+        sys.stderr.write("kvevents demo: interrupted (Ctrl-C); the figures above cover the traffic until then\n")
+        raise typer.Exit(130)
     failed = [name for name, ok in result["checks"].items() if not ok]
     if failed:
         raise CheckFailed(f"demo: {len(failed)} check(s) failed: {', '.join(failed)}")
