@@ -8,7 +8,7 @@ Publishers (serve) take `--curve-secret FILE [--curve-allow DIR]`; consumers tak
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterable, List, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import typer
 
@@ -95,7 +95,7 @@ def curve_client(server_key: Optional[str], client_cert: Optional[str]) -> Any:
     return curve_clients([server_key] if server_key else [], client_cert, ["-"]).get("-")
 
 
-def with_curve(sources: List[Any], server_keys: Sequence[str], client_cert: Optional[str]) -> List[Any]:
+def with_curve(sources: list[Any], server_keys: Sequence[str], client_cert: Optional[str]) -> list[Any]:
     """Set each Source's `curve` from the flags (in place); returns the sources."""
     if not sources and (server_keys or client_cert):
         user_error("--curve-server-key/--curve-client-cert apply to --publisher sources (ZeroMQ), not to --nats")

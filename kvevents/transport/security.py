@@ -110,7 +110,7 @@ class CurveServer:
     allow_dir: str | None = None
 
     @classmethod
-    def from_files(cls, secret_file: str | os.PathLike[str], allow_dir: str | os.PathLike[str] | None = None) -> "CurveServer":
+    def from_files(cls, secret_file: str | os.PathLike[str], allow_dir: str | os.PathLike[str] | None = None) -> CurveServer:
         """Load the server's `.key_secret` and, if given, every `*.key` in `allow_dir` (read once, here)."""
         import zmq.auth
 
@@ -144,7 +144,7 @@ class CurveClient:
             object.__setattr__(self, "secret_key", secret)
 
     @classmethod
-    def from_files(cls, server_key_file: str | os.PathLike[str], client_cert: str | os.PathLike[str] | None = None) -> "CurveClient":
+    def from_files(cls, server_key_file: str | os.PathLike[str], client_cert: str | os.PathLike[str] | None = None) -> CurveClient:
         """The server's public certificate, and this client's `.key_secret` (None: a throwaway keypair)."""
         server = load_public_key(server_key_file)
         if client_cert is None:
@@ -169,7 +169,7 @@ def client_context(client: CurveClient | None, base: zmq.Context | None = None) 
     ctx = base or zmq.Context.instance()
     if client is None:
         return ctx
-    shadow = zmq.Context.shadow(ctx.underlying)
+    shadow: zmq.Context = zmq.Context.shadow(ctx.underlying)
     shadow.setsockopt(zmq.CURVE_SERVERKEY, client.server_key)
     shadow.setsockopt(zmq.CURVE_PUBLICKEY, client.public_key)
     shadow.setsockopt(zmq.CURVE_SECRETKEY, client.secret_key)
