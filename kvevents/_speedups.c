@@ -198,6 +198,7 @@ static PyObject *pack_u32(PyObject *self, PyObject *arg) {
     uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(arg) && i < n; i++) {
         PyObject *it = PyList_GET_ITEM(arg, i);
+        if (i + 16 < n) PREFETCH(PyList_GET_ITEM(arg, i + 16));  /* int objects: often cold */
         if (!PyLong_Check(it)) { Py_DECREF(out); Py_RETURN_NONE; }
         long long v;
 #if PY_VERSION_HEX < 0x030C0000 && !defined(Py_LIMITED_API)
@@ -502,36 +503,49 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         credit = PyMem_Calloc((size_t)nw * nmedia * 64, sizeof(int32_t));
         if (!credit) { PyErr_NoMemory(); goto fail; }
     }
-    /* walk: blocks of BLOCK pages; next block's buckets prefetched, this block's rows prefetched */
-    for (Py_ssize_t i = 0; i < BLOCK && i < n; i++)
+    /* walk, software-pipelined by blocks of BLOCK pages: the buckets of block j+2 are prefetched
+     * and block j+1 is probed (its mask rows prefetched) before block j is walked */
+#define PREFETCH_KEYS(lo)                                                                            \
+    for (Py_ssize_t i = (lo); i < (lo) + BLOCK && i < n; i++)                                           \
         for (Py_ssize_t v = 0; v < nv; v++) PREFETCH(views[v].keys + home_of(&views[v], q[i]) * SLOTS);
+#define PROBE_BLOCK(lo)                                                                              \
+    for (Py_ssize_t i = (lo); i < (lo) + BLOCK && i < n; i++)                                           \
+        for (Py_ssize_t v = 0; v < nv; v++) {                                                         \
+            Py_ssize_t s = probe(&views[v], q[i], home_of(&views[v], q[i]));                          \
+            if (s == -2) goto fail;                                                                   \
+            slots[((((lo) / BLOCK) & 1) * nv + v) * BLOCK + (i - (lo))] = s;                          \
+            if (s >= 0) PREFETCH(views[v].masks + s * nc);                                            \
+        }
+    PREFETCH_KEYS(0)
+    PREFETCH_KEYS(BLOCK)
+    PROBE_BLOCK(0)
     int going = 1;
     for (Py_ssize_t base = 0; base < n && going; base += BLOCK) {
         Py_ssize_t stop = base + BLOCK < n ? base + BLOCK : n;
-        for (Py_ssize_t i = stop; i < stop + BLOCK && i < n; i++)
-            for (Py_ssize_t v = 0; v < nv; v++) PREFETCH(views[v].keys + home_of(&views[v], q[i]) * SLOTS);
-        for (Py_ssize_t i = base; i < stop; i++)
-            for (Py_ssize_t v = 0; v < nv; v++) {
-                Py_ssize_t s = probe(&views[v], q[i], home_of(&views[v], q[i]));
-                if (s == -2) goto fail;
-                slots[v * BLOCK + (i - base)] = s;
-                if (s >= 0) PREFETCH(views[v].masks + s * nc);
-            }
+        PREFETCH_KEYS(base + 2 * BLOCK)
+        PROBE_BLOCK(base + BLOCK)
+        const Py_ssize_t *bslots = slots + ((base / BLOCK) & 1) * nv * BLOCK;
         for (Py_ssize_t i = base; i < stop && going; i++) {
-            memset(row, 0, sizeof(uint64_t) * nc);
-            for (Py_ssize_t v = 0; v < nv; v++) {
-                Py_ssize_t s = slots[v * BLOCK + (i - base)];
-                if (s < 0) continue;
-                const uint64_t *r = views[v].masks + s * nc;
-                if (filt[v]) for (Py_ssize_t c = 0; c < nc; c++) row[c] |= r[c] & filt[v][c];
-                else for (Py_ssize_t c = 0; c < nc; c++) row[c] |= r[c];
+            const uint64_t *rowp = row;
+            if (nv == 1 && !filt[0]) {  /* one unfiltered view: its row in place (absent: the zero row n) */
+                Py_ssize_t s = bslots[i - base];
+                rowp = views[0].masks + (s >= 0 ? s : views[0].n) * nc;
+            } else {
+                for (Py_ssize_t c = 0; c < nc; c++) row[c] = 0;  /* (no memset: its stores stall the loads) */
+                for (Py_ssize_t v = 0; v < nv; v++) {
+                    Py_ssize_t s = bslots[v * BLOCK + (i - base)];
+                    if (s < 0) continue;
+                    const uint64_t *r = views[v].masks + s * nc;
+                    if (filt[v]) for (Py_ssize_t c = 0; c < nc; c++) row[c] |= r[c] & filt[v][c];
+                    else for (Py_ssize_t c = 0; c < nc; c++) row[c] |= r[c];
+                }
             }
             going = 0;
             for (Py_ssize_t w = 0; w < nw; w++) {
                 uint64_t a = acc[w];
                 if (!a) continue;
                 uint64_t held = 0;
-                for (Py_ssize_t c = wstart[w]; c < wstart[w + 1]; c++) held |= row[wcols[c]];
+                for (Py_ssize_t c = wstart[w]; c < wstart[w + 1]; c++) held |= rowp[wcols[c]];
                 uint64_t now = a & held;
                 if (now != a) {
                     uint64_t ended = a & ~now;
@@ -549,7 +563,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                 if (wstart[w + 1] - wstart[w] > 1) {
                     uint64_t rest = a;
                     for (Py_ssize_t c = wstart[w]; c < wstart[w + 1] && rest; c++) {
-                        uint64_t got = row[wcols[c]] & rest;
+                        uint64_t got = rowp[wcols[c]] & rest;
                         rest &= ~got;
                         int32_t *cr = credit + ((size_t)w * nmedia + wmi[c]) * 64;
                         while (got) { cr[CTZ64(got)]++; got &= got - 1; }
