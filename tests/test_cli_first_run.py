@@ -112,3 +112,25 @@ def test_tail_json_keeps_notices_on_stdout_as_json():
     notices = [o for o in objs if o["type"] == "notice"]
     assert notices and all("detail" in o for o in notices if o["what"] != "stale")
     assert r.stderr.startswith("kvevents tail: connecting to ")
+
+
+@pytest.mark.parametrize(
+    "command, options",
+    [
+        (["serve"], ["--engine", "--hash-algo", "--metrics-port"]),
+        (["route"], ["--key-mode"]),
+        (["hash"], ["--profile"]),
+        (["log", "inspect"], ["--profile"]),
+        (["demo"], ["--fleet", "--requests", "--duration", "--seed"]),
+        (["tail"], ["--count", "--duration"]),
+    ],
+)
+def test_readme_command_rows_name_options_the_cli_has(command, options):
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    row = next(ln for ln in readme.splitlines() if ln.startswith(f"| `kvevents {' '.join(command)} "))
+    helptext = _run(*command, "--help").stdout
+    for opt in options:
+        assert opt in row, (command, opt)
+        assert opt in helptext, (command, opt)
