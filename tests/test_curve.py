@@ -49,11 +49,15 @@ def _curve_pub(keys: dict[str, Path], allow: bool = True) -> Publisher:
                      curve_allow_dir=str(keys["allow"]) if allow else None)
 
 
-def _received(src: Source, polls: int = 40) -> list:
+def _received(src: Source, until: int = 0) -> list:
+    """What a Subscriber on `src` gets: in 1 s (until=0, for clients that must get nothing), or
+    once `until` deliveries arrived (10 s at most: a loaded machine may be slow to shake hands)."""
     sub = Subscriber([src], request_timeout_s=0.5)
     got: list = []
     try:
-        for _ in range(polls):
+        if until:
+            return collect(sub, lambda xs: sum(isinstance(x, Delivery) for x in xs) >= until, timeout=10.0)
+        for _ in range(40):
             got.extend(sub.poll(0.025))
     finally:
         sub.stop()
@@ -129,7 +133,7 @@ def test_clients_without_the_keys_receive_nothing_and_the_publisher_goes_on(keys
         # still publishing, and an allowed client gets its history and live batches
         pub.publish(chain_events(2, 1)[0])
         ok = CurveClient.from_files(keys["server"], keys["client_secret"])
-        got = _received(Source(pub.endpoint, pub.replay_endpoint, "w", curve=ok))
+        got = _received(Source(pub.endpoint, pub.replay_endpoint, "w", curve=ok), until=2)
         assert [d.seq for d in got if isinstance(d, Delivery)][:2] == [0, 1]
     finally:
         pub.close()
@@ -140,7 +144,7 @@ def test_without_an_allow_list_any_client_with_the_server_key_receives(keys: dic
     try:
         pub.publish(chain_events(1, 1)[0])
         anyone = CurveClient.from_files(keys["server"])  # a throwaway client keypair
-        got = _received(Source(pub.endpoint, pub.replay_endpoint, "w", curve=anyone))
+        got = _received(Source(pub.endpoint, pub.replay_endpoint, "w", curve=anyone), until=1)
         assert got and isinstance(got[0], Delivery) and got[0].seq == 0 and got[0].kind == "replay"
         assert _received(Source(pub.endpoint, pub.replay_endpoint, "w")) == []  # still not in clear
     finally:
@@ -245,10 +249,10 @@ def test_publishers_sharing_a_context_share_one_authenticator(keys: dict[str, Pa
         try:
             stranger = CurveClient.from_files(keys["server"], keys["other_secret"])
             assert _received(Source(a.endpoint, None, "a", curve=stranger)) == []
-            assert _received(Source(b.endpoint, None, "b", curve=stranger))  # b's domain allows anyone
+            assert _received(Source(b.endpoint, None, "b", curve=stranger), until=1)  # b's domain allows anyone
         finally:
             a.close()
-        assert _received(Source(b.endpoint, None, "b", curve=stranger))  # b's ZAP outlives a's close
+        assert _received(Source(b.endpoint, None, "b", curve=stranger), until=1)  # b's ZAP outlives a's close
         b.close()
     finally:
         ctx.term()
