@@ -51,7 +51,7 @@ class DemoProgress:
         )
         self.task = self.progress.add_task("run", total=1.0, info="starting")
 
-    def __enter__(self) -> "DemoProgress":
+    def __enter__(self) -> DemoProgress:
         if self.live:
             self.progress.start()
         return self

@@ -148,7 +148,7 @@ class _Interrupt:
         self.hit = threading.Event()
         self._old: Any = None
 
-    def __enter__(self) -> "_Interrupt":
+    def __enter__(self) -> _Interrupt:
         if threading.current_thread() is threading.main_thread():
             self._old = signal.signal(signal.SIGINT, self._on_sigint)
         return self
