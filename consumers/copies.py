@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvevents import speedups
-
 from consumers.table import HAS_PARENT, HashTable
+from kvevents import speedups
 
 __all__ = ["WORD", "Extra", "store_each", "store_many", "remove_each", "remove_many", "clear_bits"]
 

@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvevents import speedups
-
 from consumers.table import HashTable
+from kvevents import speedups
 
 __all__ = ["WORD", "WorkerMatch", "PrefixMatch", "WordLayout", "walk", "walk_plan"]
 

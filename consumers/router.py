@@ -22,10 +22,10 @@ from kvevents.hashing import (
     event_hashes_int64,
     event_seed,
     pack_tokens,
-    packed_chain,
     packed_to_int64,
     packed_to_int64_array,
     split_pages,
+    whole_pages_chain,
 )
 
 from consumers.indexer import BlockIndex
@@ -107,9 +107,7 @@ class PrefixRouter:
     def hash_array(self, token_ids: Sequence[int], cache_salt: str | None = None) -> np.ndarray:
         """`request_hashes` as an int64 numpy array (what the lookup consumes)."""
         seed = _event_seed(Namespace(cache_salt=cache_salt).cache_salt)
-        packed = pack_tokens(token_ids)  # whole pages in one chain call (the compiled path when built)
-        packed = packed[: len(packed) - len(packed) % (4 * self.page_size)]
-        return np.frombuffer(packed_to_int64_array(packed_chain(packed, self.page_size, seed)), np.int64)
+        return np.frombuffer(packed_to_int64_array(whole_pages_chain(token_ids, self.page_size, seed)), np.int64)
 
     def _pages(self, token_ids: Sequence[int], cache_salt: str | None) -> tuple[list[bytes], bytes | None]:
         """The request's whole pages as packed bytes (every id validated up front), and the event seed."""

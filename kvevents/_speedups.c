@@ -219,6 +219,86 @@ static PyObject *pack_u32(PyObject *self, PyObject *arg) {
     return out;
 }
 
+/* Little-endian uint32 of list items [lo, hi) into out; 0, or -1 when one is not an int in 0..2**32-1. */
+static int pack_range(PyObject *list, Py_ssize_t lo, Py_ssize_t hi, uint8_t *out) {
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        PyObject *it = PyList_GET_ITEM(list, i);
+        if (i + 16 < hi) PREFETCH(PyList_GET_ITEM(list, i + 16));
+        if (!PyLong_Check(it)) return -1;
+        long long v;
+#if PY_VERSION_HEX < 0x030C0000 && !defined(Py_LIMITED_API)
+        if (PyLong_CheckExact(it) && (Py_SIZE(it) == 0 || Py_SIZE(it) == 1))
+            v = Py_SIZE(it) ? (long long)((PyLongObject *)it)->ob_digit[0] : 0;
+        else
+#endif
+        {
+            int overflow = 0;
+            v = PyLong_AsLongLongAndOverflow(it, &overflow);
+            if (overflow) v = -1;
+        }
+        if (v < 0 || v > 0xFFFFFFFFLL) { PyErr_Clear(); return -1; }
+        uint32_t u = (uint32_t)v;
+        uint8_t *o = out + 4 * (i - lo);
+        o[0] = (uint8_t)u; o[1] = (uint8_t)(u >> 8); o[2] = (uint8_t)(u >> 16); o[3] = (uint8_t)(u >> 24);
+    }
+    return 0;
+}
+
+/* chain_list(tokens, page_size, prior, whole) -> concatenated digests, or None when a token is not an
+ * int in 0..2**32-1 (the Python path then names it). Packs page i+1 while page i hashes (the chain is
+ * latency-bound, packing load-bound: the CPU overlaps them). whole: a partial last page is only
+ * validated, not hashed. The twin of packed_chain(pack_tokens(tokens)[:whole pages], ...). */
+static PyObject *chain_list(PyObject *self, PyObject *args) {
+    PyObject *list, *prior;
+    Py_ssize_t page_size;
+    int whole;
+    if (!PyArg_ParseTuple(args, "OnOp", &list, &page_size, &prior, &whole)) return NULL;
+    if (!PyList_Check(list)) Py_RETURN_NONE;
+    if (page_size < 1 || page_size > ((Py_ssize_t)1 << 28)) {
+        PyErr_Format(PyExc_ValueError, "page_size must be an integer >= 1, got %zd", page_size);
+        return NULL;
+    }
+    uint8_t prev[32];
+    int have = 0;
+    if (prior != Py_None) {
+        if (!PyBytes_Check(prior) || PyBytes_GET_SIZE(prior) != 32) {
+            PyErr_SetString(PyExc_ValueError, "prior must be a 32-byte digest or None");
+            return NULL;
+        }
+        memcpy(prev, PyBytes_AS_STRING(prior), 32);
+        have = 1;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    Py_ssize_t npages = n / page_size + (!whole && n % page_size ? 1 : 0);
+    uint8_t *buf = PyMem_Malloc((size_t)page_size * 8);
+    if (!buf) return PyErr_NoMemory();
+    PyObject *out = PyBytes_FromStringAndSize(NULL, npages * 32);
+    if (!out) { PyMem_Free(buf); return NULL; }
+    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
+    uint8_t *cur = buf, *next = buf + page_size * 4;
+    #define PAGE_HI(p) ((p) * page_size + page_size < n ? (p) * page_size + page_size : n)
+    if (npages && pack_range(list, 0, PAGE_HI(0), cur) < 0) goto bad;
+    for (Py_ssize_t p = 0; p < npages; p++) {
+        Py_ssize_t len = PAGE_HI(p) - p * page_size;
+        if (p + 1 < npages && pack_range(list, (p + 1) * page_size, PAGE_HI(p + 1), next) < 0) goto bad;
+        for (Py_ssize_t i = (p + 2) * page_size; i < PAGE_HI(p + 2) && i < (p + 2) * page_size + 64; i++)
+            PREFETCH(PyList_GET_ITEM(list, i));  /* page p+2's int objects load while page p hashes */
+        if (have) kv_sha256_2(prev, 32, cur, (size_t)len * 4, o + 32 * p);
+        else kv_sha256_2(cur, (size_t)len * 4, NULL, 0, o + 32 * p);
+        memcpy(prev, o + 32 * p, 32);
+        have = 1;
+        uint8_t *t = cur; cur = next; next = t;
+    }
+    if (npages * page_size < n && pack_range(list, npages * page_size, n, next) < 0) goto bad;  /* the tail: validated */
+    #undef PAGE_HI
+    PyMem_Free(buf);
+    return out;
+bad:
+    PyMem_Free(buf);
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+}
+
 /* all_int64(hashes, prev) -> bool: every hash (and prev, unless None) an exact int in int64 range. */
 static PyObject *all_int64(PyObject *self, PyObject *args) {
     PyObject *hashes, *prev;
@@ -884,6 +964,7 @@ static PyMethodDef methods[] = {
     {"chain_packed", chain_packed, METH_VARARGS, "chain_packed(data, page_size, prior) -> concatenated digests"},
     {"digests_int64", digests_int64, METH_O, "digests_int64(digests) -> native int64 bytes (the published ints)"},
     {"pack_u32", pack_u32, METH_O, "pack_u32(list) -> little-endian uint32 bytes, or None (bad id)"},
+    {"chain_list", chain_list, METH_VARARGS, "chain_list(tokens, page_size, prior, whole) -> digests, or None (bad id)"},
     {"all_int64", all_int64, METH_VARARGS, "all_int64(hashes, prev) -> every value an exact int in int64 range"},
     {"sha_impl", sha_impl, METH_NOARGS, "the SHA-256 compression in use: 'sha-ni' or 'portable'"},
     {"select_sha", select_sha, METH_O, "select_sha(allow_shani) -> the compression now in use"},

@@ -35,6 +35,7 @@ __all__ = [
     "digests_to_int64",
     "event_hashes_int64",
     "packed_chain",
+    "whole_pages_chain",
     "packed_to_int64",
     "packed_to_int64_array",
     "check_page_size",
@@ -251,6 +252,18 @@ def packed_chain(data: bytes, page_size: int, prior: bytes | None = None) -> byt
     if _speedups.active():
         return _speedups.chain_packed(data, page_size, prior)
     return b"".join(_digests(_pages(data, page_size), prior))
+
+
+def whole_pages_chain(token_ids: Sequence[int], page_size: int, prior: bytes | None = None) -> bytes:
+    """`packed_chain` of the whole pages of `token_ids` (every id validated; a partial tail is not
+    hashed): what a router looks up. Compiled, a token list is packed and hashed in one pass."""
+    _check_page_size(page_size)
+    if type(token_ids) is list and _speedups.active():
+        out = _speedups.chain_list(token_ids, page_size, prior)
+        if out is not None:  # None: a bad id, named by pack_tokens below
+            return out
+    packed = pack_tokens(token_ids)
+    return packed_chain(packed[: len(packed) - len(packed) % (4 * page_size)], page_size, prior)
 
 
 def page_hashes(token_ids: Sequence[int], page_size: int, prior: str | None = None) -> list[str]:

@@ -17,12 +17,12 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 try:
-    from kvevents import _speedups as _c
+    from kvevents import _speedups as _c  # type: ignore[attr-defined]
 except ImportError:  # no compiler at install time, or a pure-Python install
     _c = None  # type: ignore[assignment]
 
 __all__ = ["HAVE_C", "active", "describe", "python_only", "chain_pages", "chain_packed", "digests_int64",
-           "walk", "set_bits_each", "pack_u32", "all_int64", "portable_sha", "remove_each", "holds_bit", "sha_impl"]
+           "walk", "set_bits_each", "pack_u32", "all_int64", "chain_list", "portable_sha", "remove_each", "holds_bit", "sha_impl"]
 
 #: True when the compiled extension imported (whether or not it is switched on).
 HAVE_C: bool = _c is not None
@@ -80,6 +80,11 @@ def pack_u32(token_ids: list) -> bytes | None:
 def all_int64(hashes: list, prev: int | None) -> bool:
     """Every hash (and `prev` unless None) an exact int in int64 range."""
     return _c.all_int64(hashes, prev)  # type: ignore[union-attr]
+
+
+def chain_list(token_ids: list, page_size: int, prior: bytes | None) -> bytes | None:
+    """Digests of the whole pages of a token list, packed and hashed in one pass; None on a bad id."""
+    return _c.chain_list(token_ids, page_size, prior, True)  # type: ignore[union-attr]
 
 
 def chain_pages(pages: Any, prior: bytes | None) -> list[bytes]:

@@ -56,6 +56,7 @@ def test_every_public_hashing_function_matches_the_python_chain(tokens, page_siz
             hashing.event_hashes_int64(tokens, page_size, ns, prior),
             hashing.packed_chain(hashing.pack_tokens(tokens), page_size, None if prior is None else bytes.fromhex(prior)),
             hashing.digest_chain(hashing.split_pages(hashing.pack_tokens(tokens), page_size)),
+            hashing.whole_pages_chain(tokens, page_size, None if prior is None else bytes.fromhex(prior)),
         )
 
     fast, portable, slow = _all_paths(run)
@@ -137,7 +138,7 @@ def test_bad_pages_raise_what_the_python_chain_raises():
 def test_packing_refuses_what_the_python_path_refuses(tokens):
     def run():
         try:
-            return hashing.pack_tokens(tokens)
+            return hashing.pack_tokens(tokens), hashing.whole_pages_chain(tokens, 1)
         except ValueError as exc:
             return str(exc)
 
