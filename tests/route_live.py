@@ -52,6 +52,9 @@ class LiveRoute:
         except BaseException:
             self.proc.kill()
             self.proc.wait(5)
+            for pipe in (self.proc.stdout, self.proc.stderr):
+                if pipe is not None:
+                    pipe.close()
             raise
 
     def _read_banner(self, workers: int) -> None:
@@ -87,6 +90,9 @@ class LiveRoute:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
 
     # ---------------------------------------------------------------- HTTP
 
