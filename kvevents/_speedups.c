@@ -417,27 +417,30 @@ static inline Py_ssize_t home_of(const View *v, int64_t k) {
     return (Py_ssize_t)(((uint64_t)k * MIX) >> v->nshift);
 }
 
-/* The slot of key k in its home bucket (b), else via the spill dict, else -1 (-2 on error). */
-static Py_ssize_t probe(const View *v, int64_t k, Py_ssize_t b) {
-    if (k == v->vacant) return -1;
-    const int64_t *row = v->keys + b * SLOTS;
-    for (int j = 0; j < SLOTS; j++)
-        if (row[j] == k) return b * SLOTS + j;
-    if (v->over[b] && PyDict_GET_SIZE(v->spill)) {
-        PyObject *key = PyLong_FromLongLong(k);
-        if (!key) return -2;
-        PyObject *s = PyDict_GetItemWithError(v->spill, key);
-        Py_DECREF(key);
-        if (!s) return PyErr_Occurred() ? -2 : -1;
-        int64_t slot;
-        if (as_i64(s, &slot, "spill slot") < 0) return -2;
-        if (slot < 0 || slot >= v->n) {
-            PyErr_SetString(PyExc_ValueError, "spill slot out of range");
-            return -2;
-        }
-        return (Py_ssize_t)slot;
+/* The slot of a key off its home bucket, from the spill dict; -1 absent, -2 error. */
+static Py_ssize_t probe_spill(const View *v, int64_t k) {
+    PyObject *key = PyLong_FromLongLong(k);
+    if (!key) return -2;
+    PyObject *s = PyDict_GetItemWithError(v->spill, key);
+    Py_DECREF(key);
+    if (!s) return PyErr_Occurred() ? -2 : -1;
+    int64_t slot;
+    if (as_i64(s, &slot, "spill slot") < 0) return -2;
+    if (slot < 0 || slot >= v->n) {
+        PyErr_SetString(PyExc_ValueError, "spill slot out of range");
+        return -2;
     }
-    return -1;
+    return (Py_ssize_t)slot;
+}
+
+/* The slot of key k in its home bucket (b), else via the spill dict, else -1 (-2 on error). */
+static inline Py_ssize_t probe(const View *v, int64_t k, Py_ssize_t b) {
+    const int64_t *row = v->keys + b * SLOTS;
+    unsigned hit = 0;
+    for (int j = 0; j < SLOTS; j++) hit |= (unsigned)(row[j] == k) << j;  /* branch-free compare */
+    if (hit && k != v->vacant) return b * SLOTS + CTZ64(hit);
+    if (k == v->vacant || !v->over[b] || !PyDict_GET_SIZE(v->spill)) return -1;
+    return probe_spill(v, k);
 }
 
 /* ------------------------------------------------------------------ the walk */
