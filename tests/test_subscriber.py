@@ -392,7 +392,7 @@ def test_start_with_a_bad_endpoint_raises_at_once(caplog, source):
             sub.start()
         time.sleep(0.2)
     assert sub._thread is None and not caplog.records  # no thread left logging in the background
-    assert all(s.sub is None and s.dealer is None for s in sub._srcs)  # nothing left open
+    assert sub.open_sockets() == 0  # nothing left open
     sub.stop()
 
 

@@ -6,7 +6,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-import zmq
 
 from kvevents.events import KVEventBatch
 
@@ -62,13 +61,11 @@ class Request:
 
 
 class SourceState:
-    """Runtime state of one source: sockets, streams per dp_rank, the one in-flight request."""
+    """Sequencing state of one source: streams per dp_rank, the one in-flight request, when heard."""
 
     def __init__(self, source: Any) -> None:
         self.source = source
         self.name: str = source.name  # type: ignore[assignment]
-        self.sub: zmq.Socket | None = None
-        self.dealer: zmq.Socket | None = None
         self.streams: dict[int | None, Stream] = {}
         self.queue: deque[Request] = deque()
         self.active: Request | None = None
@@ -76,7 +73,6 @@ class SourceState:
         self.heard_at: float | None = None  # the subscriber's monotonic clock, for staleness
         self.stale = False
         self.not_before = 0.0  # backoff: no new request before this time
-        self.monitor: zmq.Socket | None = None  # the SUB's connection events (reconnects)
         self.connects = 0  # connections the SUB made or accepted
         # Does the publisher answer KVE/DESCRIBE? None: not known yet; False: a DESCRIBE timed out
         # (vLLM, SGLang), so seqs alone find restarts until the next reconnect asks again.
