@@ -118,9 +118,9 @@ class HashTable:
 
     def cview(self) -> tuple:
         """The arrays and bucket math as the compiled fast path reads them (kvevents.speedups):
-        (keys, state, parent, masks flat, overflow bytes, nshift, vacant, spill, ncols). Valid until
-        the next rebuild or added column."""
-        return (self.keys, self.state, self.parent, self._mv, self._ov, self._nshift, self.vacant, self.spill, self.nc)
+        (keys, state, parent, masks flat, overflow bytes, nshift, vacant, spill, ncols), the arrays as
+        memoryviews (cheaper for C to open than numpy arrays). Valid until the next rebuild or added column."""
+        return (self._kv, self._sv, self._pv, self._mv, self._ov, self._nshift, self.vacant, self.spill, self.nc)
 
     def note_deleted(self, n: int) -> None:
         """Account for `n` rows the compiled remove loop deleted (tombstoned) through `cview`."""

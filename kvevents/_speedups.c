@@ -452,11 +452,23 @@ static inline Py_ssize_t probe(const View *v, int64_t k, Py_ssize_t b) {
  * plan: list of (cview, filter uint64[nc] or None); layout: list of WordLayout (word, cols, alive).
  * The twin of: masks = OR over the plan of t.rows(hashes) & filter; consumers.lookup.walk(masks, ...). */
 static PyObject *walk(PyObject *self, PyObject *args) {
-    PyObject *hashes, *plan, *layout, *media, *weights, *pm_cls, *wm_cls, *sum_fn, *wm_fields = NULL;
-    if (!PyArg_ParseTuple(args, "OO!O!O!O!OOO|O", &hashes, &PyList_Type, &plan, &PyList_Type, &layout, &PyList_Type,
-                          &media, &PyList_Type, &weights, &pm_cls, &wm_cls, &sum_fn, &wm_fields))
+    PyObject *hashes, *plan, *layout, *media, *weights, *pm_cls, *wm_cls, *sum_fn, *wm_fields = NULL, *pm_fields = NULL;
+    if (!PyArg_ParseTuple(args, "OO!O!O!O!OOO|OO", &hashes, &PyList_Type, &plan, &PyList_Type, &layout, &PyList_Type,
+                          &media, &PyList_Type, &weights, &pm_cls, &wm_cls, &sum_fn, &wm_fields, &pm_fields))
         return NULL;
     if (wm_fields == Py_None) wm_fields = NULL;
+    if (pm_fields == Py_None) pm_fields = NULL;
+    if (pm_fields) {  /* (pages, workers) slot descriptors of pm_cls */
+        int ok = PyType_Check(pm_cls) && PyTuple_Check(pm_fields) && PyTuple_GET_SIZE(pm_fields) == 2;
+        for (int f = 0; ok && f < 2; f++) {
+            PyObject *d = PyTuple_GET_ITEM(pm_fields, f);
+            ok = Py_TYPE(d) == &PyMemberDescr_Type && PyDescr_TYPE(d) == (PyTypeObject *)pm_cls;
+        }
+        if (!ok) {
+            PyErr_SetString(PyExc_ValueError, "pm_fields must be the 2 slot descriptors of the PrefixMatch class");
+            return NULL;
+        }
+    }
     if (wm_fields) {  /* (pages, score, pages_by_medium) slot descriptors of wm_cls, in __init__ order */
         int ok = PyType_Check(wm_cls) && PyTuple_Check(wm_fields) && PyTuple_GET_SIZE(wm_fields) == 3;
         for (int f = 0; ok && f < 3; f++) {
@@ -490,7 +502,18 @@ static PyObject *walk(PyObject *self, PyObject *args) {
 
     if (nv > MAX_VIEWS) { PyErr_SetString(PyExc_ValueError, "too many views in the plan"); goto done; }
     if (PyList_GET_SIZE(weights) != nmedia) { PyErr_SetString(PyExc_ValueError, "weights and media differ in length"); goto done; }
-    result = PyObject_CallFunction(pm_cls, "n", n);
+    if (pm_fields) {  /* PrefixMatch's two slots set directly: no __init__ frame */
+        result = ((PyTypeObject *)pm_cls)->tp_alloc((PyTypeObject *)pm_cls, 0);
+        PyObject *pg = result ? PyLong_FromSsize_t(n) : NULL, *wd = pg ? PyDict_New() : NULL;
+        PyObject *d0 = PyTuple_GET_ITEM(pm_fields, 0), *d1 = PyTuple_GET_ITEM(pm_fields, 1);
+        if (!wd || Py_TYPE(d0)->tp_descr_set(d0, result, pg) < 0 || Py_TYPE(d1)->tp_descr_set(d1, result, wd) < 0) {
+            Py_XDECREF(pg); Py_XDECREF(wd);
+            goto fail;
+        }
+        Py_DECREF(pg); Py_DECREF(wd);
+    } else {
+        result = PyObject_CallFunction(pm_cls, "n", n);
+    }
     if (!result) goto done;
     workers = PyObject_GetAttrString(result, "workers");
     if (!workers || !PyDict_Check(workers)) {

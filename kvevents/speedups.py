@@ -105,12 +105,12 @@ def digests_int64(packed: bytes) -> bytes:
 _SLOTS: dict[type, tuple | None] = {}
 
 
-def _slots_of(cls: type) -> tuple | None:
-    """The (pages, score, pages_by_medium) slot descriptors of a plain slotted dataclass, so the C
-    walk fills results without running __init__; None (C calls the class) for anything else."""
+def _slots_of(cls: type, want: tuple[str, ...] = ("pages", "score", "pages_by_medium")) -> tuple | None:
+    """The slot descriptors (fields `want`, in order) of a plain slotted dataclass, so the C walk
+    fills results without running __init__; None (C calls the class) for anything else."""
     if cls not in _SLOTS:
-        names = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else []
-        plain = names == ["pages", "score", "pages_by_medium"] and not hasattr(cls, "__post_init__")
+        names = tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else ()
+        plain = names == want and not hasattr(cls, "__post_init__")
         descs = tuple(cls.__dict__.get(n) for n in names)
         _SLOTS[cls] = descs if plain and all(type(d) is types.MemberDescriptorType for d in descs) else None
     return _SLOTS[cls]
@@ -119,7 +119,8 @@ def _slots_of(cls: type) -> tuple | None:
 def walk(hashes: Any, plan: list, layout: list, media: list, weights: list, prefix_cls: type, worker_cls: type) -> Any:
     """The index walk over table views (see consumers.lookup.walk_plan); NotImplemented when the
     weights are not all floats (the Python twin then runs, keeping its result types)."""
-    return _c.walk(hashes, plan, layout, media, weights, prefix_cls, worker_cls, builtins.sum, _slots_of(worker_cls))  # type: ignore[union-attr]
+    return _c.walk(hashes, plan, layout, media, weights, prefix_cls, worker_cls, builtins.sum, _slots_of(worker_cls),
+                  _slots_of(prefix_cls, ("pages", "workers")))  # type: ignore[union-attr]
 
 
 def set_bits_each(view: tuple, hashes: list[int], col: int, bit: int, prev: int | None) -> tuple[list[int], int, int] | None:
