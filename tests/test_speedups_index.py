@@ -247,7 +247,7 @@ def test_a_full_table_raises_instead_of_looping():
 
 def test_huge_and_read_only_inputs():
     v = _view()
-    ro = tuple(np.frombuffer(bytes(a), a.dtype) if isinstance(a, np.ndarray) else a for a in v)
+    ro = tuple(memoryview(bytes(a)).cast(a.format) if isinstance(a, memoryview) else a for a in v)
     with pytest.raises(ValueError):
         speedups.set_bits_each(ro, [1], 0, 1, None)
     huge = np.zeros(1_000_000, np.int64)
