@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -28,7 +28,7 @@ def _console() -> Console:
     return console
 
 
-def _parse_tokens(raw: List[str]) -> list[int]:
+def _parse_tokens(raw: list[str]) -> list[int]:
     """Token ids from arguments; each argument may also be a comma-separated list."""
     out: list[int] = []
     for arg in raw:
@@ -44,7 +44,7 @@ def _parse_tokens(raw: List[str]) -> list[int]:
 
 @app.command("hash", context_settings={"ignore_unknown_options": True})  # `hash -1 ...`: a bad token, not an option
 def hash_cmd(
-    tokens: List[str] = typer.Argument(..., help="Token ids (space or comma separated), each in 0..2**32-1."),
+    tokens: list[str] = typer.Argument(..., help="Token ids (space or comma separated), each in 0..2**32-1."),
     page_size: int = typer.Option(..., "--page-size", "-p", help="Tokens per page (>= 1)."),
     extra_key: Optional[str] = typer.Option(None, "--extra-key", help="Namespace extra key (LoRA id, variant)."),
     cache_salt: Optional[str] = typer.Option(None, "--cache-salt", help="Namespace tenant salt."),
@@ -100,7 +100,14 @@ def hash_cmd(
 def _vllm_hash(ids: list[int], page_size: int, profile: str, lora: Optional[str], salt: Optional[str],
                prior: Optional[str], seed: Optional[str], lora_path: Optional[str], as_json: bool) -> None:
     """`kvevents hash --profile vllm-*`: vLLM 0.33's digests and the uint64s its events carry."""
-    from kvevents.engines.vllm import PROFILES, none_hash, tagged_extra_keys, to_event_hash, untag_extra_keys, vllm_block_hashes
+    from kvevents.engines.vllm import (
+        PROFILES,
+        none_hash,
+        tagged_extra_keys,
+        to_event_hash,
+        untag_extra_keys,
+        vllm_block_hashes,
+    )
 
     algo = PROFILES.get(profile)
     if algo is None:

@@ -11,8 +11,15 @@ from typing import Any, Optional
 import typer
 
 from kvevents.cli.app import CheckFailed, app, user_error
-from kvevents.cli.keys import (ALLOW_HELP, CLIENT_CERT_HELP, SECRET_HELP, SERVER_KEY_HELP, curve_client,
-                               curve_server, show_plain_bind_once)
+from kvevents.cli.keys import (
+    ALLOW_HELP,
+    CLIENT_CERT_HELP,
+    SECRET_HELP,
+    SERVER_KEY_HELP,
+    curve_client,
+    curve_server,
+    show_plain_bind_once,
+)
 
 _STARTED = "kvevents serve:"
 
@@ -53,7 +60,6 @@ def serve(
     """Run simulated engine workers, each publishing its KV events; a status line per second."""
     from kvevents.publisher import Publisher
     from kvevents.sim import ENGINES, Workload, make_worker, serve_and_publish
-
     from kvevents.transport.wire import check_endpoint, offset_endpoint
 
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
