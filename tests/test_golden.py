@@ -331,7 +331,7 @@ def test_scenario_hashes_recomputed_from_tokens(name: str) -> None:
 
 
 def test_golden_checker_passes(golden: dict) -> None:
-    from kvevents.cli.golden_check import check_golden
+    from kvevents.golden import check_golden
 
     items = check_golden(golden)
     assert items and all(i.ok for i in items), [(i.name, i.failures) for i in items if not i.ok]
@@ -360,7 +360,7 @@ TAMPER = {
 
 @pytest.mark.parametrize("name", list(TAMPER))
 def test_golden_checker_detects_each_tampering(name: str) -> None:
-    from kvevents.cli.golden_check import check_golden
+    from kvevents.golden import check_golden
 
     tampered = json.loads(json.dumps(GOLDEN))
     TAMPER[name](tampered)

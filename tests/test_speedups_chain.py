@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvevents import hashing, speedups
-from kvevents.cli.golden_check import check_golden
+from kvevents.golden import check_golden
 from kvevents.hashing import Namespace
 
 pytestmark = pytest.mark.skipif(not speedups.active(), reason="kvevents._speedups not built, or KVEVENTS_PURE_PYTHON set")

@@ -1,7 +1,7 @@
 """kvevents CLI commands for the contract layer: `hash`, `schema`, `golden`, `version`.
 
 Thin wrappers: parse, call kvevents.hashing / kvevents.events, render. The golden check lives in
-kvevents.cli.golden_check so this module stays a face.
+kvevents.golden so this module stays a face.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def golden(
     ),
 ) -> None:
     """Check this installation against the golden vectors; exit 1 on any mismatch."""
-    from kvevents.cli.golden_check import check_golden
+    from kvevents.golden import check_golden
 
     console = _console()
     failed = 0

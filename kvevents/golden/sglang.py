@@ -1,10 +1,10 @@
-"""`kvevents golden`: check this installation against golden vectors computed by SGLang 0.5.20.
+"""Check this installation against golden vectors computed by SGLang 0.5.20 (`kvevents golden`).
 
 Every section of the golden file is checked: cases (storage and event chains, seeds, published
 ints, the BlockStored events), namespace seeds, direct vectors (incl. rejected token ids),
 scenario wire bytes and the wire section (decode to the golden events; our bytes equal the golden
 ones once the keys we always write and SGLang omits, `medium` / `lora_name` as nil, are inserted).
-A vLLM golden file (schemas/golden/vllm-*.json) is checked by kvevents.cli.golden_vllm instead.
+A vLLM golden file (schemas/golden/vllm-*.json) is checked by kvevents.golden.vllm instead.
 """
 
 from __future__ import annotations
@@ -398,7 +398,7 @@ def _wire(wire: dict[str, Any]) -> list[Item]:
 
 def check_golden(golden: dict[str, Any]) -> list[Item]:
     """Check every section of a golden file; returns one Item per golden item, in file order."""
-    from kvevents.cli.golden_vllm import check_vllm_golden, is_vllm_golden
+    from kvevents.golden.vllm import check_vllm_golden, is_vllm_golden
 
     if is_vllm_golden(golden):  # schemas/golden/vllm-*.json: vLLM's own hash chain
         return check_vllm_golden(golden)

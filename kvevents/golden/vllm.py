@@ -1,4 +1,4 @@
-"""`kvevents golden` on vLLM golden vectors (schemas/golden/vllm-0.33.json, made by running vLLM 0.33).
+"""Check vLLM golden vectors (`kvevents golden`) (schemas/golden/vllm-0.33.json, made by running vLLM 0.33).
 
 Per case: NONE_HASH, every block digest, the published uint64s, the events' untagged extra keys,
 and one BlockStored through the vLLM wire (encode, our vLLM decoder, the contract decoder).
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvevents.cli.golden_check import Item
+from kvevents.golden.sglang import Item
 from kvevents.engines.vllm import (
     event_extra_keys,
     none_hash,
