@@ -732,6 +732,11 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                         PyObject *d = PyTuple_GET_ITEM(wm_fields, f);
                         if (Py_TYPE(d)->tp_descr_set(d, wm, argv[f]) < 0) Py_CLEAR(wm);
                     }
+                    /* it holds an int, a float and a dict of str -> int: it can be part of no cycle
+                     * unless a caller reassigns a field, so the cyclic GC need not track it (a lookup
+                     * then adds 2 tracked objects instead of ~20: fewer gen-0 collections inside
+                     * lookups, which showed in the p99) */
+                    if (wm && PyObject_IS_GC(wm) && PyObject_GC_IsTracked(wm)) PyObject_GC_UnTrack(wm);
                 } else {
                     wm = PyObject_Vectorcall(wm_cls, argv, 3, NULL);
                 }

@@ -291,3 +291,14 @@ def test_int64_check_matches_the_python_one():
         fast = indexer._all_int64(hashes, prev)
         with speedups.python_only():
             assert fast == indexer._all_int64(hashes, prev), (hashes, prev)
+
+
+def test_walk_results_add_few_objects_to_the_cyclic_gc():
+    """WorkerMatch results hold only an int, a float and a str -> int dict: untracked (lookup p99)."""
+    import gc
+
+    idx = BlockIndex()
+    idx.apply("a", KVEventBatch(0.0, [BlockStored([1, 2], None, [], 16, None, "GPU", None)], 0))
+    got = idx.prefix_match(np.array([1, 2], np.int64))
+    assert got == PrefixMatch(2, {0: WorkerMatch(2, 2.0, {"GPU": 2})})
+    assert not gc.is_tracked(got.workers[0]) and not gc.is_tracked(got.workers[0].pages_by_medium)
