@@ -67,6 +67,20 @@ static int as_i64(PyObject *o, int64_t *out, const char *what) {
 
 /* ------------------------------------------------------------------ page chain */
 
+/* A page size argument: an int in 1..max, else ValueError (never OverflowError). */
+static int page_size_of(PyObject *o, Py_ssize_t max, Py_ssize_t *out) {
+    int64_t v;
+    if (PyBool_Check(o) || as_i64(o, &v, "page_size") < 0 || v < 1 || v > max) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "page_size must be an integer in 1..%zd", max);
+        return -1;
+    }
+    *out = (Py_ssize_t)v;
+    return 0;
+}
+
+
+
 /* chain_pages(pages, prior) -> list[bytes]: digest i = sha256(digest i-1 + page i) (or of page 0
  * alone without a prior). The twin of kvevents.hashing._digests. */
 static PyObject *chain_pages(PyObject *self, PyObject *args) {
@@ -118,13 +132,10 @@ static PyObject *chain_pages(PyObject *self, PyObject *args) {
 /* chain_packed(data, page_size, prior) -> bytes: the chain over packed uint32 tokens cut into pages
  * (the last may be partial), as concatenated 32-byte digests. */
 static PyObject *chain_packed(PyObject *self, PyObject *args) {
-    PyObject *data, *prior;
+    PyObject *data, *prior, *pso;
     Py_ssize_t page_size;
-    if (!PyArg_ParseTuple(args, "OnO", &data, &page_size, &prior)) return NULL;
-    if (page_size < 1 || page_size > ((Py_ssize_t)1 << 40)) {
-        PyErr_Format(PyExc_ValueError, "page_size must be an integer >= 1, got %zd", page_size);
-        return NULL;
-    }
+    if (!PyArg_ParseTuple(args, "OOO", &data, &pso, &prior)) return NULL;
+    if (page_size_of(pso, (Py_ssize_t)1 << 40, &page_size) < 0) return NULL;
     uint8_t prev[32];
     int have = 0;
     if (prior != Py_None) {
@@ -249,15 +260,12 @@ static int pack_range(PyObject *list, Py_ssize_t lo, Py_ssize_t hi, uint8_t *out
  * latency-bound, packing load-bound: the CPU overlaps them). whole: a partial last page is only
  * validated, not hashed. The twin of packed_chain(pack_tokens(tokens)[:whole pages], ...). */
 static PyObject *chain_list(PyObject *self, PyObject *args) {
-    PyObject *list, *prior;
+    PyObject *list, *prior, *pso;
     Py_ssize_t page_size;
     int whole;
-    if (!PyArg_ParseTuple(args, "OnOp", &list, &page_size, &prior, &whole)) return NULL;
+    if (!PyArg_ParseTuple(args, "OOOp", &list, &pso, &prior, &whole)) return NULL;
+    if (page_size_of(pso, (Py_ssize_t)1 << 28, &page_size) < 0) return NULL;
     if (!PyList_Check(list)) Py_RETURN_NONE;
-    if (page_size < 1 || page_size > ((Py_ssize_t)1 << 28)) {
-        PyErr_Format(PyExc_ValueError, "page_size must be an integer >= 1, got %zd", page_size);
-        return NULL;
-    }
     uint8_t prev[32];
     int have = 0;
     if (prior != Py_None) {

@@ -168,6 +168,7 @@ def check_page_size(page_size: int) -> int:
 _check_page_size = check_page_size
 
 
+_C_PAGE_MAX = 1 << 20  # larger pages (absurd, but valid) take the pure-Python chain
 _BLOCK = 64  # pages / digests unpacked per struct call (a bounded set of cached Structs)
 
 
@@ -249,7 +250,7 @@ def _ints(digests: Sequence[bytes]) -> list[int]:
 def packed_chain(data: bytes, page_size: int, prior: bytes | None = None) -> bytes:
     """The page chain over packed whole pages (`pack_tokens` output), as concatenated raw digests:
     what the cache keeps per node (32 bytes a page, no object per digest)."""
-    if _speedups.active():
+    if page_size <= _C_PAGE_MAX and _speedups.active():
         return _speedups.chain_packed(data, page_size, prior)
     return b"".join(_digests(_pages(data, page_size), prior))
 
@@ -258,7 +259,7 @@ def whole_pages_chain(token_ids: Sequence[int], page_size: int, prior: bytes | N
     """`packed_chain` of the whole pages of `token_ids` (every id validated; a partial tail is not
     hashed): what a router looks up. Compiled, a token list is packed and hashed in one pass."""
     _check_page_size(page_size)
-    if type(token_ids) is list and _speedups.active():
+    if type(token_ids) is list and page_size <= _C_PAGE_MAX and _speedups.active():
         out = _speedups.chain_list(token_ids, page_size, prior)
         if out is not None:  # None: a bad id, named by pack_tokens below
             return out
