@@ -45,15 +45,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kvevents.events import BlockRemoved, BlockStored, KVEventBatch, decode_batch, encode_batch  # noqa: E402
-from kvevents.hashing import Namespace, event_hashes, event_hashes_int64, to_int64  # noqa: E402
-
 from consumers.indexer import BlockIndex  # noqa: E402
 from consumers.keying import SourceKeyer  # noqa: E402
-from kvevents.engines.vllm import vllm_event_hashes  # noqa: E402
-from kvevents.engines.vllm_wire import encode_vllm_batch, stored_event  # noqa: E402
 from consumers.router import PrefixRouter  # noqa: E402
 from consumers.table import rebuild_buckets  # noqa: E402
+from kvevents.engines.vllm import vllm_event_hashes  # noqa: E402
+from kvevents.engines.vllm_wire import encode_vllm_batch, stored_event  # noqa: E402
+from kvevents.events import BlockRemoved, BlockStored, KVEventBatch, decode_batch, encode_batch  # noqa: E402
+from kvevents.hashing import Namespace, event_hashes, event_hashes_int64, to_int64  # noqa: E402
 
 PAGE = 16
 

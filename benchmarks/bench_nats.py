@@ -26,10 +26,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from consumers.indexer import BlockIndex  # noqa: E402
-from kvevents.transport.engine_requests import snapshot as request_snapshot  # noqa: E402
 from kvevents.events import BlockStored  # noqa: E402
 from kvevents.publisher import Publisher  # noqa: E402
 from kvevents.subscriber import Delivery, Source, Subscriber  # noqa: E402
+from kvevents.transport.engine_requests import snapshot as request_snapshot  # noqa: E402
 from kvevents.transport.jetstream_admin import stream_report  # noqa: E402
 from kvevents.transport.jetstream_bridge import Bridge  # noqa: E402
 from kvevents.transport.jetstream_source import JetStreamSource  # noqa: E402

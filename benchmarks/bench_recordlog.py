@@ -12,8 +12,8 @@ import argparse
 import gc
 import json
 import os
-import subprocess
 import random
+import subprocess
 import sys
 import tempfile
 import time

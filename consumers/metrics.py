@@ -37,7 +37,7 @@ METRIC_NAMES: dict[str, str] = {
 
 
 class _Collector(Collector):
-    def __init__(self, service: "RouterService") -> None:
+    def __init__(self, service: RouterService) -> None:
         self.service = service
 
     def collect(self) -> Iterator[Any]:
@@ -85,7 +85,7 @@ class _Collector(Collector):
 class ServiceMetrics:
     """One registry per service: the scrape-time collector plus a score latency histogram."""
 
-    def __init__(self, service: "RouterService") -> None:
+    def __init__(self, service: RouterService) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(service))
         self.score_seconds = Histogram(

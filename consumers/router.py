@@ -15,6 +15,10 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from consumers.indexer import BlockIndex
+from consumers.keys import request_keys
+from consumers.lookup import PrefixMatch
+from consumers.table import as_hashes
 from kvevents.hashing import (
     Namespace,
     check_page_size,
@@ -27,11 +31,6 @@ from kvevents.hashing import (
     split_pages,
     whole_pages_chain,
 )
-
-from consumers.indexer import BlockIndex
-from consumers.keys import request_keys
-from consumers.lookup import PrefixMatch
-from consumers.table import as_hashes
 
 __all__ = ["PrefixRouter", "WorkerScore", "DEFAULT_MEDIUM_WEIGHTS"]
 

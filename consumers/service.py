@@ -17,13 +17,12 @@ from typing import Annotated, Any, Mapping, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kvevents.subscriber import Delivery, Reset, Source, SourceStatus, Subscriber, parse_source
-
 from consumers.indexer import BlockIndex, worker_label
 from consumers.keying import SourceKeyer
 from consumers.metrics import ServiceMetrics
 from consumers.router import PrefixRouter, WorkerScore
 from consumers.status import StatusBoard
+from kvevents.subscriber import Delivery, Reset, Source, SourceStatus, Subscriber, parse_source
 
 __all__ = [
     "RouterService",
@@ -197,7 +196,7 @@ class RouterService:
             st = self._state.get(source)
             return None if st is None else st.ranks.get(dp_rank)
 
-    def start(self) -> "RouterService":
+    def start(self) -> RouterService:
         """Start the subscriber thread (or the feed, and a thread polling it)."""
         if self.subscriber is not None:
             self.subscriber.start()
@@ -228,7 +227,7 @@ class RouterService:
             self._pump = None
         self.feed.stop()
 
-    def __enter__(self) -> "RouterService":
+    def __enter__(self) -> RouterService:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

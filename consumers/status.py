@@ -191,7 +191,7 @@ class StatusBoard:
             **act,
         }
 
-    def _adapter_counts(self, service: "RouterService") -> tuple[dict[str, dict[str, int]], float]:
+    def _adapter_counts(self, service: RouterService) -> tuple[dict[str, dict[str, int]], float]:
         now = self.clock()
         cached = self._adapters
         if cached is not None and now - cached[0] < max(self.adapter_refresh_s, 50 * cached[1]):

@@ -78,14 +78,14 @@ SUBSCRIBER_METRICS: dict[str, tuple[str, str, str]] = {
 _lock = threading.Lock()
 # port -> [server, thread, users]: one HTTP server per port, shut down when its last user leaves
 _servers: dict[int, list[Any]] = {}
-_ports: "weakref.WeakKeyDictionary[Any, int]" = weakref.WeakKeyDictionary()  # member -> its port
+_ports: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()  # member -> its port
 
 
 class _StatsCollector(Collector):
     def __init__(self, table: dict[str, tuple[str, str, str]], labels: tuple[str, ...]) -> None:
         self.table = table
         self.labels = labels
-        self.members: "weakref.WeakKeyDictionary[Any, tuple[str, ...]]" = weakref.WeakKeyDictionary()
+        self.members: weakref.WeakKeyDictionary[Any, tuple[str, ...]] = weakref.WeakKeyDictionary()
 
     def collect(self) -> Iterator[Any]:
         fams = {}

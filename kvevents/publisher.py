@@ -108,7 +108,7 @@ class PublisherConfig(BaseModel):
         return check_endpoint(v) if v else v
 
     @model_validator(mode="after")
-    def _rank_port_fits(self) -> "PublisherConfig":
+    def _rank_port_fits(self) -> PublisherConfig:
         """dp_rank r offsets tcp ports by r: the offset port must stay <= 65535."""
         for ep in (self.endpoint, self.replay_endpoint):
             if ep:
@@ -429,7 +429,7 @@ class Publisher:
             metrics.forget_publisher(self)
         return unsent
 
-    def __enter__(self) -> "Publisher":
+    def __enter__(self) -> Publisher:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -110,7 +110,7 @@ class Subscriber:
     def start_mode(self) -> str:
         return self.sequencer.start_mode
 
-    def start(self) -> "Subscriber":
+    def start(self) -> Subscriber:
         """Run on a background thread, calling on_delivery / on_reset (on_delivery is required).
 
         The sockets are opened here, so a bad endpoint is a ValueError now, not a thread error later.
@@ -135,7 +135,7 @@ class Subscriber:
                 return
         self._close()
 
-    def __enter__(self) -> "Subscriber":
+    def __enter__(self) -> Subscriber:
         return self.start() if self.on_delivery is not None else self
 
     def __exit__(self, *exc: object) -> None:

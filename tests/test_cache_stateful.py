@@ -259,7 +259,7 @@ class CacheMachine(RuleBasedStateMachine):
         if self.store is not None:
             # write-through: every device page is in the store, under its full-namespace hash
             keys = set(self.store.keys())
-            for ns, tokens, storage, *_ in cache.sequences():
+            for _ns, _tokens, storage, *_ in cache.sequences():
                 assert set(storage) <= keys
             announced = cache._tier.announced  # type: ignore[union-attr]
             assert set(announced) <= keys

@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_recordlog_helpers import PAGE, chain_events, payload, write_log
 
 from kvevents.hashing import Namespace
 from kvevents.recordlog import MAGIC, RecordWriter, read_records
-from test_recordlog_helpers import PAGE, chain_events, payload, write_log
 
 
 def kv(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

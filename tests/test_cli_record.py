@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 import zmq
+from test_recordlog_helpers import payload
 
 from kvevents.recordlog import Record, RecordWriter, read_records
-from test_recordlog_helpers import payload
 
 pytest.importorskip("kvevents.publisher")
 from kvevents.cache import RadixCache  # noqa: E402

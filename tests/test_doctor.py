@@ -47,6 +47,7 @@ class _Engine:
 
     def _batches(self) -> Iterator[list]:
         from test_recordlog_helpers import chain_events
+
         from kvevents.hashing import Namespace
 
         if self.extra_key_bug:

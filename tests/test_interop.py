@@ -11,6 +11,7 @@ from collections import Counter
 import msgspec
 import pytest
 import zmq
+from strict_decoders import SGLANG_STRICT, VLLM_STRICT, decode_strict
 
 from consumers.indexer import BlockIndex
 from kvevents.cache import RadixCache
@@ -21,7 +22,6 @@ from kvevents.sim import SimWorker, Workload
 from kvevents.subscriber import Delivery, Reset, Source, Subscriber
 from kvevents.transport.testing import EPH, dealer_socket, recv_all, sub_socket, wait_joined
 from kvevents.transport.wire import DESCRIBE_REQUEST, END_SEQ, SNAPSHOT_REQUEST, pack_seq
-from strict_decoders import SGLANG_STRICT, VLLM_STRICT, decode_strict
 
 # ------------------------------------------------------------------ strict decoders, every batch kind
 

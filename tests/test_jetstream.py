@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from jetstream_helpers import Engine, JSRouter, caught_up, stored_seqs, wait_until
+
 from kvevents.transport.jetstream_bridge import Bridge
 from kvevents.transport.nats_link import NatsOptions, live_subject
 from kvevents.transport.nats_testing import NatsServer, nats_server_binary

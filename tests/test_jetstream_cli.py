@@ -10,8 +10,8 @@ import threading
 import time
 
 import pytest
-
 from jetstream_helpers import Engine, wait_until
+
 from kvevents.transport.jetstream_admin import stream_report, subject_counts
 from kvevents.transport.nats_link import NatsOptions
 from kvevents.transport.nats_testing import NatsServer, nats_server_binary

@@ -12,8 +12,8 @@ import sys
 import time
 
 import pytest
-
 from jetstream_helpers import Engine, wait_until
+
 from kvevents.publisher import publish_steps
 from kvevents.sim import Request
 from kvevents.transport.jetstream_bridge import Bridge

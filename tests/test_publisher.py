@@ -23,7 +23,6 @@ from kvevents.transport.wire import (
     should_bind,
 )
 
-
 # ------------------------------------------------------------------ config and endpoint rules
 
 

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from strict_decoders import VllmBatch, VllmStored
 
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 from kvevents.publisher import Publisher, PublisherConfig, publish_steps
 from kvevents.transport.testing import EPH, chain_events, dealer_socket, recv_all, stored, sub_socket, wait_joined
 from kvevents.transport.wire import DESCRIBE_REQUEST, END_SEQ, SNAPSHOT_REQUEST, pack_seq
-from strict_decoders import VllmBatch, VllmStored
-
 
 # ------------------------------------------------------------------ live wire
 
@@ -162,7 +161,7 @@ def test_publish_rejects_non_events_without_consuming_a_seq(pub):
 
 
 def test_publish_payload_republishes_bytes_and_updates_view(ctx, pub):
-    from kvevents.events import encode_batch, KVEventBatch
+    from kvevents.events import KVEventBatch, encode_batch
 
     raw = encode_batch(KVEventBatch(1.0, [stored(7)], 0))
     with_epoch = encode_batch(KVEventBatch(2.0, [stored(8)], 0, 123))

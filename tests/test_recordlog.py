@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from test_recordlog_helpers import PAGE, chain_events, payload, write_log
 
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored
 from kvevents.hashing import Namespace, event_hashes, to_int64
@@ -27,7 +28,6 @@ from kvevents.recordlog import (
     select_records,
     verify_log,
 )
-from test_recordlog_helpers import PAGE, chain_events, payload, write_log
 
 
 def _write_many(path: Path, n: int = 200) -> list[bytes]:
@@ -327,7 +327,8 @@ def test_reader_memory_is_bounded_by_chunks(tmp_path: Path) -> None:
     assert n == 64 and r.valid_end == p.stat().st_size
 
 
-from hypothesis import given, strategies as st  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st
 
 
 @given(st.data())

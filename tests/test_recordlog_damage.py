@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from test_recordlog_helpers import payload
 
 from kvevents.events import AllBlocksCleared, decode_batch
 from kvevents.recordlog import (
@@ -22,7 +23,6 @@ from kvevents.recordlog import (
     repair_log,
 )
 from kvevents.recordlog.format import encode_header
-from test_recordlog_helpers import payload
 
 
 def _write(path: Path, n: int = 30) -> list[bytes]:

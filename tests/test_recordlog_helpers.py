@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, BatchEncoder
+from kvevents.events import AllBlocksCleared, BatchEncoder, BlockRemoved, BlockStored
 from kvevents.hashing import Namespace, event_hashes, storage_hashes, to_int64
 from kvevents.recordlog import RecordWriter
 

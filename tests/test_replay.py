@@ -61,6 +61,7 @@ def _cache_stream(pub: Publisher, n_steps: int) -> int:
         from kvevents.sim import Workload
     except ImportError:  # pragma: no cover - the cache issue not landed
         from test_recordlog_helpers import chain_events
+
         from kvevents.hashing import Namespace
 
         batches = chain_events(Namespace(), n_chains=n_steps // 3)
@@ -120,6 +121,7 @@ def test_replay_seq_range_and_speed(tmp_path: Path) -> None:
 
 def test_replay_into_index(tmp_path: Path) -> None:
     from test_recordlog_helpers import chain_events, write_log
+
     from kvevents.hashing import Namespace
 
     p = tmp_path / "i.kvlog"

@@ -18,15 +18,14 @@ from kvevents.publisher import Publisher
 from kvevents.transport.replay_server import (
     MAX_FRAME_BYTES,
     MAX_REQUEST_BYTES,
-    ROUTER_COUNTERS,
     PENALTY_S,
+    ROUTER_COUNTERS,
     STALL_EVICT_S,
     ReplayServer,
     prepare_router_socket,
 )
 from kvevents.transport.testing import EPH, chain_events, dealer_socket
 from kvevents.transport.wire import DESCRIBE_REQUEST, END_SEQ, SEQ, SNAPSHOT_REQUEST
-
 
 RING = 2000
 

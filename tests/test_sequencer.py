@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from kvevents.events import BlockStored, encode_batch, KVEventBatch
+from kvevents.events import BlockStored, KVEventBatch, encode_batch
 from kvevents.transport.sequencer import DropDealer, Send, Sequencer
 from kvevents.transport.sources import Delivery, Reset, Source
 from kvevents.transport.wire import DESCRIBE_REQUEST, END_SEQ, SNAPSHOT_REQUEST, SNAPSHOT_SEQ, pack_seq

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvevents.cache import FileStore, MemoryStore, RadixCache
-from kvevents.events import AllBlocksCleared, encode_batch, KVEventBatch
+from kvevents.events import AllBlocksCleared, KVEventBatch, encode_batch
 from kvevents.hashing import Namespace, storage_hashes
 from kvevents.sim import Request, SimWorker, Workload, expected_content, page_content
 

@@ -6,11 +6,10 @@ import json
 
 import msgspec
 import pytest
+from conftest import REPO
 
 from kvevents.events import decode_batch
 from kvevents.sim_vllm import VllmSimWorker
-
-from conftest import REPO
 
 CASES = json.loads((REPO / "schemas" / "golden" / "vllm-0.33.json").read_text())["cases"]
 

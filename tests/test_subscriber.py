@@ -8,7 +8,7 @@ import time
 import pytest
 import zmq
 
-from kvevents.events import BlockRemoved, encode_batch, KVEventBatch
+from kvevents.events import BlockRemoved, KVEventBatch, encode_batch
 from kvevents.publisher import Publisher
 from kvevents.subscriber import Delivery, Reset, Source, Subscriber
 from kvevents.transport.testing import EPH, apply, chain_events, collect, free_tcp_endpoint, stored, view_counts

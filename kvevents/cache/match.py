@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from kvevents.hashing import Namespace
-
 from kvevents.cache.node import DIGEST, Node, hexes, published
+from kvevents.hashing import Namespace
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvevents.cache.radix import RadixCache
@@ -42,7 +41,7 @@ class Match:
         events: bytes,
         page_data: list[bytes],
         node: Node,
-        cache: "RadixCache",
+        cache: RadixCache,
         gen: int,
     ) -> None:
         self.num_tokens = num_tokens
@@ -60,7 +59,7 @@ class Match:
         return self._node
 
     @property
-    def cache(self) -> "RadixCache":
+    def cache(self) -> RadixCache:
         """The cache this match was taken from."""
         return self._cache
 

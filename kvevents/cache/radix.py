@@ -15,9 +15,6 @@ from collections import Counter
 from heapq import heapify, heappop, heappush
 from typing import Any, Callable, Sequence
 
-from kvevents.events import BlockRemoved, BlockStored, Event, event_to_dict
-from kvevents.hashing import Namespace, check_page_size, event_seed, pack_tokens, storage_seed
-
 from kvevents.cache.match import Match, NodeInfo
 from kvevents.cache.node import (
     DIGEST,
@@ -34,6 +31,8 @@ from kvevents.cache.node import (
 from kvevents.cache.queue import EventQueue
 from kvevents.cache.store import PageStore
 from kvevents.cache.tier import PageContent, StorageTier
+from kvevents.events import BlockRemoved, BlockStored, Event, event_to_dict
+from kvevents.hashing import Namespace, check_page_size, event_seed, pack_tokens, storage_seed
 
 __all__ = ["RadixCache", "Match", "NodeInfo"]
 

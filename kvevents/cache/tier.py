@@ -12,12 +12,11 @@ from __future__ import annotations
 from array import array
 from typing import Callable, Sequence
 
-from kvevents.events import BlockRemoved, BlockStored
-from kvevents.hashing import Namespace, pack_tokens, storage_hashes
-
 from kvevents.cache.node import DIGEST, hexes, published, published_one
 from kvevents.cache.queue import EventQueue
 from kvevents.cache.store import PageStore
+from kvevents.events import BlockRemoved, BlockStored
+from kvevents.hashing import Namespace, pack_tokens, storage_hashes
 
 __all__ = ["StorageTier", "STORAGE_MEDIUM", "PageContent"]
 
@@ -27,7 +26,7 @@ STORAGE_MEDIUM = "STORAGE"
 PageContent = Callable[[Namespace, bytes, int], list[bytes]]
 
 
-def _whole_pages(token_ids: Sequence[int], page_size: int) -> "array[int]":
+def _whole_pages(token_ids: Sequence[int], page_size: int) -> array[int]:
     data = pack_tokens(token_ids)
     step = page_size * 4
     arr = array("I")

@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import threading
-from typing import List, Optional
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -35,7 +35,7 @@ def _host_port(spec: str) -> tuple[str, int]:
 
 @app.command("route")
 def route_cmd(
-    publisher: List[str] = typer.Option(
+    publisher: list[str] = typer.Option(
         [], "--publisher", help="NAME=ENDPOINT[,REPLAY_ENDPOINT]; repeat for every publisher."
     ),
     nats_url: Optional[str] = typer.Option(None, "--nats", help="Read a NATS JetStream stream (kvevents bridge) instead: server URL(s)."),
@@ -48,10 +48,10 @@ def route_cmd(
     stale_after: float = typer.Option(5.0, "--stale-after", help="Seconds without a message before a source is stale."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the random tie-break (default: random)."),
     max_connections: int = typer.Option(1000, "--max-connections", help="HTTP connections served at once; past it requests get 503."),
-    key_mode: List[str] = typer.Option([], "--key-mode", help="NAME=contract|tokens|auto: how a publisher's blocks are keyed "
+    key_mode: list[str] = typer.Option([], "--key-mode", help="NAME=contract|tokens|auto: how a publisher's blocks are keyed "
                                        "(auto, the default: detected from its first stored blocks; tokens: any engine, e.g. vLLM); "
                                        "a bare MODE sets it for every publisher not named."),
-    curve_server_key: List[str] = typer.Option([], "--curve-server-key", help=SERVER_KEYS_HELP),
+    curve_server_key: list[str] = typer.Option([], "--curve-server-key", help=SERVER_KEYS_HELP),
     curve_client_cert: Optional[str] = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
 ) -> None:
     """Subscribe to publishers, keep a block index, and rank workers for requests over HTTP.

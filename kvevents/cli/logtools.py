@@ -8,4 +8,4 @@ from kvevents.cli.logtools_log import log_app
 
 app.add_typer(log_app, name="log")
 
-from kvevents.cli import logtools_live, logtools_doctor  # noqa: E402,F401  (registration)
+from kvevents.cli import logtools_doctor, logtools_live  # noqa: E402,F401  (registration)

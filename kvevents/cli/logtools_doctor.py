@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
 from kvevents.cli.app import CheckFailed, app, user_error
 from kvevents.cli.keys import CLIENT_CERT_HELP, SERVER_KEY_HELP, curve_client
 from kvevents.cli.logtools_common import print_checks
-
 
 
 @app.command("doctor")
@@ -23,7 +22,7 @@ def doctor_cmd(
     page_size: Optional[int] = typer.Option(None, "--page-size", "-p", help="Page size, to recompute published hashes."),
     topic: Optional[str] = typer.Option(None, "--topic", help="The topic your consumer subscribes to."),
     timeout: float = typer.Option(3.0, "--timeout", help="Seconds to listen (and to wait for each answer)."),
-    salt: List[str] = typer.Option([], "--salt", help="A tenant cache_salt chain heads may be seeded with."),
+    salt: list[str] = typer.Option([], "--salt", help="A tenant cache_salt chain heads may be seeded with."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     curve_server_key: Optional[str] = typer.Option(None, "--curve-server-key", help=SERVER_KEY_HELP),
     curve_client_cert: Optional[str] = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, List, Optional
+from typing import Any, Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -27,7 +27,7 @@ SILENCE_HINT_S = 3.0  # nothing received for this long: print what to check
 
 @app.command("record")
 def record_cmd(
-    publisher: List[str] = typer.Option([], "--publisher", help="NAME=ENDPOINT[,REPLAY] (repeatable)."),
+    publisher: list[str] = typer.Option([], "--publisher", help="NAME=ENDPOINT[,REPLAY] (repeatable)."),
     output: str = typer.Option(..., "--output", "-o", help="Record log file to write."),
     nats_url: Optional[str] = typer.Option(None, "--nats", help="Record a NATS JetStream stream (kvevents bridge) instead: server URL(s)."),
     stream: str = typer.Option("kvevents", "--stream", help="With --nats: the JetStream stream name."),
@@ -43,7 +43,7 @@ def record_cmd(
                               "marker and the publisher's KVE/SNAPSHOT, then the batches after it (a publisher "
                               "without a replay endpoint or without snapshots: as oldest); oldest: the "
                               "publisher's kept history first; now: nothing before the first live batch."),
-    curve_server_key: List[str] = typer.Option([], "--curve-server-key", help=SERVER_KEYS_HELP),
+    curve_server_key: list[str] = typer.Option([], "--curve-server-key", help=SERVER_KEYS_HELP),
     curve_client_cert: Optional[str] = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
 ) -> None:
     """Capture live batches, with the subscriber's gap repair, into a record log.

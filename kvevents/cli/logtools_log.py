@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import List, Optional
+from typing import Optional
 
 import typer
 from rich.table import Table
 
 from kvevents.cli.app import CheckFailed, user_error
 from kvevents.cli.logtools_common import out_console, warn_damage
-from kvevents.recordlog.verify import make_verifier
 from kvevents.recordlog import LogStats, RecordReader, StatsCollector, VerifyReport, apply_log, iter_jsonl, repair_log
+from kvevents.recordlog.verify import make_verifier
 
 log_app = typer.Typer(help="Inspect, verify, repair, export and index record logs.", no_args_is_help=True)
 
@@ -26,10 +26,10 @@ def inspect_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
     verify: bool = typer.Option(False, "--verify", help="Check the contract over the whole log (needs --page-size)."),
     page_size: Optional[int] = typer.Option(None, "--page-size", "-p", help="Tokens per page, for --verify."),
-    salt: List[str] = typer.Option([], "--salt", help="A cache_salt a chain head may be seeded with (repeatable)."),
+    salt: list[str] = typer.Option([], "--salt", help="A cache_salt a chain head may be seeded with (repeatable)."),
     profile: str = typer.Option("contract", "--profile", help="--verify against: contract, or a vLLM 0.33 stream: vllm "
                                 "(structure, links), vllm-sha256 | vllm-sha256_cbor (hashes too; PYTHONHASHSEED if set)."),
-    lora_path: List[str] = typer.Option([], "--lora-path", help="vLLM profiles: NAME=PATH of a LoRA adapter (repeatable)."),
+    lora_path: list[str] = typer.Option([], "--lora-path", help="vLLM profiles: NAME=PATH of a LoRA adapter (repeatable)."),
 ) -> None:
     """Counts by event type, medium and source; seq gaps and epochs; time span and rates.
 

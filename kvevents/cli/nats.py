@@ -10,13 +10,13 @@ import signal
 import sys
 import threading
 import time
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
 from kvevents.cli.app import app, user_error
-from kvevents.cli.logtools_common import log_to_stderr, print_checks
 from kvevents.cli.keys import CLIENT_CERT_HELP, SERVER_KEYS_HELP, with_curve
+from kvevents.cli.logtools_common import log_to_stderr, print_checks
 
 
 def nats_options(url: str, creds: Optional[str] = None, tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
@@ -62,7 +62,7 @@ GIVE_UP_HELP = "Exit 2 if NATS is still unreachable after S seconds (default: re
 
 @app.command("bridge")
 def bridge_cmd(
-    publisher: List[str] = typer.Option(..., "--publisher", help="NAME=ENDPOINT[,REPLAY_ENDPOINT]; repeat for every engine."),
+    publisher: list[str] = typer.Option(..., "--publisher", help="NAME=ENDPOINT[,REPLAY_ENDPOINT]; repeat for every engine."),
     nats_url: str = typer.Option("nats://127.0.0.1:4222", "--nats", help="NATS server URL(s), comma-separated."),
     stream: str = typer.Option("kvevents", "--stream", help="JetStream stream name (subjects kvevents.<stream>.>)."),
     snapshot_every: float = typer.Option(30.0, "--snapshot-every", help="Seconds between snapshots stored per engine."),
@@ -78,7 +78,7 @@ def bridge_cmd(
     give_up_after: Optional[float] = typer.Option(None, "--give-up-after", help=GIVE_UP_HELP),
     duration: Optional[float] = typer.Option(None, "--duration", help="Stop after S seconds (default: until Ctrl-C)."),
     status_every: float = typer.Option(5.0, "--status-every", help="Seconds between status lines on stderr (0: none)."),
-    curve_server_key: List[str] = typer.Option([], "--curve-server-key", help=SERVER_KEYS_HELP),
+    curve_server_key: list[str] = typer.Option([], "--curve-server-key", help=SERVER_KEYS_HELP),
     curve_client_cert: Optional[str] = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
 ) -> None:
     """Forward engines' KV events (gap-repaired) into NATS JetStream, with periodic snapshots.
@@ -231,7 +231,6 @@ def replay_from_nats(url: str, stream: str, since_s: float | None, output: str |
 def doctor_nats(url: str, stream: str, timeout: float, as_json: bool) -> None:
     """`doctor --nats`: the JetStream checklist (kvevents.transport.jetstream_admin.nats_doctor)."""
     import json
-
 
     from kvevents.cli.app import CheckFailed
     from kvevents.doctor_nats import nats_doctor

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvevents.golden.sglang import Item
 from kvevents.engines.vllm import (
     event_extra_keys,
     none_hash,
@@ -21,6 +20,7 @@ from kvevents.engines.vllm_wire import (
     stored_event,
 )
 from kvevents.events import decode_batch
+from kvevents.golden.sglang import Item
 
 __all__ = ["check_vllm_golden", "is_vllm_golden"]
 

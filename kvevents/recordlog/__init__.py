@@ -7,10 +7,10 @@ failure, a torn last record) is skipped with a RecordLogWarning.
 from kvevents.recordlog.export import iter_jsonl, record_to_dict
 from kvevents.recordlog.format import (
     HEADER_SIZE,
-    BadRecordError,
     KINDS,
     MAGIC,
     VERSION,
+    BadRecordError,
     Record,
     RecordLogError,
     RecordLogWarning,

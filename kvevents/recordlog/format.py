@@ -21,10 +21,9 @@ that do not form a valid record are the torn tail: skipped with a warning, cut b
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import struct
 import zlib
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kvevents.errors import KVEventsError

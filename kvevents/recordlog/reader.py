@@ -62,7 +62,7 @@ def _warn(d: Damage) -> None:
     warnings.warn(d.message(), RecordLogWarning, stacklevel=3)
 
 
-def open_regular_file(path: str | os.PathLike[str], mode: str = "rb") -> "tuple[object, int]":
+def open_regular_file(path: str | os.PathLike[str], mode: str = "rb") -> tuple[object, int]:
     """Open an existing regular file (never blocks on a FIFO or device); return (file, size)."""
     where = os.fspath(path)
     flags = (os.O_RDWR if "+" in mode else os.O_RDONLY) | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
@@ -107,7 +107,7 @@ def _record_at(f: object, offset: int, size: int) -> bool:
         seek(offset)
 
 
-def open_log(path: str | os.PathLike[str]) -> "tuple[object, int, bool]":
+def open_log(path: str | os.PathLike[str]) -> tuple[object, int, bool]:
     """Open a log for reading past its header; return (binary file, size, header_intact)."""
     where = os.fspath(path)
     f, size = open_regular_file(path)
@@ -120,7 +120,7 @@ def open_log(path: str | os.PathLike[str]) -> "tuple[object, int, bool]":
     return f, size, ok
 
 
-def open_log_file(path: str | os.PathLike[str]) -> "tuple[object, int]":
+def open_log_file(path: str | os.PathLike[str]) -> tuple[object, int]:
     """Open `path` for reading and check its header; return (binary file, size)."""
     f, size, _ok = open_log(path)
     return f, size
@@ -152,7 +152,7 @@ class RecordReader:
     def close(self) -> None:
         self._f.close()  # type: ignore[attr-defined]
 
-    def __enter__(self) -> "RecordReader":
+    def __enter__(self) -> RecordReader:
         return self
 
     def __exit__(self, *exc: object) -> None:

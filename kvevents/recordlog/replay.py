@@ -9,7 +9,6 @@ from typing import Any, Callable, Iterable, Iterator
 
 from kvevents.errors import DecodeError
 from kvevents.events import KVEventBatch, decode_batch
-
 from kvevents.recordlog.format import Record
 from kvevents.recordlog.reader import Damage, RecordReader
 

@@ -24,7 +24,7 @@ from kvevents.engines.vllm_wire import VllmBlockRemoved, VllmBlockStored, decode
 from kvevents.errors import DecodeError
 from kvevents.recordlog.format import Record
 from kvevents.recordlog.stats import SeqTracker
-from kvevents.recordlog.verify import Violation, VerifyReport
+from kvevents.recordlog.verify import VerifyReport, Violation
 
 __all__ = ["VllmVerifier", "VLLM_PROFILES"]
 
@@ -72,7 +72,7 @@ class VllmVerifier:
         self.report.violations.append(Violation(rec.index, rec.source, rec.seq, ev, code, msg))
 
     def _forget(self, source: str, rank: Any, known: bool) -> None:
-        for (s, r, g), grp in self._groups.items():
+        for (s, r, _group), grp in self._groups.items():
             if s == source and (rank is None or r == rank):
                 grp.known = known
                 grp.copies.clear()

@@ -134,7 +134,7 @@ class RecordWriter:
                 os.fsync(self._f.fileno())
             self._f.close()
 
-    def __enter__(self) -> "RecordWriter":
+    def __enter__(self) -> RecordWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -15,8 +15,8 @@ import zmq
 from kvevents.transport.wire import (
     DESCRIBE_REQUEST,
     END_SEQ,
-    SNAPSHOT_REQUEST,
     SEQ,
+    SNAPSHOT_REQUEST,
     SNAPSHOT_SEQ,
     pack_seq,
     unpack_seq,

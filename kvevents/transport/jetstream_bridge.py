@@ -23,7 +23,6 @@ from kvevents.subscriber import Delivery, Reset, Source, Subscriber
 from kvevents.transport.engine_requests import EngineRequestError
 from kvevents.transport.engine_requests import describe as request_describe
 from kvevents.transport.engine_requests import snapshot as request_snapshot
-from kvevents.transport.security import client_context
 from kvevents.transport.nats_link import (
     H_EPOCH,
     H_FROM,
@@ -47,6 +46,7 @@ from kvevents.transport.nats_link import (
     retry,
     snap_subject,
 )
+from kvevents.transport.security import client_context
 
 __all__ = ["Bridge", "msg_id"]
 
@@ -126,7 +126,7 @@ class Bridge:
         self._js: Any = None
 
     # ------------------------------------------------------------------ public API
-    def start(self) -> "Bridge":
+    def start(self) -> Bridge:
         """Connect (retrying in the background) and forward until `stop()`."""
         if self._lt is None:
             self._lt = LoopThread("kvevents-bridge")
@@ -144,7 +144,7 @@ class Bridge:
         self._req_exec.shutdown(wait=False, cancel_futures=True)
         self._sub.stop()
 
-    def __enter__(self) -> "Bridge":
+    def __enter__(self) -> Bridge:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

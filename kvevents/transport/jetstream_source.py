@@ -145,7 +145,7 @@ class JetStreamSource:
         self.cold_start_s: float | None = None
 
     # ------------------------------------------------------------------ Subscriber interface
-    def start(self) -> "JetStreamSource":
+    def start(self) -> JetStreamSource:
         """Connect in the background; with on_delivery set, also deliver on a thread (as Subscriber.start)."""
         self._open()
         if self.on_delivery is not None and self._thread is None:
@@ -168,7 +168,7 @@ class JetStreamSource:
             self._lt.stop(timeout)
             self._lt = None
 
-    def __enter__(self) -> "JetStreamSource":
+    def __enter__(self) -> JetStreamSource:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -46,7 +46,7 @@ class NatsServer:
         assert self.port is not None, "server not started"
         return f"nats://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 10.0) -> "NatsServer":
+    def start(self, timeout: float = 10.0) -> NatsServer:
         ports_dir = self.workdir / f"ports-{time.monotonic_ns()}"
         ports_dir.mkdir(parents=True)
         args = [self.binary, "-js", "-a", "127.0.0.1", "-p", str(self.port or -1), "-sd", str(self.store),
@@ -92,11 +92,11 @@ class NatsServer:
             p.kill()
             p.wait(5.0)
 
-    def restart(self) -> "NatsServer":
+    def restart(self) -> NatsServer:
         self.stop()
         return self.start()
 
-    def __enter__(self) -> "NatsServer":
+    def __enter__(self) -> NatsServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

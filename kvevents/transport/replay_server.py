@@ -51,6 +51,7 @@ from kvevents.transport.wire import (
     pack_seq,
 )
 
+
 def _load_malloc_trim() -> Callable[[int], int] | None:
     """glibc's malloc_trim, or None elsewhere (then freed memory returns when the allocator decides)."""
     try:
@@ -106,7 +107,7 @@ class ReplayServer:
     """Parses ROUTER requests and streams their replies; the owner calls `handle_requests()` and
     `step()` in a loop. `clock` (monotonic seconds) is injectable for the job deadlines."""
 
-    def __init__(self, pub: "Publisher", sock: zmq.Socket, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, pub: Publisher, sock: zmq.Socket, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.pub = pub
         self.sock = sock
         cfg = pub.config

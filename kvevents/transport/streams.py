@@ -6,7 +6,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from kvevents.events import KVEventBatch
 
 __all__ = ["Item", "Stream", "Request", "SourceState"]
