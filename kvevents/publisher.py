@@ -185,8 +185,8 @@ class Publisher:
         # to consumers. The epoch element is None (left out) unless epoch_in_batch; the stream's epoch
         # (what KVE/DESCRIBE reports) is kept apart. Both change only under the lock.
         self._own_id: tuple[int | None, int | None] = (config.dp_rank, self._epoch if config.epoch_in_batch else None)
-        self._stream_id = self._own_id
-        self._stream_epoch = self._epoch
+        self._stream_id: tuple[int | None, int | None] = self._own_id
+        self._stream_epoch: int | None = self._epoch
         self._enc = BatchEncoder(config.event_encoding)
         # map encoding: msgspec directly on the (ts, events, rank, epoch) tuple, the bytes BatchEncoder writes
         self._fast_encode = msgspec.msgpack.Encoder().encode_into if config.event_encoding == "map" else None
@@ -303,6 +303,8 @@ class Publisher:
         batch = decode_batch(payload)  # DecodeError (a ValueError) before anything changes
         rank, epoch = batch.data_parallel_rank, batch.epoch
         stream_epoch = self._epoch if epoch is None else epoch
+        ids: tuple[int | None, int | None]
+        raw: bytes | None
         if self.config.epoch_in_batch:
             ids = (rank, stream_epoch)
             raw = bytes(payload)

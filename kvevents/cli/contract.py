@@ -140,7 +140,7 @@ def _vllm_hash(ids: list[int], page_size: int, profile: str, lora: Optional[str]
         table.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
     for i, (d, v) in enumerate(zip(digests, ints)):
         lo = i * page_size
-        table.add_row(str(i), f"{lo}..{lo + page_size - 1}", d.hex(), str(v), "-" if extra[i] is None else repr(list(extra[i])))
+        table.add_row(str(i), f"{lo}..{lo + page_size - 1}", d.hex(), str(v), "-" if extra[i] is None else repr(list(extra[i] or ())))
     console.print(table)
 
 

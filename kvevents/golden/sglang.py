@@ -9,6 +9,7 @@ A vLLM golden file (schemas/golden/vllm-*.json) is checked by kvevents.golden.vl
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from array import array
@@ -251,12 +252,15 @@ def _case(case: dict[str, Any]) -> Item:
     return item
 
 
+def _expect_seed(item: Item, key: str, want: Any) -> None:
+    item.expect("storage seed", storage_seed(Namespace(*json.loads(key))), want)
+
+
 def _seeds(seeds: dict[str, Any]) -> list[Item]:
     items = []
     for key, want in seeds.items():
         item = Item("namespace seeds", key)
-        item.run("seed", lambda key=key, want=want, item=item: item.expect(
-            "storage seed", storage_seed(Namespace(*json.loads(key))), want))  # fmt: skip
+        item.run("seed", functools.partial(_expect_seed, item, key, want))
         items.append(item)
     return items
 
@@ -318,7 +322,7 @@ def _direct(d: dict[str, Any]) -> list[Item]:
         if fn is None:
             item.failures.append("unknown direct vector (this checker does not know it)")
         else:
-            item.run(key, lambda fn=fn, item=item, want=want: fn(item, want))
+            item.run(key, functools.partial(fn, item, want))
         items.append(item)
     return items
 
