@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import threading
 import time
 from typing import Any, Optional
 
@@ -56,6 +57,12 @@ def serve(
     ),
     curve_secret: Optional[str] = typer.Option(None, "--curve-secret", help=SECRET_HELP),
     curve_allow: Optional[str] = typer.Option(None, "--curve-allow", help=ALLOW_HELP),
+    http: Optional[str] = typer.Option(
+        None,
+        "--http",
+        help="Also serve an OpenAI-compatible /v1/completions on HOST:PORT (0: a free port) feeding worker w0: "
+        "token-id prompts, model = adapter, cache_salt.",
+    ),
 ) -> None:
     """Run simulated engine workers, each publishing its KV events; a status line per second."""
     from kvevents.publisher import Publisher
@@ -120,6 +127,17 @@ def serve(
         metrics = f" metrics http://127.0.0.1:{p.metrics_port}/metrics" if p.metrics_port is not None else ""
         _out(f"{_STARTED} worker w{i} dp_rank {i} live {p.endpoint} replay {p.replay_endpoint or '-'} "
              f"epoch {p.epoch}{metrics}")
+    lock, web = threading.Lock(), None  # --http: its thread and the loop below take turns on the workers
+    if http is not None:
+        from kvevents.sim_http import BASE_MODEL, serve_http
+
+        try:
+            web = serve_http(http, sims[0], pubs[0], lock)
+        except ValueError as exc:
+            for p in pubs:
+                p.close(0)
+            user_error(str(exc))
+        _out(f"{_STARTED} http {web.url}/v1/completions (worker w0; model {BASE_MODEL} = no adapter)")
     stop = {"flag": False}
 
     def _on_term(signum: int, frame: Any) -> None:
@@ -143,13 +161,16 @@ def serve(
                 time.sleep(min(next_req - now, max(0.0, next_status - now), 0.05))
                 continue
             k = served % workers
-            serve_and_publish(sims[k], next(loads[k]), pubs[k])
+            with lock:
+                serve_and_publish(sims[k], next(loads[k]), pubs[k])
             served += 1
             next_req += interval
     except KeyboardInterrupt:
         pass
     finally:
         signal.signal(signal.SIGTERM, old)
+        if web is not None:
+            web.close()
         unsent = sum(p.close(1.0) for p in pubs)
         _out(_status_line(time.monotonic() - t0, served, sims, pubs) + f" stopped unsent={unsent}")
 
