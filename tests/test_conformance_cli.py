@@ -134,3 +134,10 @@ def test_kvevents_serve_vllm_engine_passes_under_the_vllm_profile(served: tuple[
     statuses = {r["rule"]: r["status"] for r in json.loads(proc.stdout)["rules"]}
     for rule in ("batch-shape", "hash-recompute", "parents-first", "removes-live"):
         assert statuses[rule] == "pass", proc.stdout
+
+
+def test_serve_http_bad_address_is_a_usage_error() -> None:
+    from tests.test_cli_contract import assert_user_error
+
+    proc = kve("serve", "--endpoint", "tcp://127.0.0.1:*", "--http", "nonsense", "--duration", "0.1")
+    assert_user_error(proc, 2, "--http must be HOST:PORT")
