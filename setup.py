@@ -17,8 +17,14 @@ from setuptools.command.build_ext import build_ext
 
 _FLAGS = ["-O3", "-std=c99", "-fno-strict-aliasing"]
 if os.environ.get("KVEVENTS_SANITIZE") == "1":
-    _FLAGS = ["-O1", "-g", "-std=c99", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
-              "-fno-sanitize-recover=undefined"]
+    _FLAGS = [
+        "-O1",
+        "-g",
+        "-std=c99",
+        "-fno-omit-frame-pointer",
+        "-fsanitize=address,undefined",
+        "-fno-sanitize-recover=undefined",
+    ]
 _LINK = ["-fsanitize=address,undefined"] if os.environ.get("KVEVENTS_SANITIZE") == "1" else []
 
 

@@ -22,7 +22,7 @@ comes from the other half). Machine noise beside them: `fixed` times one and the
 `lookup_b2b`: the same walks again afterwards, back to back with no hashing between them, as a
 caller of `score_hashes` (hashes known already) runs them: each request's entries cold, the code warm.
 
-Tokens mode (consumers.keying, any engine): the same shared profile published as a vLLM 0.33 worker
+Tokens mode (kvevents.consumers.keying, any engine): the same shared profile published as a vLLM 0.33 worker
 publishes it (vLLM's sha256 chain as uint64 engine hashes, token_ids, group_idx; private chains
 with random engine hashes), keyed by a SourceKeyer into a BlockIndex: `SourceKeyer.apply` from
 the raw payload (vLLM decode + keys from token_ids + engine-hash map + index apply) in copies/s,
@@ -45,10 +45,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from consumers.indexer import BlockIndex  # noqa: E402
-from consumers.keying import SourceKeyer  # noqa: E402
-from consumers.router import PrefixRouter  # noqa: E402
-from consumers.table import rebuild_buckets  # noqa: E402
+from kvevents.consumers.indexer import BlockIndex  # noqa: E402
+from kvevents.consumers.keying import SourceKeyer  # noqa: E402
+from kvevents.consumers.router import PrefixRouter  # noqa: E402
+from kvevents.consumers.table import rebuild_buckets  # noqa: E402
 from kvevents.engines.vllm import vllm_event_hashes  # noqa: E402
 from kvevents.engines.vllm_wire import encode_vllm_batch, stored_event  # noqa: E402
 from kvevents.events import BlockRemoved, BlockStored, KVEventBatch, decode_batch, encode_batch  # noqa: E402
@@ -265,7 +265,9 @@ def vllm_payloads(docs, workers: int, copies: int, rnd: random.Random, event_pag
     return out, total
 
 
-def bench_tokens_mode(docs, workers: int, copies: int, pages: int, requests: int, rnd: random.Random) -> dict[str, float]:
+def bench_tokens_mode(
+    docs, workers: int, copies: int, pages: int, requests: int, rnd: random.Random
+) -> dict[str, float]:
     """Tokens-mode apply rate, bytes per copy (index + maps), and score on a mixed fleet."""
     payloads, _ = vllm_payloads(docs, workers, copies, rnd)
     gc.collect()
@@ -278,8 +280,12 @@ def bench_tokens_mode(docs, workers: int, copies: int, pages: int, requests: int
     used = tracemalloc.get_traced_memory()[0] - base
     tracemalloc.stop()
     held = len(idx)
-    out: dict[str, float] = {"copies": held, "mapped_blocks": keyer.mapped_blocks(), "interned_digests": keyer.interned_digests(),
-                             "bytes_per_copy_incl_map": used / max(1, held)}
+    out: dict[str, float] = {
+        "copies": held,
+        "mapped_blocks": keyer.mapped_blocks(),
+        "interned_digests": keyer.interned_digests(),
+        "bytes_per_copy_incl_map": used / max(1, held),
+    }
     del idx, keyer
     sub = payloads[: min(len(payloads), 60_000)]
     best = float("inf")
@@ -308,14 +314,23 @@ def bench_tokens_mode(docs, workers: int, copies: int, pages: int, requests: int
     gc.freeze()
     sc = bench_score(mixed, docs, pages, requests, rnd)
     gc.unfreeze()
-    out.update({f"mixed_{k}": sc[k] for k in ("score_p50_us", "score_p99_us", "score_cpu_p99_us", "best_match_pages_mean")})
+    out.update(
+        {f"mixed_{k}": sc[k] for k in ("score_p50_us", "score_p99_us", "score_cpu_p99_us", "best_match_pages_mean")}
+    )
     return out
 
 
 def unshared_bytes(copies: int, workers: int, rnd: random.Random) -> dict[str, float]:
     """Bytes per copy when every copy is a distinct hash (16-hash events, parent None)."""
     uniq = [
-        (f"w{i % workers}", KVEventBatch(0.0, [BlockStored([rnd.getrandbits(64) - 2**63 for _ in range(16)], None, [], PAGE, None, "GPU", None)], 0))
+        (
+            f"w{i % workers}",
+            KVEventBatch(
+                0.0,
+                [BlockStored([rnd.getrandbits(64) - 2**63 for _ in range(16)], None, [], PAGE, None, "GPU", None)],
+                0,
+            ),
+        )
         for i in range(copies // 16)
     ]
     _, used, held, _ = measure_build(uniq)
@@ -399,31 +414,60 @@ def main() -> int:
     }
     sc = score
     targets = [
-        ("apply >= 200k copies/s", apply["store_copies_per_s"] >= 200_000,
-         f"{apply['store_copies_per_s'] / 1e3:,.0f}k copies/s (decode+apply {apply['decode_and_apply_copies_per_s'] / 1e3:,.0f}k)"),
-        ("lookup p99 < 100 us (wall, cold)", sc["lookup_p99_us"] < 100,
-         f"cold {sc['lookup_p99_us']:.1f} us (cpu {sc['lookup_cpu_p99_us']:.1f}), warm {sc['lookup_warm_p99_us']:.1f} us,"
-         f" back to back (score_hashes) {sc['lookup_b2b_p99_us']:.1f} us;"
-         f" ceiling: bare table probe cold {sc['find_p99_us']:.1f} us, warm {sc['find_warm_p99_us']:.1f} us;"
-         f" one-key probe while hashing p99 {sc['held_probe_p99_us']:.1f} us;"
-         f" noise: one fixed warm walk p50 {sc['fixed_p50_us']:.1f} / p99 {sc['fixed_p99_us']:.1f} us"),
-        ("score p99 < 1 ms (wall)", sc["score_p99_us"] < 1000,
-         f"{sc['score_p99_us']:.1f} us (cpu {sc['score_cpu_p99_us']:.1f}, p50 {sc['score_p50_us']:.1f});"
-         f" hashing p99 {sc['hash_p99_us']:.1f} us (all pages {sc['hash_all_p99_us']:.1f}, hex path"
-         f" {sc['hash_hex_path_p99_us']:.1f}), rank p99 {sc['rank_p99_us']:.1f} us"),
-        ("< 120 bytes/copy (shared profile)", shared_mem["bytes_per_copy"] < 120, f"{shared_mem['bytes_per_copy']:.1f} B"),
-        ("< 120 bytes/copy (unshared, at --copies)", unshared_mem["bytes_per_copy"] < 120, f"{unshared_mem['bytes_per_copy']:.1f} B"),
-        ("< 120 bytes/copy (unshared, worst fill)", unshared_mem.get("worst_fill_bytes_per_copy", 0) < 120,
-         f"{unshared_mem.get('worst_fill_bytes_per_copy', 0):.1f} B at {unshared_mem.get('worst_fill_copies', 0):,.0f} copies"
-         " (just after the table grew)"),
-        ("tokens mode: apply >= 300k copies/s", tokens["apply_copies_per_s"] >= 300_000,
-         f"{tokens['apply_copies_per_s'] / 1e3:,.0f}k copies/s (vLLM decode + keys from token_ids + map + index)"),
-        ("tokens mode: < 120 bytes/copy incl. map", tokens["bytes_per_copy_incl_map"] < 120,
-         f"{tokens['bytes_per_copy_incl_map']:.1f} B ({tokens['copies']:,.0f} copies, {tokens['mapped_blocks']:,.0f} mapped,"
-         f" {tokens['interned_digests']:,.0f} digests)"),
-        (f"mixed fleet of {args.workers}: score p99 < 1 ms", tokens["mixed_score_p99_us"] < 1000,
-         f"{tokens['mixed_score_p99_us']:.1f} us (cpu {tokens['mixed_score_cpu_p99_us']:.1f}, p50 {tokens['mixed_score_p50_us']:.1f};"
-         f" {tokens['mixed_tokens_sources']:.0f} tokens-mode sources)"),
+        (
+            "apply >= 200k copies/s",
+            apply["store_copies_per_s"] >= 200_000,
+            f"{apply['store_copies_per_s'] / 1e3:,.0f}k copies/s (decode+apply {apply['decode_and_apply_copies_per_s'] / 1e3:,.0f}k)",
+        ),
+        (
+            "lookup p99 < 100 us (wall, cold)",
+            sc["lookup_p99_us"] < 100,
+            f"cold {sc['lookup_p99_us']:.1f} us (cpu {sc['lookup_cpu_p99_us']:.1f}), warm {sc['lookup_warm_p99_us']:.1f} us,"
+            f" back to back (score_hashes) {sc['lookup_b2b_p99_us']:.1f} us;"
+            f" ceiling: bare table probe cold {sc['find_p99_us']:.1f} us, warm {sc['find_warm_p99_us']:.1f} us;"
+            f" one-key probe while hashing p99 {sc['held_probe_p99_us']:.1f} us;"
+            f" noise: one fixed warm walk p50 {sc['fixed_p50_us']:.1f} / p99 {sc['fixed_p99_us']:.1f} us",
+        ),
+        (
+            "score p99 < 1 ms (wall)",
+            sc["score_p99_us"] < 1000,
+            f"{sc['score_p99_us']:.1f} us (cpu {sc['score_cpu_p99_us']:.1f}, p50 {sc['score_p50_us']:.1f});"
+            f" hashing p99 {sc['hash_p99_us']:.1f} us (all pages {sc['hash_all_p99_us']:.1f}, hex path"
+            f" {sc['hash_hex_path_p99_us']:.1f}), rank p99 {sc['rank_p99_us']:.1f} us",
+        ),
+        (
+            "< 120 bytes/copy (shared profile)",
+            shared_mem["bytes_per_copy"] < 120,
+            f"{shared_mem['bytes_per_copy']:.1f} B",
+        ),
+        (
+            "< 120 bytes/copy (unshared, at --copies)",
+            unshared_mem["bytes_per_copy"] < 120,
+            f"{unshared_mem['bytes_per_copy']:.1f} B",
+        ),
+        (
+            "< 120 bytes/copy (unshared, worst fill)",
+            unshared_mem.get("worst_fill_bytes_per_copy", 0) < 120,
+            f"{unshared_mem.get('worst_fill_bytes_per_copy', 0):.1f} B at {unshared_mem.get('worst_fill_copies', 0):,.0f} copies"
+            " (just after the table grew)",
+        ),
+        (
+            "tokens mode: apply >= 300k copies/s",
+            tokens["apply_copies_per_s"] >= 300_000,
+            f"{tokens['apply_copies_per_s'] / 1e3:,.0f}k copies/s (vLLM decode + keys from token_ids + map + index)",
+        ),
+        (
+            "tokens mode: < 120 bytes/copy incl. map",
+            tokens["bytes_per_copy_incl_map"] < 120,
+            f"{tokens['bytes_per_copy_incl_map']:.1f} B ({tokens['copies']:,.0f} copies, {tokens['mapped_blocks']:,.0f} mapped,"
+            f" {tokens['interned_digests']:,.0f} digests)",
+        ),
+        (
+            f"mixed fleet of {args.workers}: score p99 < 1 ms",
+            tokens["mixed_score_p99_us"] < 1000,
+            f"{tokens['mixed_score_p99_us']:.1f} us (cpu {tokens['mixed_score_cpu_p99_us']:.1f}, p50 {tokens['mixed_score_p50_us']:.1f};"
+            f" {tokens['mixed_tokens_sources']:.0f} tokens-mode sources)",
+        ),
     ]
     result["targets"] = {name: ok for name, ok, _ in targets}
     if args.json:

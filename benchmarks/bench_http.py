@@ -79,8 +79,10 @@ def client(host: str, port: int, requests: int, connections: int, burst: int, bo
     burst_codes: Counter[str] = Counter()
     burst_lat: list[float] = []
     raw = json.dumps(bodies[0]).encode()
-    req = (b"POST /score HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nConnection: close\r\n"
-           b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw)
+    req = (
+        b"POST /score HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw
+    )
 
     def new_connection() -> None:
         go.wait()
@@ -103,11 +105,22 @@ def client(host: str, port: int, requests: int, connections: int, burst: int, bo
         t.start()
     for t in threads:
         t.join()
-    print(json.dumps({
-        "n": len(lat), "wall_s": wall, "p50_ms": _pct(lat, 0.5), "p99_ms": _pct(lat, 0.99), "max_ms": max(lat),
-        "statuses": dict(statuses), "errors": dict(errors),
-        "burst": dict(burst_codes), "burst_p50_ms": _pct(burst_lat, 0.5), "burst_max_ms": max(burst_lat),
-    }))
+    print(
+        json.dumps(
+            {
+                "n": len(lat),
+                "wall_s": wall,
+                "p50_ms": _pct(lat, 0.5),
+                "p99_ms": _pct(lat, 0.99),
+                "max_ms": max(lat),
+                "statuses": dict(statuses),
+                "errors": dict(errors),
+                "burst": dict(burst_codes),
+                "burst_p50_ms": _pct(burst_lat, 0.5),
+                "burst_max_ms": max(burst_lat),
+            }
+        )
+    )
 
 
 # ------------------------------------------------------------------ server side
@@ -126,14 +139,16 @@ def main() -> None:
 
     import tempfile
 
-    from consumers.service import RouterService
+    from kvevents.consumers.service import RouterService
     from kvevents.publisher import Publisher
     from kvevents.sim import SimWorker, Workload
     from kvevents.subscriber import Source
 
     workers = [SimWorker(f"w{i}", page_size=16, capacity_pages=4000) for i in range(4)]
     pubs = [Publisher(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", bind=True) for _ in workers]
-    service = RouterService([Source(p.endpoint, p.replay_endpoint, w.name) for p, w in zip(pubs, workers)], page_size=16)
+    service = RouterService(
+        [Source(p.endpoint, p.replay_endpoint, w.name) for p, w in zip(pubs, workers)], page_size=16
+    )
     service.start()
     try:
         reqs = Workload(seed=7, page_size=16).take(2000)
@@ -156,9 +171,20 @@ def main() -> None:
 
         ru0, rc0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         out = subprocess.run(
-            [sys.executable, __file__, "--client", host, str(port), str(args.requests), str(args.connections),
-             str(args.burst), f.name],
-            capture_output=True, text=True, timeout=600,
+            [
+                sys.executable,
+                __file__,
+                "--client",
+                host,
+                str(port),
+                str(args.requests),
+                str(args.connections),
+                str(args.burst),
+                f.name,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         ru1, rc1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         server_cpu = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
@@ -170,14 +196,20 @@ def main() -> None:
         copies = service.stats()["copies"]
         mean_tokens = sum(len(b["tokens"]) for b in bodies) / len(bodies)
         print(f"index: {copies:,} block copies over 4 workers; request bodies {mean_tokens:.0f} tokens on average")
-        print(f"keep-alive: {res['n']:,} requests over {args.connections} connections in {res['wall_s']:.2f} s "
-              f"({res['n'] / res['wall_s']:,.0f}/s): p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.2f} ms, "
-              f"max {res['max_ms']:.2f} ms; statuses {res['statuses']}, errors {res['errors'] or 'none'}")
+        print(
+            f"keep-alive: {res['n']:,} requests over {args.connections} connections in {res['wall_s']:.2f} s "
+            f"({res['n'] / res['wall_s']:,.0f}/s): p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.2f} ms, "
+            f"max {res['max_ms']:.2f} ms; statuses {res['statuses']}, errors {res['errors'] or 'none'}"
+        )
         n_all = res["n"] + args.burst
-        print(f"CPU per request: server {server_cpu / n_all * 1e3:.2f} ms, client process {client_cpu / n_all * 1e3:.2f} ms "
-              f"(both phases; 2 cores shared)")
-        print(f"burst: {args.burst} new connections at once: {res['burst']} "
-              f"(p50 {res['burst_p50_ms']:.1f} ms, slowest {res['burst_max_ms']:.1f} ms)")
+        print(
+            f"CPU per request: server {server_cpu / n_all * 1e3:.2f} ms, client process {client_cpu / n_all * 1e3:.2f} ms "
+            f"(both phases; 2 cores shared)"
+        )
+        print(
+            f"burst: {args.burst} new connections at once: {res['burst']} "
+            f"(p50 {res['burst_p50_ms']:.1f} ms, slowest {res['burst_max_ms']:.1f} ms)"
+        )
     finally:
         service.stop()
         for p in pubs:

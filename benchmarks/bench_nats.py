@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from consumers.indexer import BlockIndex  # noqa: E402
+from kvevents.consumers.indexer import BlockIndex  # noqa: E402
 from kvevents.events import BlockStored  # noqa: E402
 from kvevents.publisher import Publisher  # noqa: E402
 from kvevents.subscriber import Delivery, Source, Subscriber  # noqa: E402
@@ -71,7 +71,9 @@ class _Router:
         deadline = time.monotonic() + timeout
         while self.last.get(name, -1) < seq:
             if time.monotonic() > deadline:
-                raise SystemExit(f"router never reached {name} seq {seq} (at {self.last.get(name)}; {self.src.counters()})")
+                raise SystemExit(
+                    f"router never reached {name} seq {seq} (at {self.last.get(name)}; {self.src.counters()})"
+                )
             time.sleep(0.001)
         return time.time()
 
@@ -169,9 +171,17 @@ def cold_start(url: str, copies: int, sources: int) -> dict:
     bridge.stop()
     for p in pubs:
         p.close()
-    return {"copies": copies, "sources": sources, "cold_start_s": cold, "read_s": read_at - t0,
-            "snapshots_store_s": store_s, "engine_fill_s": fill_s, "stream_bytes": rep.bytes,
-            "stream_bytes_per_block": rep.bytes / copies, "snapshot_bytes_per_block": snap_bytes_per_block}
+    return {
+        "copies": copies,
+        "sources": sources,
+        "cold_start_s": cold,
+        "read_s": read_at - t0,
+        "snapshots_store_s": store_s,
+        "engine_fill_s": fill_s,
+        "stream_bytes": rep.bytes,
+        "stream_bytes_per_block": rep.bytes / copies,
+        "snapshot_bytes_per_block": snap_bytes_per_block,
+    }
 
 
 def main() -> None:
@@ -182,8 +192,12 @@ def main() -> None:
     n = 5000 if args.quick else 20000
     copies = 100_000 if args.quick else 1_000_000
     with tempfile.TemporaryDirectory() as d, NatsServer(d) as srv:
-        res = {"zmq": run_path(srv.url, "zmq", n, 1000.0), "nats": run_path(srv.url, "nats", n, 1000.0),
-               "cold": cold_start(srv.url, copies, 16), "batches": n}
+        res = {
+            "zmq": run_path(srv.url, "zmq", n, 1000.0),
+            "nats": run_path(srv.url, "nats", n, 1000.0),
+            "cold": cold_start(srv.url, copies, 16),
+            "batches": n,
+        }
     if args.json:
         print(json.dumps(res))
         return
@@ -192,9 +206,11 @@ def main() -> None:
         r = res[k]
         print(f"  {k:5s} {r['batches_per_s']:9.0f} batches/s   p50 {r['p50_ms']:6.2f} ms   p99 {r['p99_ms']:6.2f} ms")
     c = res["cold"]
-    print(f"cold start, {c['copies']:,} live block copies across {c['sources']} sources: {c['cold_start_s']:.2f} s "
-          f"(stream read {c['read_s']:.2f} s); snapshots stored in {c['snapshots_store_s']:.2f} s; "
-          f"a stored snapshot takes {c['snapshot_bytes_per_block']:.0f} bytes per live block")
+    print(
+        f"cold start, {c['copies']:,} live block copies across {c['sources']} sources: {c['cold_start_s']:.2f} s "
+        f"(stream read {c['read_s']:.2f} s); snapshots stored in {c['snapshots_store_s']:.2f} s; "
+        f"a stored snapshot takes {c['snapshot_bytes_per_block']:.0f} bytes per live block"
+    )
 
 
 if __name__ == "__main__":

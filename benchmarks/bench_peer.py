@@ -44,9 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_consumers import PAGE, build_docs, pct, shared_batches  # noqa: E402
 
-from consumers.indexer import BlockIndex  # noqa: E402
-from consumers.router import PrefixRouter  # noqa: E402
 from kvevents import speedups  # noqa: E402
+from kvevents.consumers.indexer import BlockIndex  # noqa: E402
+from kvevents.consumers.router import PrefixRouter  # noqa: E402
 
 _U64 = (1 << 64) - 1
 
@@ -200,7 +200,9 @@ class Ours:
     def matches(self) -> list[dict[str, int]]:
         assert self.idx is not None
         labels = self.idx.labels()
-        return [{labels[wi][1:]: m.pages for wi, m in self.idx.prefix_match(hs).workers.items()} for hs in self.hashed[:100]]
+        return [
+            {labels[wi][1:]: m.pages for wi, m in self.idx.prefix_match(hs).workers.items()} for hs in self.hashed[:100]
+        ]
 
 
 def find_peer_python(given: str | None) -> str | None:
@@ -226,8 +228,9 @@ class Peer:
         (dd / "reqs.u32").write_bytes(b"".join(array("I", t).tobytes() for t in reqs))
         rows = [[int(src[1:]), ev.parent_block_hash, list(ev.block_hashes)] for src, b in batches for ev in b.events]
         (dd / "batches.json").write_text(json.dumps(rows))
-        self.proc = subprocess.Popen([python, "-c", PEER, self.dir.name, str(cpu)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [python, "-c", PEER, self.dir.name, str(cpu)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
 
     def ask(self, cmd: str):
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -250,8 +253,12 @@ class Peer:
 def summarize(applies: list[dict], rounds: list[dict], extra: dict | None = None) -> dict:
     """Per-round p50/p99 (us) of each phase, the median over rounds, apply rates and memory."""
     rates = [a["apply_copies_per_s"] for a in applies]
-    s: dict = {"apply_copies_per_s_best": max(rates), "apply_copies_per_s_median": statistics.median(rates),
-               "apply_copies_per_s": [round(v) for v in rates], "rss_bytes_per_copy": applies[0]["rss_bytes_per_copy"]}
+    s: dict = {
+        "apply_copies_per_s_best": max(rates),
+        "apply_copies_per_s_median": statistics.median(rates),
+        "apply_copies_per_s": [round(v) for v in rates],
+        "rss_bytes_per_copy": applies[0]["rss_bytes_per_copy"],
+    }
     for phase in ("lookup", "full", "hash"):
         per = [_quantiles(r[phase]) for r in rounds]
         s[f"{phase}_p50_us"] = [round(p[0], 1) for p in per]
@@ -312,7 +319,9 @@ def main() -> None:
             if peer:
                 rounds["dynamo"].append(peer.ask("round"))
         for name in sides:
-            report[name] = summarize(applies[name], rounds[name], {k: round(v, 1) for k, v in on(name, Ours.memory).items()})
+            report[name] = summarize(
+                applies[name], rounds[name], {k: round(v, 1) for k, v in on(name, Ours.memory).items()}
+            )
         if peer:
             report["dynamo"] = summarize(applies["dynamo"], rounds["dynamo"])
             ours = next(iter(sides.values()))[0].matches()
@@ -324,17 +333,24 @@ def main() -> None:
     if args.json:
         print(json.dumps(report, indent=2))
         return
-    print(f"# {copies} copies, {args.workers} workers, {args.pages}-page requests x {args.requests}, "
-          f"{args.rounds} rounds, cpu {args.cpu}; {speedups.describe()}")
+    print(
+        f"# {copies} copies, {args.workers} workers, {args.pages}-page requests x {args.requests}, "
+        f"{args.rounds} rounds, cpu {args.cpu}; {speedups.describe()}"
+    )
     cols = [k for k in ("kvevents_c", "kvevents_python", "dynamo") if k in report and isinstance(report[k], dict)]
     print(f"{'figure':38s}" + "".join(f"{c:>24s}" for c in cols))
-    rows = [("apply copies/s (best)", "apply_copies_per_s_best", "{:,.0f}"),
-            ("apply copies/s (median)", "apply_copies_per_s_median", "{:,.0f}")]
+    rows = [
+        ("apply copies/s (best)", "apply_copies_per_s_best", "{:,.0f}"),
+        ("apply copies/s (median)", "apply_copies_per_s_median", "{:,.0f}"),
+    ]
     for phase in ("lookup", "full", "hash"):
         rows.append((f"{phase} p50 us (rounds)", f"{phase}_p50_us", None))
         rows.append((f"{phase} p99 us (rounds)", f"{phase}_p99_us", None))
-    rows += [("RSS growth B/copy", "rss_bytes_per_copy", "{:.1f}"), ("traced B/copy", "traced_bytes_per_copy", "{:.1f}"),
-             ("table arrays B/copy", "table_bytes_per_copy", "{:.1f}")]
+    rows += [
+        ("RSS growth B/copy", "rss_bytes_per_copy", "{:.1f}"),
+        ("traced B/copy", "traced_bytes_per_copy", "{:.1f}"),
+        ("table arrays B/copy", "table_bytes_per_copy", "{:.1f}"),
+    ]
     for label, key, fmt in rows:
         cells = []
         for c in cols:

@@ -121,7 +121,9 @@ def _receiver_sub(endpoint: str) -> None:
 def _spawn(endpoint: str, mode: str = "raw") -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, __file__, "--recv", endpoint, "--recv-mode", mode],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -197,9 +199,15 @@ def run_ceiling(batches: list[list], n: int) -> dict:
 
 def run_ours(batches: list[list], n: int, send_mode: str = "caller", snapshots: bool = False) -> dict:
     """Publisher with a replay endpoint (ring + ROUTER); `snapshots` adds the live view."""
-    pub = Publisher(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", hwm=HWM,
-                    heartbeat_interval_s=0, send_mode=send_mode, max_queue_size=100000,  # type: ignore[arg-type]
-                    snapshots=snapshots)
+    pub = Publisher(
+        endpoint="tcp://127.0.0.1:*",
+        replay_endpoint="tcp://127.0.0.1:*",
+        hwm=HWM,
+        heartbeat_interval_s=0,
+        send_mode=send_mode,
+        max_queue_size=100000,  # type: ignore[arg-type]
+        snapshots=snapshots,
+    )
     proc = _spawn(pub.endpoint)
     _handshake(proc, lambda: pub.publish([]))
     if send_mode == "queue":
@@ -306,8 +314,9 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeat", type=int, default=3, help="runs per design; the best is reported")
     ap.add_argument("--sizes", default="1,32", help="events per batch to measure (comma-separated: 1, 32)")
-    ap.add_argument("--designs", default="ceiling,ours,ours+snapshot,ours-queue,vllm-style",
-                    help="designs to run (ceiling always)")
+    ap.add_argument(
+        "--designs", default="ceiling,ours,ours+snapshot,ours-queue,vllm-style", help="designs to run (ceiling always)"
+    )
     ap.add_argument("--no-latency", action="store_true", help="skip the latency run")
     args = ap.parse_args()
     if args.recv:

@@ -37,7 +37,7 @@ def build_payloads(blocks: int, page: int, per_batch: int, workers: int, seed: i
         tokens = [rng.randrange(150000) for _ in range(n * page)]
         events: list = [BlockStored(hashes, None, tokens, page, None, "GPU", None)]
         if rng.random() < 0.05:
-            events.append(BlockRemoved(hashes[-max(1, n // 10):], "GPU"))
+            events.append(BlockRemoved(hashes[-max(1, n // 10) :], "GPU"))
         ts += 0.01
         out.append((f"w{w}", enc.encode(ts, events, 0, 1)))
         made += n
@@ -77,21 +77,23 @@ def main(argv: list[str] | None = None) -> int:
 
     del payloads  # the rebuild runs as in a fresh router process, not beside 1M generated objects
     gc.collect()
-    from consumers.indexer import BlockIndex
+    from kvevents.consumers.indexer import BlockIndex
 
     index = BlockIndex()
     res = apply_log(path, index.apply, lambda s, r: index.drop_source(s, r))
     ok = res.seconds < 5.0
-    print(f"log index rebuild: {res.seconds:.2f} s for {res.batches} batches, {args.blocks} stored copies "
-          f"({len(index)} live after removes): {args.blocks / res.seconds / 1e6:.2f} M copies/s "
-          f"[target < 5 s: {'met' if ok else 'MISSED'}]")
+    print(
+        f"log index rebuild: {res.seconds:.2f} s for {res.batches} batches, {args.blocks} stored copies "
+        f"({len(index)} live after removes): {args.blocks / res.seconds / 1e6:.2f} M copies/s "
+        f"[target < 5 s: {'met' if ok else 'MISSED'}]"
+    )
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "kvevents", "log", "index", path, "--json"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "kvevents", "log", "index", path, "--json"], capture_output=True, text=True
+    )
     wall = time.perf_counter() - t0
     inner = json.loads(r.stdout)["seconds"] if r.returncode == 0 else float("nan")
-    print(f"`kvevents log index FILE`: {wall:.2f} s wall (process start included), "
-          f"{inner:.2f} s rebuild")
+    print(f"`kvevents log index FILE`: {wall:.2f} s wall (process start included), {inner:.2f} s rebuild")
     if not args.keep:
         os.remove(path)
     return 0 if ok else 1

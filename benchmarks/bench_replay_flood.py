@@ -180,7 +180,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=4.0, help="length of each phase")
     ap.add_argument("--floods", default=",".join(FLOODS))
-    ap.add_argument("--repeat", type=int, default=1, help="idle/flood pairs per flood (the summary gives the median ratio)")
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="idle/flood pairs per flood (the summary gives the median ratio)"
+    )
     ap.add_argument("--budget-us", type=float, help="override router.TURN_BUDGET_S (experiments)")
     ap.add_argument("--yield-us", type=float, help="override router.YIELD_S (experiments)")
     ap.add_argument("--switch-us", type=float, help="sys.setswitchinterval for this process (experiments)")
@@ -196,16 +198,22 @@ def main() -> None:
         router.YIELD_S = args.yield_us / 1e6
     if args.switch_us is not None:
         sys.setswitchinterval(args.switch_us / 1e6)
-    pub = Publisher(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", bind=True, heartbeat_interval_s=0)
+    pub = Publisher(
+        endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", bind=True, heartbeat_interval_s=0
+    )
     try:
-        print(f"turn budget {router.TURN_BUDGET_S * 1e6:g} us, yield {router.YIELD_S * 1e6:g} us, "
-              f"switch interval {sys.getswitchinterval() * 1e6:g} us")
+        print(
+            f"turn budget {router.TURN_BUDGET_S * 1e6:g} us, yield {router.YIELD_S * 1e6:g} us, "
+            f"switch interval {sys.getswitchinterval() * 1e6:g} us"
+        )
         for i in range(10_000):
             pub.publish(_batch(i))
         print(f"publish() of a 32-event batch every 1 ms, {args.seconds:g} s per phase; ring 10,000 batches;")
         print("each flood is preceded by an idle phase (p99/idle compares the two); RSS of this process")
-        print(f"{'flood':<12} {'idle p99':>9} {'p50 us':>7} {'p99 us':>7} {'max us':>8} {'p99/idle':>9} {'probes':>7} "
-              f"{'RSS before':>10} {'after':>6} {'later':>6} {'(s)':>6}")
+        print(
+            f"{'flood':<12} {'idle p99':>9} {'p50 us':>7} {'p99 us':>7} {'max us':>8} {'p99/idle':>9} {'probes':>7} "
+            f"{'RSS before':>10} {'after':>6} {'later':>6} {'(s)':>6}"
+        )
         seq = 0
         ratios: dict[str, list[float]] = {}
         for kind in [k for k in args.floods.split(",") if k] * max(1, args.repeat):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from consumers.table import HAS_PARENT, HashTable
 from kvevents import speedups
+from kvevents.consumers.table import HAS_PARENT, HashTable
 
 __all__ = ["WORD", "Extra", "store_each", "store_many", "remove_each", "remove_many", "clear_bits"]
 
@@ -72,7 +72,13 @@ def store_many(
 
 
 def remove_each(
-    views: list[HashTable], extra: Extra, mi: int, col: int, wi: int, hashes: list[int], prefer: int | None = None,
+    views: list[HashTable],
+    extra: Extra,
+    mi: int,
+    col: int,
+    wi: int,
+    hashes: list[int],
+    prefer: int | None = None,
     exact: bool = False,
 ) -> tuple[int, int, int]:
     """Drop one copy per listed hash, in order (a repeated hash drops two); (unknown, ambiguous, removed).
@@ -119,7 +125,13 @@ def remove_each(
 
 
 def remove_many(
-    views: list[HashTable], extra: Extra, mi: int, col: int, wi: int, q: np.ndarray, prefer: int | None = None,
+    views: list[HashTable],
+    extra: Extra,
+    mi: int,
+    col: int,
+    wi: int,
+    q: np.ndarray,
+    prefer: int | None = None,
     exact: bool = False,
 ) -> tuple[int, int, int]:
     """`remove_each` for a long event of distinct hashes, vectorised; (unknown, ambiguous, removed)."""

@@ -27,11 +27,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from consumers.metrics import CONTENT_TYPE
-from consumers.status import render_page
+from kvevents.consumers.metrics import CONTENT_TYPE
+from kvevents.consumers.status import render_page
 
 if TYPE_CHECKING:  # pragma: no cover
-    from consumers.service import RouterService
+    from kvevents.consumers.service import RouterService
 
 __all__ = ["ErrorBody", "HttpLimits", "HttpServer", "ScoreResponse", "WorkerEntry", "build_app"]
 
@@ -126,7 +126,6 @@ def build_app(service: RouterService, limits: HttpLimits) -> FastAPI:
         detail = exc.detail if exc.status_code != 404 else f"no such path: {request.url.path}"
         return _reply(exc.status_code, {"error": str(detail)}, dict(exc.headers or {}))
 
-
     @app.post(
         "/score",
         summary="Rank workers for a request",
@@ -145,11 +144,15 @@ def build_app(service: RouterService, limits: HttpLimits) -> FastAPI:
         if length is None and "chunked" not in request.headers.get("transfer-encoding", ""):
             return _reply(411, {"error": "a Content-Length header is required"}, {"Connection": "close"})
         if length is not None and (not length.isdigit() or int(length) > limits.max_body_bytes):
-            return _reply(413, {"error": f"body of {length} bytes exceeds {limits.max_body_bytes}"}, {"Connection": "close"})
+            return _reply(
+                413, {"error": f"body of {length} bytes exceeds {limits.max_body_bytes}"}, {"Connection": "close"}
+            )
         try:
             body = await asyncio.wait_for(request.body(), limits.body_timeout_s)
         except asyncio.TimeoutError:
-            return _reply(408, {"error": f"body not received within {limits.body_timeout_s:g} s"}, {"Connection": "close"})
+            return _reply(
+                408, {"error": f"body not received within {limits.body_timeout_s:g} s"}, {"Connection": "close"}
+            )
         except ClientDisconnect:  # the client left mid-body: nobody to answer, nothing to log
             return Response(status_code=400)
         if len(body) > limits.max_body_bytes:
@@ -178,14 +181,18 @@ def build_app(service: RouterService, limits: HttpLimits) -> FastAPI:
         except Exception as exc:  # noqa: BLE001 - as above
             return _bug(request, exc)
 
-    @app.get("/status.json", summary="The status page's data: /workers plus copies by adapter, repairs, /score outcomes")
+    @app.get(
+        "/status.json", summary="The status page's data: /workers plus copies by adapter, repairs, /score outcomes"
+    )
     def status_json(request: Request) -> Response:
         try:
             return _reply(200, service.status_view(), {"Cache-Control": "no-store"})
         except Exception as exc:  # noqa: BLE001 - as above
             return _bug(request, exc)
 
-    @app.get("/", summary="The status page (HTML, self-contained; readable without JavaScript)", response_class=Response)
+    @app.get(
+        "/", summary="The status page (HTML, self-contained; readable without JavaScript)", response_class=Response
+    )
     def page(request: Request) -> Response:
         try:
             body = render_page(service.status_view())
@@ -195,8 +202,20 @@ def build_app(service: RouterService, limits: HttpLimits) -> FastAPI:
 
     @app.get("/healthz", summary="What is served here")
     def root() -> Response:
-        return _reply(200, {"ok": True, "endpoints": ["POST /score", "GET /workers", "GET /metrics", "GET /status.json",
-                                                      "GET /", "GET /openapi.json"]})
+        return _reply(
+            200,
+            {
+                "ok": True,
+                "endpoints": [
+                    "POST /score",
+                    "GET /workers",
+                    "GET /metrics",
+                    "GET /status.json",
+                    "GET /",
+                    "GET /openapi.json",
+                ],
+            },
+        )
 
     return app
 

@@ -1,10 +1,10 @@
 """BlockIndex: which worker holds which published block, reference-counted and memory-lean.
 
-Layout (why it is small and fast): one HashTable (consumers.table: flat numpy arrays) per
+Layout (why it is small and fast): one HashTable (kvevents.consumers.table: flat numpy arrays) per
 interned lora_name ("view") maps an int64 block hash to a row of uint64 bitmask columns, one
 column per (medium, group of 64 workers), one bit per worker. A copy is one bit, not an object;
 a second copy of the same (worker, dp_rank, medium, lora, hash) (the same tokens under two extra
-keys) is counted in a small side dict that is empty in the common case (consumers.copies adds and
+keys) is counted in a small side dict that is empty in the common case (kvevents.consumers.copies adds and
 drops copies). The parent link sits in the row beside the masks. The router gathers the rows of a request's pages in a few vectorised
 lookups.
 """
@@ -19,11 +19,10 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 
 from kvevents import speedups
+from kvevents.consumers.copies import WORD, Extra, clear_bits, remove_each, remove_many, store_each, store_many
+from kvevents.consumers.lookup import PrefixMatch, WordLayout, walk_plan
+from kvevents.consumers.table import HAS_PARENT, HashTable, as_hashes
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, rank_of
-
-from consumers.lookup import PrefixMatch, WordLayout, walk_plan
-from consumers.copies import WORD, Extra, clear_bits, remove_each, remove_many, store_each, store_many
-from consumers.table import HAS_PARENT, HashTable, as_hashes
 
 __all__ = ["BlockIndex", "WorkerKey", "worker_label", "FIXED_MEDIA", "KNOWN_MEDIA"]
 
@@ -68,8 +67,11 @@ class BlockIndex:
         workers or views): past `max_ranks_per_source` dp ranks of one source, `max_other_media`
         media outside KNOWN_MEDIA, or `max_adapters` lora names, the batch or event is counted
         (`dropped_rank`, `dropped_medium`, `dropped_adapter`) and dropped."""
-        for name, v in (("max_ranks_per_source", max_ranks_per_source), ("max_other_media", max_other_media),
-                        ("max_adapters", max_adapters)):
+        for name, v in (
+            ("max_ranks_per_source", max_ranks_per_source),
+            ("max_other_media", max_other_media),
+            ("max_adapters", max_adapters),
+        ):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"BlockIndex: {name} must be a non-negative integer, got {v!r}")
         self.max_ranks_per_source = max_ranks_per_source

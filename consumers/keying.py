@@ -13,7 +13,7 @@ A `SourceKeyer` sits between the subscriber and `BlockIndex`. Per source it runs
 vLLM's fields (schemas/README.md, "Reading vLLM streams"): the lora name stays the event's
 `lora_name` (adapter-aware lookups); the cache salt (first block's extra keys, or the contract's
 `cache_salt`) seeds the head; multimodal `(identifier, offset)` pairs and prompt-embeds digests
-are mixed into the key (consumers.keys) so such a block never matches a text-only request;
+are mixed into the key (kvevents.consumers.keys) so such a block never matches a text-only request;
 only KV-cache group `group_idx` (default 0, the full-attention group of vLLM's hybrid models) is
 indexed, other groups are counted and skipped. Input that cannot be keyed exactly (token count
 not matching the hashes, e.g. spans over skipped null blocks; an unknown or unkeyed parent; a hash
@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, cast
 
-from consumers.keys import (
+from kvevents.consumers.keys import (
     block_extras,
     engine_hash_key,
     key_chain,
@@ -204,7 +204,9 @@ class SourceKeyer:
             index.apply(source, b)
         return len(out)
 
-    def translate(self, source: str, batch: KVEventBatch | None = None, payload: bytes | None = None) -> list[KVEventBatch]:
+    def translate(
+        self, source: str, batch: KVEventBatch | None = None, payload: bytes | None = None
+    ) -> list[KVEventBatch]:
         """The contract-keyed batches for one delivered batch (decoded, raw payload, or both).
 
         In tokens mode the raw payload is read again with every vLLM field (extra_keys, group_idx,
@@ -344,7 +346,15 @@ class SourceKeyer:
         if not known:
             return None
         c["stored_blocks"] += len(known)
-        return BlockStored(known, None, [], ev.block_size if isinstance(ev.block_size, int) and ev.block_size > 0 else self.page_size, ev.lora_id, ev.medium, lora)
+        return BlockStored(
+            known,
+            None,
+            [],
+            ev.block_size if isinstance(ev.block_size, int) and ev.block_size > 0 else self.page_size,
+            ev.lora_id,
+            ev.medium,
+            lora,
+        )
 
     def _store(self, c: Counter[str], chain: _Chain, ev: Any) -> BlockStored | None:
         raw = ev.block_hashes
@@ -466,7 +476,9 @@ class SourceKeyer:
                 continue
             c["removed_blocks"] += 1
             key = [key_int64(d)]
-            out.append(BlockRemoved(key, medium, lora_name=lora) if _REMOVED_HAS_LORA and lora else BlockRemoved(key, medium))
+            out.append(
+                BlockRemoved(key, medium, lora_name=lora) if _REMOVED_HAS_LORA and lora else BlockRemoved(key, medium)
+            )
 
     def _drop_chain(self, chain: _Chain) -> None:
         chain.dups.clear()
@@ -494,5 +506,3 @@ class SourceKeyer:
 def _rank(rank: Any) -> int:
     """A batch's dp rank as BlockIndex files it (None or invalid: 0)."""
     return rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 else 0
-
-

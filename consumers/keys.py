@@ -25,9 +25,7 @@ from kvevents.hashing import (
     split_pages,
 )
 
-__all__ = [
-    "key_chain",
-    "keys_int64","MIX_DOMAIN", "mix_extra_keys", "request_keys"]
+__all__ = ["key_chain", "keys_int64", "MIX_DOMAIN", "mix_extra_keys", "request_keys"]
 
 #: Domain tag of a page digest with extra keys mixed in.
 MIX_DOMAIN = b"kvevents-page-extra-keys-v1\x00"
@@ -118,7 +116,9 @@ def engine_hash_key(h: Any) -> int | bytes | None:
     return None
 
 
-def key_chain(packed: bytes, page_size: int, prior: bytes | None, extras: Sequence[Sequence[Any]] | None = None) -> list[bytes]:
+def key_chain(
+    packed: bytes, page_size: int, prior: bytes | None, extras: Sequence[Sequence[Any]] | None = None
+) -> list[bytes]:
     """Key digests of whole pages of packed tokens (`pack_tokens`): the contract's event chain from
     `prior` (None: unseeded), page i's `extras` mixed in when given. Slices a memoryview instead of
     cutting page objects first: ~40% cheaper per page than split_pages + digest_chain."""

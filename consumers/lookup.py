@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from consumers.table import HashTable
 from kvevents import speedups
+from kvevents.consumers.table import HashTable
 
 __all__ = ["WORD", "WorkerMatch", "PrefixMatch", "WordLayout", "walk", "walk_plan"]
 

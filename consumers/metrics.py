@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:  # pragma: no cover
-    from consumers.service import RouterService
+    from kvevents.consumers.service import RouterService
 
 __all__ = ["METRIC_NAMES", "ServiceMetrics", "CONTENT_TYPE"]
 
@@ -42,11 +42,15 @@ class _Collector(Collector):
 
     def collect(self) -> Iterator[Any]:
         snap = self.service.metrics_snapshot()
-        batches = CounterMetricFamily(METRIC_NAMES["batches"], "Batches applied to the index", labels=["source", "kind"])
+        batches = CounterMetricFamily(
+            METRIC_NAMES["batches"], "Batches applied to the index", labels=["source", "kind"]
+        )
         for (source, kind), n in sorted(snap["batches"].items()):
             batches.add_metric([source, kind], n)
         yield batches
-        resets = CounterMetricFamily(METRIC_NAMES["resets"], "Source resets (index state dropped)", labels=["source", "reason"])
+        resets = CounterMetricFamily(
+            METRIC_NAMES["resets"], "Source resets (index state dropped)", labels=["source", "reason"]
+        )
         for (source, reason), n in sorted(snap["resets"].items()):
             resets.add_metric([source, reason], n)
         yield resets
@@ -54,7 +58,9 @@ class _Collector(Collector):
         for reason, n in sorted(snap["index"].items()):
             ev.add_metric([reason], n)
         yield ev
-        copies = GaugeMetricFamily(METRIC_NAMES["copies"], "Block copies held per worker and medium", labels=["worker", "medium"])
+        copies = GaugeMetricFamily(
+            METRIC_NAMES["copies"], "Block copies held per worker and medium", labels=["worker", "medium"]
+        )
         for worker, media in sorted(snap["blocks"].items()):
             for medium, n in sorted(media.items()):
                 copies.add_metric([worker, medium], n)

@@ -15,10 +15,10 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from consumers.indexer import BlockIndex
-from consumers.keys import request_keys
-from consumers.lookup import PrefixMatch
-from consumers.table import as_hashes
+from kvevents.consumers.indexer import BlockIndex
+from kvevents.consumers.keys import request_keys
+from kvevents.consumers.lookup import PrefixMatch
+from kvevents.consumers.table import as_hashes
 from kvevents.hashing import (
     Namespace,
     check_page_size,
@@ -139,7 +139,7 @@ class PrefixRouter:
 
         Pages are hashed lazily (`prefix_hashes`), then looked up in one vectorised walk.
         `page_extra_keys` (page i's multimodal / prompt-embeds keys, vLLM's untagged form) match
-        blocks that tokens-mode sources keyed with them (consumers.keys.request_keys).
+        blocks that tokens-mode sources keyed with them (kvevents.consumers.keys.request_keys).
         """
         if page_extra_keys:
             hashes = request_keys(token_ids, self.page_size, cache_salt, page_extra_keys)

@@ -3,7 +3,7 @@
 `RouterService` is the glue: deliveries from an event feed (a kvevents Subscriber by default, or
 any object with its start/stop/poll/status/counters interface) are applied to the index (a Reset
 drops that source's state first), a PrefixRouter scores requests, and a FastAPI app on uvicorn
-(consumers.http_api) serves POST /score, GET /workers, GET /metrics, /openapi.json and the status page. One lock
+(kvevents.consumers.http_api) serves POST /score, GET /workers, GET /metrics, /openapi.json and the status page. One lock
 guards the index: the feed's thread applies, HTTP requests hash outside it and look up inside.
 """
 
@@ -17,11 +17,11 @@ from typing import Annotated, Any, Mapping, Protocol, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from consumers.indexer import BlockIndex, worker_label
-from consumers.keying import SourceKeyer
-from consumers.metrics import ServiceMetrics
-from consumers.router import PrefixRouter, WorkerScore
-from consumers.status import StatusBoard
+from kvevents.consumers.indexer import BlockIndex, worker_label
+from kvevents.consumers.keying import SourceKeyer
+from kvevents.consumers.metrics import ServiceMetrics
+from kvevents.consumers.router import PrefixRouter, WorkerScore
+from kvevents.consumers.status import StatusBoard
 from kvevents.subscriber import Delivery, Reset, Source, SourceStatus, Subscriber, parse_source
 
 __all__ = [
@@ -34,7 +34,7 @@ __all__ = [
     "MAX_TOKENS",
 ]
 
-log = logging.getLogger("consumers.service")
+log = logging.getLogger("kvevents.consumers.service")
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_NAME_CHARS = 256  # lora_name / cache_salt longer than this are refused (400): per-request strings stay small
@@ -117,9 +117,11 @@ class RouterService:
         if (sources is None) == (feed is None):
             raise ValueError("RouterService: give either sources or feed")
         self.index = BlockIndex()
-        # per-source keying (consumers.keying): contract, tokens (any engine's hashes) or auto-detected
+        # per-source keying (kvevents.consumers.keying): contract, tokens (any engine's hashes) or auto-detected
         self.keyer = SourceKeyer(page_size, default_mode=default_key_mode, modes=key_modes)
-        self.router = PrefixRouter(self.index, page_size, medium_weights=medium_weights, lora_strict=lora_strict, seed=seed)
+        self.router = PrefixRouter(
+            self.index, page_size, medium_weights=medium_weights, lora_strict=lora_strict, seed=seed
+        )
         self.lock = threading.Lock()
         self.subscriber: Subscriber | None = None
         if feed is None:
@@ -145,7 +147,7 @@ class RouterService:
         self.events_applied = 0
         self.metrics = ServiceMetrics(self)
         self.status = StatusBoard()  # GET / and /status.json: repair activity and /score outcomes
-        self._http: Any = None  # consumers.http_api.HttpServer while serving
+        self._http: Any = None  # kvevents.consumers.http_api.HttpServer while serving
 
     # ---------------------------------------------------------------- feed
 
@@ -417,8 +419,8 @@ class RouterService:
 
     def serve_http(self, host: str = "127.0.0.1", port: int = 8080, limits: Any = None) -> tuple[str, int]:
         """Serve HTTP (FastAPI on uvicorn) on a background thread; returns the bound (host, port)
-        (port 0: a free one). `limits`: a consumers.http_api.HttpLimits (defaults otherwise)."""
-        from consumers.http_api import HttpLimits, HttpServer, build_app
+        (port 0: a free one). `limits`: a kvevents.consumers.http_api.HttpLimits (defaults otherwise)."""
+        from kvevents.consumers.http_api import HttpLimits, HttpServer, build_app
 
         if self._http is not None:
             raise ValueError("serve_http: already serving")
@@ -432,7 +434,9 @@ class RouterService:
 
 def _as_score(d: dict[str, Any]) -> WorkerScore:
     """A WorkerScore back from PrefixRouter.explain's dicts."""
-    return WorkerScore(d["worker"], d["score"], d["matched_pages"], d["matched_tokens"], d["load"], d["pages_by_medium"])
+    return WorkerScore(
+        d["worker"], d["score"], d["matched_pages"], d["matched_tokens"], d["load"], d["pages_by_medium"]
+    )
 
 
 def _validation_message(exc: ValidationError) -> str:

@@ -19,7 +19,7 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from consumers.service import RouterService
+    from kvevents.consumers.service import RouterService
 
 __all__ = ["MATCHED_BUCKETS", "SOURCE_SERIES", "StatusBoard", "page_template", "render_page"]
 
@@ -203,7 +203,7 @@ class StatusBoard:
 
 
 def _label(worker: str, dp_rank: int) -> str:
-    from consumers.indexer import worker_label
+    from kvevents.consumers.indexer import worker_label
 
     return worker_label(worker, dp_rank)
 
@@ -213,7 +213,7 @@ def _label(worker: str, dp_rank: int) -> str:
 
 def page_template() -> str:
     """The page shipped as package data (consumers/static/status.html)."""
-    return resources.files("consumers").joinpath("static/status.html").read_text(encoding="utf-8")
+    return resources.files("kvevents.consumers").joinpath("static/status.html").read_text(encoding="utf-8")
 
 
 def _e(v: Any) -> str:
@@ -241,18 +241,28 @@ def spark(values: list[int], width: int = 120, height: int = 22) -> str:
     for i, v in enumerate(values):
         if v:
             h = max(1.0, height * v / top)
-            bars.append(f'<rect x="{i * bw:.1f}" y="{height - h:.1f}" width="{max(bw - 0.3, 0.6):.1f}" height="{h:.1f}"/>')
-    return (f'<svg class="spark" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
-            f'role="img" aria-label="per second, max {top}"><line x1="0" y1="{height - 0.5}" x2="{width}" y2="{height - 0.5}"/>'
-            f'{"".join(bars)}</svg>')
+            bars.append(
+                f'<rect x="{i * bw:.1f}" y="{height - h:.1f}" width="{max(bw - 0.3, 0.6):.1f}" height="{h:.1f}"/>'
+            )
+    return (
+        f'<svg class="spark" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+        f'role="img" aria-label="per second, max {top}"><line x1="0" y1="{height - 0.5}" x2="{width}" y2="{height - 0.5}"/>'
+        f"{''.join(bars)}</svg>"
+    )
 
 
 def _workers_html(s: dict[str, Any]) -> str:
     media, adapters = s["media"], s["adapters"]
     head = ["worker", "dp rank", "state", "blocks"] + [f"{m}" for m in media] + [_adapter_name(a) for a in adapters]
     head += ["last seq", "lag (s)", "heard (s ago)", "keys"]
-    groups = (f'<colgroup><col span="4"><col span="{len(media)}" class="g-medium">'
-              f'<col span="{len(adapters)}" class="g-adapter"><col span="4"></colgroup>') if media or adapters else ""
+    groups = (
+        (
+            f'<colgroup><col span="4"><col span="{len(media)}" class="g-medium">'
+            f'<col span="{len(adapters)}" class="g-adapter"><col span="4"></colgroup>'
+        )
+        if media or adapters
+        else ""
+    )
     rows = []
     for w in s["workers"]:
         state = "stale" if w["stale"] else ("repairing" if w.get("repairing") else "healthy")
@@ -270,11 +280,19 @@ def _workers_html(s: dict[str, Any]) -> str:
             f'<td data-k="last_heard_age_s">{_num(w["last_heard_age_s"], 1)}</td>',
             f'<td data-k="key_mode">{_e(w.get("key_mode") or "")}</td>',
         ]
-        rows.append(f'<tr data-worker="{_e(w["worker"])}" data-rank="{w["dp_rank"]}" class="{state}">{"".join(cells)}</tr>')
-    sub = (f'<tr class="sub"><th colspan="4"></th><th colspan="{len(media)}">by medium</th>'
-           f'<th colspan="{len(adapters)}">by adapter</th><th colspan="4"></th></tr>') if media or adapters else ""
+        rows.append(
+            f'<tr data-worker="{_e(w["worker"])}" data-rank="{w["dp_rank"]}" class="{state}">{"".join(cells)}</tr>'
+        )
+    sub = (
+        (
+            f'<tr class="sub"><th colspan="4"></th><th colspan="{len(media)}">by medium</th>'
+            f'<th colspan="{len(adapters)}">by adapter</th><th colspan="4"></th></tr>'
+        )
+        if media or adapters
+        else ""
+    )
     body = "".join(rows) or f'<tr><td colspan="{len(head)}">no publisher yet</td></tr>'
-    ths = "".join(f"<th scope=\"col\">{_e(h)}</th>" for h in head)
+    ths = "".join(f'<th scope="col">{_e(h)}</th>' for h in head)
     return f'<table id="workers">{groups}<thead>{sub}<tr>{ths}</tr></thead><tbody>{body}</tbody></table>'
 
 
@@ -283,8 +301,10 @@ def _sources_html(s: dict[str, Any]) -> str:
     for name, src in s["sources"].items():
         cells = [f'<th scope="row">{_e(name)}</th>']
         for k in SOURCE_SERIES:
-            cells.append(f'<td data-k="{k}">{_num(src["window"][k])} <small>({_num(src["total"][k])})</small>'
-                         f'{spark(src["series"][k])}</td>')
+            cells.append(
+                f'<td data-k="{k}">{_num(src["window"][k])} <small>({_num(src["total"][k])})</small>'
+                f"{spark(src['series'][k])}</td>"
+            )
         rows.append(f'<tr data-source="{_e(name)}">{"".join(cells)}</tr>')
     body = "".join(rows) or f'<tr><td colspan="{1 + len(SOURCE_SERIES)}">nothing applied yet</td></tr>'
     head = "".join(f'<th scope="col">{k}</th>' for k in ("source",) + SOURCE_SERIES)
@@ -313,8 +333,10 @@ def render_page(status: dict[str, Any]) -> str:
     """The whole page with `status` rendered in (readable without JavaScript)."""
     page = page_template()
     idx = status["index"]
-    summary = (f'{len(status["workers"])} worker(s), {_num(idx.get("copies", 0))} block copies, '
-               f'{_num(idx.get("entries", 0))} index entries; last {status["window_s"]:.0f} s')
+    summary = (
+        f"{len(status['workers'])} worker(s), {_num(idx.get('copies', 0))} block copies, "
+        f"{_num(idx.get('entries', 0))} index entries; last {status['window_s']:.0f} s"
+    )
     parts = {
         "<!--SUMMARY-->": _e(summary),
         "<!--WORKERS-->": _workers_html(status),

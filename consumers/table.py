@@ -110,11 +110,11 @@ class HashTable:
     def _refresh(self) -> None:
         """Memoryviews for the scalar paths (plain ints in and out, no numpy scalar boxing)."""
         self.nc = int(self.masks.shape[1])  # mask columns (row stride of `_mv`)
-        self._kv = memoryview(self.keys)
-        self._sv = memoryview(self.state)
-        self._pv = memoryview(self.parent)
-        self._mv = memoryview(self.masks.reshape(-1))  # row-major: slot * ncols + col
-        self._ov = memoryview(self.overflow.view(np.uint8))
+        self._kv = self.keys.data  # ndarray.data: the array's memoryview
+        self._sv = self.state.data
+        self._pv = self.parent.data
+        self._mv = self.masks.reshape(-1).data  # row-major: slot * ncols + col
+        self._ov = self.overflow.view(np.uint8).data
 
     def cview(self) -> tuple:
         """The arrays and bucket math as the compiled fast path reads them (kvevents.speedups):

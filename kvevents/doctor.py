@@ -67,8 +67,13 @@ class DoctorReport:
         return c
 
     def as_dict(self) -> dict[str, Any]:
-        return {"endpoint": self.endpoint, "replay": self.replay, "ok": self.ok,
-                "checks": [c.as_dict() for c in self.checks], "seen": self.seen}
+        return {
+            "endpoint": self.endpoint,
+            "replay": self.replay,
+            "ok": self.ok,
+            "checks": [c.as_dict() for c in self.checks],
+            "seen": self.seen,
+        }
 
 
 # ---------------------------------------------------------------- raw probes
@@ -81,17 +86,27 @@ def _probe_address(endpoint: str, timeout: float) -> tuple[str, str, str]:
     if endpoint.startswith("ipc://"):
         import os
 
-        path = endpoint[len("ipc://"):]
+        path = endpoint[len("ipc://") :]
         if os.path.exists(path):
             return OK, f"ipc socket {path} exists", ""
-        return FAIL, f"ipc socket {path} does not exist", (
-            "start the engine with this ipc endpoint, or check the path (ipc paths are relative to the "
-            "publisher's working directory)")
+        return (
+            FAIL,
+            f"ipc socket {path} does not exist",
+            (
+                "start the engine with this ipc endpoint, or check the path (ipc paths are relative to the "
+                "publisher's working directory)"
+            ),
+        )
     m = _TCP.match(endpoint)
     if m is None:
-        return FAIL, f"{endpoint!r} is not a tcp://HOST:PORT or ipc:// endpoint", (
-            "use the address the publisher binds, e.g. tcp://127.0.0.1:5557 (a wildcard like tcp://*:5557 "
-            "is a bind address: connect to the host's real address)")
+        return (
+            FAIL,
+            f"{endpoint!r} is not a tcp://HOST:PORT or ipc:// endpoint",
+            (
+                "use the address the publisher binds, e.g. tcp://127.0.0.1:5557 (a wildcard like tcp://*:5557 "
+                "is a bind address: connect to the host's real address)"
+            ),
+        )
     host, port = m.group(1).strip("[]"), int(m.group(2))
     if host in ("*", "0.0.0.0", "::"):
         return FAIL, f"{endpoint} is a wildcard bind address", f"connect to a real address, e.g. tcp://127.0.0.1:{port}"
@@ -99,14 +114,20 @@ def _probe_address(endpoint: str, timeout: float) -> tuple[str, str, str]:
         with socket.create_connection((host, port), timeout=min(timeout, 2.0)):
             pass
     except OSError as exc:
-        return FAIL, f"nothing accepts TCP connections at {host}:{port} ({exc.strerror or exc})", (
-            f"is the engine running with KV events enabled and its publisher bound to port {port}? "
-            f"(SGLang/vLLM: --kv-events-config '{{\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:{port}\"}}'); "
-            f"if the publisher connects instead of binding (bind=false), run a consumer that binds")
+        return (
+            FAIL,
+            f"nothing accepts TCP connections at {host}:{port} ({exc.strerror or exc})",
+            (
+                f"is the engine running with KV events enabled and its publisher bound to port {port}? "
+                f'(SGLang/vLLM: --kv-events-config \'{{"publisher":"zmq","endpoint":"tcp://*:{port}"}}\'); '
+                f"if the publisher connects instead of binding (bind=false), run a consumer that binds"
+            ),
+        )
     return OK, f"{host}:{port} accepts connections", ""
 
 
 # ---------------------------------------------------------------- the checklist
+
 
 @dataclass
 class _Seen:
@@ -213,8 +234,14 @@ def run_doctor(
     else:
         seen = _listen(endpoint, timeout, ctx)
         _live_checks(rep, seen, topic, timeout)
-    rep.seen = {"messages": seen.messages, "topics": seen.topics, "heartbeats": seen.heartbeats,
-                "epochs": sorted(seen.epochs), "newest_seq": seen.newest, "gaps": seen.gaps}
+    rep.seen = {
+        "messages": seen.messages,
+        "topics": seen.topics,
+        "heartbeats": seen.heartbeats,
+        "epochs": sorted(seen.epochs),
+        "newest_seq": seen.newest,
+        "gaps": seen.gaps,
+    }
     described = _replay_checks(rep, seen, replay, timeout, ctx)
     if page_size is None and described and isinstance(described.get("page_size"), int) and described["page_size"] > 0:
         page_size = described["page_size"]
@@ -232,35 +259,53 @@ def _live_checks(rep: DoctorReport, seen: _Seen, topic: str | None, timeout: flo
         match = {t: n for t, n in seen.topics.items() if t.startswith(topic)}
         if not match:
             seen_t = next(iter(seen.topics), "")
-            rep.add("topic matches", FAIL, f"subscribed to {topic!r} but the publisher sends {topics}",
-                    f"use topic {seen_t!r} in the consumer (--topic {seen_t!r}), or set the publisher's topic to "
-                    f"{topic!r}; ZeroMQ topics are byte prefixes and the default is \"\" (everything)")
+            rep.add(
+                "topic matches",
+                FAIL,
+                f"subscribed to {topic!r} but the publisher sends {topics}",
+                f"use topic {seen_t!r} in the consumer (--topic {seen_t!r}), or set the publisher's topic to "
+                f'{topic!r}; ZeroMQ topics are byte prefixes and the default is "" (everything)',
+            )
         elif any(t != topic for t in match):
-            rep.add("topic matches", WARN, f"prefix {topic!r} also matches {', '.join(repr(t) for t in match)}",
-                    "ZeroMQ subscribes by prefix: use distinct topics per publisher if you filter by topic")
+            rep.add(
+                "topic matches",
+                WARN,
+                f"prefix {topic!r} also matches {', '.join(repr(t) for t in match)}",
+                "ZeroMQ subscribes by prefix: use distinct topics per publisher if you filter by topic",
+            )
         else:
             rep.add("topic matches", OK, f"topic {topic!r} ({match[topic]} messages)")
     if not seen.messages:
-        rep.add("batches arrive and decode", FAIL, f"connected, but no message arrived in {timeout:g}s",
-                "the publisher is idle with heartbeats off, or this is not the live (PUB) port (the replay port "
-                "is usually live port + 1), or the engine publishes nothing: enable kv events in the engine, set "
-                "heartbeat_interval_s > 0, and run doctor with a longer --timeout")
+        rep.add(
+            "batches arrive and decode",
+            FAIL,
+            f"connected, but no message arrived in {timeout:g}s",
+            "the publisher is idle with heartbeats off, or this is not the live (PUB) port (the replay port "
+            "is usually live port + 1), or the engine publishes nothing: enable kv events in the engine, set "
+            "heartbeat_interval_s > 0, and run doctor with a longer --timeout",
+        )
     elif seen.malformed or seen.decode_errors or not seen.decoded:
-        rep.add("batches arrive and decode", FAIL,
-                f"{seen.messages} messages, {seen.malformed} not [topic, seq(8 bytes), payload], "
-                f"{len(seen.decode_errors)}+ undecodable: {'; '.join(seen.decode_errors[:2])}",
-                "the payload is not a KVEventBatch [ts, events, dp_rank]: is this a vLLM/SGLang KV events "
-                "publisher (not another ZeroMQ service on this port)? check event encoding and versions")
+        rep.add(
+            "batches arrive and decode",
+            FAIL,
+            f"{seen.messages} messages, {seen.malformed} not [topic, seq(8 bytes), payload], "
+            f"{len(seen.decode_errors)}+ undecodable: {'; '.join(seen.decode_errors[:2])}",
+            "the payload is not a KVEventBatch [ts, events, dp_rank]: is this a vLLM/SGLang KV events "
+            "publisher (not another ZeroMQ service on this port)? check event encoding and versions",
+        )
     else:
         rep.add("batches arrive and decode", OK, f"{seen.decoded} batches decoded ({seen.heartbeats} heartbeats)")
     if seen.decoded < 2:
         rep.add("seqs continuous", SKIP, "fewer than 2 batches seen")
     elif seen.gaps or seen.backwards:
-        rep.add("seqs continuous", FAIL,
-                f"{seen.gaps} gaps ({seen.missing} seqs missing), {seen.backwards} backwards steps",
-                "batches are lost between publisher and consumer (high-water mark drops, a full publisher "
-                "queue) or the publisher restarted: give the publisher a replay_endpoint so consumers repair "
-                "gaps, raise hwm, and check dropped counters on the publisher")
+        rep.add(
+            "seqs continuous",
+            FAIL,
+            f"{seen.gaps} gaps ({seen.missing} seqs missing), {seen.backwards} backwards steps",
+            "batches are lost between publisher and consumer (high-water mark drops, a full publisher "
+            "queue) or the publisher restarted: give the publisher a replay_endpoint so consumers repair "
+            "gaps, raise hwm, and check dropped counters on the publisher",
+        )
     else:
         rep.add("seqs continuous", OK, f"seqs {seen.oldest}..{seen.newest} without a hole")
     if not seen.decoded:
@@ -270,15 +315,23 @@ def _live_checks(rep: DoctorReport, seen: _Seen, topic: str | None, timeout: flo
     elif seen.max_silence < 1.5:
         rep.add("heartbeats come", OK, f"busy stream (longest silence {seen.max_silence:.2f}s): no heartbeat needed")
     else:
-        rep.add("heartbeats come", WARN, f"silences up to {seen.max_silence:.2f}s without a heartbeat",
-                "without heartbeats a consumer cannot tell an idle publisher from a dead one or detect tail "
-                "loss: set heartbeat_interval_s (kvevents publisher, default 1.0)")
+        rep.add(
+            "heartbeats come",
+            WARN,
+            f"silences up to {seen.max_silence:.2f}s without a heartbeat",
+            "without heartbeats a consumer cannot tell an idle publisher from a dead one or detect tail "
+            "loss: set heartbeat_interval_s (kvevents publisher, default 1.0)",
+        )
 
 
 def _replay_checks(rep: DoctorReport, seen: _Seen, replay: str | None, timeout: float, ctx: zmq.Context) -> dict | None:
     if not replay:
-        rep.add("replay answers", SKIP, "no --replay endpoint given",
-                "without a replay endpoint consumers cannot repair gaps")
+        rep.add(
+            "replay answers",
+            SKIP,
+            "no --replay endpoint given",
+            "without a replay endpoint consumers cannot repair gaps",
+        )
         rep.add("describe answers", SKIP, "no --replay endpoint given")
         return None
     start = seen.newest if seen.newest is not None else 0
@@ -286,43 +339,73 @@ def _replay_checks(rep: DoctorReport, seen: _Seen, replay: str | None, timeout: 
         got = list(fetch_replay(replay, start, timeout=min(timeout, 3.0), context=ctx))
     except ProbeError as exc:
         port = _TCP.match(replay)
-        rep.add("replay answers", FAIL, str(exc),
-                "is the publisher started with replay_endpoint set to this address (a ROUTER, often live port + 1)"
-                + (f"? is something listening on port {port.group(2)}?" if port else "?"))
+        rep.add(
+            "replay answers",
+            FAIL,
+            str(exc),
+            "is the publisher started with replay_endpoint set to this address (a ROUTER, often live port + 1)"
+            + (f"? is something listening on port {port.group(2)}?" if port else "?"),
+        )
         got = None
     if got is not None:
         mism = [s for _, s, p in got if s in seen.live and seen.live[s] != p]
         if mism:
-            rep.add("replay answers", FAIL, f"replayed bytes differ from live bytes at seqs {mism[:5]}",
-                    "the replay ring must keep exactly the bytes sent live (schemas/README.md, Transport)")
+            rep.add(
+                "replay answers",
+                FAIL,
+                f"replayed bytes differ from live bytes at seqs {mism[:5]}",
+                "the replay ring must keep exactly the bytes sent live (schemas/README.md, Transport)",
+            )
         elif got and got[0][1] > start and seen.newest is not None:
-            rep.add("replay answers", WARN, f"asked from seq {start}, first reply is seq {got[0][1]}",
-                    "the ring no longer holds the newest seq seen live: is buffer_steps tiny?")
+            rep.add(
+                "replay answers",
+                WARN,
+                f"asked from seq {start}, first reply is seq {got[0][1]}",
+                "the ring no longer holds the newest seq seen live: is buffer_steps tiny?",
+            )
         else:
             rep.add("replay answers", OK, f"replay from seq {start}: {len(got)} batches then the end marker")
     try:
         d = request_describe(replay, timeout=min(timeout, 2.0), context=ctx)
     except ProbeError as exc:
-        rep.add("describe answers", WARN, str(exc),
-                "KVE/DESCRIBE is a kvevents extension: stock vLLM/SGLang publishers do not answer it (fine); "
-                "a kvevents publisher always does, so check the replay address")
+        rep.add(
+            "describe answers",
+            WARN,
+            str(exc),
+            "KVE/DESCRIBE is a kvevents extension: stock vLLM/SGLang publishers do not answer it (fine); "
+            "a kvevents publisher always does, so check the replay address",
+        )
         return None
     detail = ", ".join(f"{k}={d.get(k)!r}" for k in ("epoch", "topic", "page_size", "dp_rank", "newest_seq"))
     if seen.epochs and d.get("epoch") is not None and d.get("epoch") not in seen.epochs:
-        rep.add("describe answers", FAIL, f"describe epoch {d.get('epoch')} is not the live epoch(s) "
-                f"{sorted(seen.epochs)}", "the replay endpoint belongs to another publisher (or rank)")
+        rep.add(
+            "describe answers",
+            FAIL,
+            f"describe epoch {d.get('epoch')} is not the live epoch(s) {sorted(seen.epochs)}",
+            "the replay endpoint belongs to another publisher (or rank)",
+        )
     elif seen.topics and d.get("topic") not in seen.topics:
-        rep.add("describe answers", WARN, f"describe says topic {d.get('topic')!r}, live topics are "
-                f"{sorted(seen.topics)}", "the replay endpoint may belong to another publisher: pair each live "
-                "endpoint with its own replay endpoint")
+        rep.add(
+            "describe answers",
+            WARN,
+            f"describe says topic {d.get('topic')!r}, live topics are {sorted(seen.topics)}",
+            "the replay endpoint may belong to another publisher: pair each live endpoint with its own replay endpoint",
+        )
     else:
         rep.add("describe answers", OK, detail)
     rep.seen["describe"] = d
     return d
 
 
-def _hash_check(rep: DoctorReport, seen: _Seen, replay: str | None, page_size: int | None, salts: list[str],
-                timeout: float, ctx: zmq.Context) -> None:
+def _hash_check(
+    rep: DoctorReport,
+    seen: _Seen,
+    replay: str | None,
+    page_size: int | None,
+    salts: list[str],
+    timeout: float,
+    ctx: zmq.Context,
+) -> None:
     name = "published hashes recompute"
     if page_size is None:
         rep.add(name, SKIP, "no --page-size given (and describe did not say)")
@@ -333,30 +416,64 @@ def _hash_check(rep: DoctorReport, seen: _Seen, replay: str | None, page_size: i
         try:  # the snapshot holds every live block with parents first: heads make children verifiable
             payloads, s = request_snapshot(replay, timeout=min(timeout, 3.0), context=ctx)
             for p in payloads:
-                v.feed(Record(recv_time=0.0, source="snapshot", endpoint=replay, topic="", seq=None, epoch=None,
-                              dp_rank=None, kind="snapshot", payload=p, index=fed))
+                v.feed(
+                    Record(
+                        recv_time=0.0,
+                        source="snapshot",
+                        endpoint=replay,
+                        topic="",
+                        seq=None,
+                        epoch=None,
+                        dp_rank=None,
+                        kind="snapshot",
+                        payload=p,
+                        index=fed,
+                    )
+                )
                 fed += 1
         except ProbeError:
             pass
     for seq, _batch, payload in seen.batches:
-        v.feed(Record(recv_time=0.0, source="live", endpoint=rep.endpoint, topic="", seq=seq, epoch=None,
-                      dp_rank=None, kind="live", payload=payload, index=fed))
+        v.feed(
+            Record(
+                recv_time=0.0,
+                source="live",
+                endpoint=rep.endpoint,
+                topic="",
+                seq=seq,
+                epoch=None,
+                dp_rank=None,
+                kind="live",
+                payload=payload,
+                index=fed,
+            )
+        )
         fed += 1
     r = v.report
     bad = [x for x in r.violations if x.code in _HASH_CODES]
     if bad:
-        rep.add(name, FAIL, f"{len(bad)} of {len(bad) + r.blocks_verified} checked blocks do not recompute "
-                f"with page size {page_size}: {bad[0].message}",
-                "published hashes must be the event chain: SHA-256 over the parent's digest and the page's "
-                "uint32-LE tokens, seeded by cache_salt only, never extra_key (schemas/README.md, Event hashes); check the page size "
-                "(--page-size) and pass tenant salts with --salt")
+        rep.add(
+            name,
+            FAIL,
+            f"{len(bad)} of {len(bad) + r.blocks_verified} checked blocks do not recompute "
+            f"with page size {page_size}: {bad[0].message}",
+            "published hashes must be the event chain: SHA-256 over the parent's digest and the page's "
+            "uint32-LE tokens, seeded by cache_salt only, never extra_key (schemas/README.md, Event hashes); check the page size "
+            "(--page-size) and pass tenant salts with --salt",
+        )
     elif r.blocks_verified == 0:
-        rep.add(name, WARN if seen.decoded else SKIP,
-                f"no block could be checked ({r.blocks_unverifiable} unverifiable: parents stored before the window)"
-                if seen.decoded else "nothing was received to check",
-                "run longer (--timeout), or give --replay so the snapshot provides chain heads")
+        rep.add(
+            name,
+            WARN if seen.decoded else SKIP,
+            f"no block could be checked ({r.blocks_unverifiable} unverifiable: parents stored before the window)"
+            if seen.decoded
+            else "nothing was received to check",
+            "run longer (--timeout), or give --replay so the snapshot provides chain heads",
+        )
     else:
-        rep.add(name, OK, f"{r.blocks_verified} blocks recomputed with page size {page_size}"
-                + (f" ({r.blocks_unverifiable} unverifiable)" if r.blocks_unverifiable else ""))
-
-
+        rep.add(
+            name,
+            OK,
+            f"{r.blocks_verified} blocks recomputed with page size {page_size}"
+            + (f" ({r.blocks_unverifiable} unverifiable)" if r.blocks_unverifiable else ""),
+        )

@@ -70,7 +70,9 @@ class Namespace:
             try:
                 value.encode("utf-8")  # hashed as UTF-8: reject lone surrogates here, not mid-insert
             except UnicodeEncodeError as exc:
-                raise ValueError(f"Namespace.{name} is not valid UTF-8 text: {exc.reason} at index {exc.start}") from None
+                raise ValueError(
+                    f"Namespace.{name} is not valid UTF-8 text: {exc.reason} at index {exc.start}"
+                ) from None
         if self.cache_salt == "":
             object.__setattr__(self, "cache_salt", None)
 

@@ -26,28 +26,76 @@ __all__ = [
 
 # stats() key -> (metric name, help, kind)
 PUBLISHER_METRICS: dict[str, tuple[str, str, str]] = {
-    "batches_published": ("kvevents_publisher_batches_total", "Batches published (seq consumed), heartbeats included; ZeroMQ's own PUB HWM drops are not seen here (subscribers see a gap, replay heals it)", "counter"),
+    "batches_published": (
+        "kvevents_publisher_batches_total",
+        "Batches published (seq consumed), heartbeats included; ZeroMQ's own PUB HWM drops are not seen here (subscribers see a gap, replay heals it)",
+        "counter",
+    ),
     "events_published": ("kvevents_publisher_events_total", "Events published", "counter"),
     "heartbeats": ("kvevents_publisher_heartbeats_total", "Empty heartbeat batches published", "counter"),
-    "dropped_queue_full": ("kvevents_publisher_dropped_total", "Batches dropped (queue full): unrecoverable gaps", "counter"),
-    "dropped_live": ("kvevents_publisher_dropped_live_total", "Batches not sent live by the test hook (replayable)", "counter"),
+    "dropped_queue_full": (
+        "kvevents_publisher_dropped_total",
+        "Batches dropped (queue full): unrecoverable gaps",
+        "counter",
+    ),
+    "dropped_live": (
+        "kvevents_publisher_dropped_live_total",
+        "Batches not sent live by the test hook (replayable)",
+        "counter",
+    ),
     "send_errors": ("kvevents_publisher_send_errors_total", "Live sends that failed", "counter"),
     "bytes_sent": ("kvevents_publisher_bytes_sent_total", "Payload bytes sent (live, replay, snapshot)", "counter"),
-    "encode_errors": ("kvevents_publisher_encode_errors_total", "Batches lost because they could not be encoded", "counter"),
-    "payloads_republished": ("kvevents_publisher_payloads_republished_total", "Recorded payloads republished", "counter"),
+    "encode_errors": (
+        "kvevents_publisher_encode_errors_total",
+        "Batches lost because they could not be encoded",
+        "counter",
+    ),
+    "payloads_republished": (
+        "kvevents_publisher_payloads_republished_total",
+        "Recorded payloads republished",
+        "counter",
+    ),
     "replay_requests": ("kvevents_publisher_replay_requests_total", "Replay requests accepted", "counter"),
-    "replays_served": ("kvevents_publisher_replays_served_total", "Replays fully sent (end marker included)", "counter"),
+    "replays_served": (
+        "kvevents_publisher_replays_served_total",
+        "Replays fully sent (end marker included)",
+        "counter",
+    ),
     "replay_batches_sent": ("kvevents_publisher_replay_batches_total", "Batches sent by replay", "counter"),
     "snapshot_requests": ("kvevents_publisher_snapshot_requests_total", "KVE/SNAPSHOT requests accepted", "counter"),
     "snapshots_served": ("kvevents_publisher_snapshots_served_total", "Snapshots fully sent", "counter"),
     "snapshot_batches_sent": ("kvevents_publisher_snapshot_batches_total", "Batches sent by snapshots", "counter"),
     "describe_requests": ("kvevents_publisher_describe_requests_total", "KVE/DESCRIBE requests answered", "counter"),
-    "rejected_requests": ("kvevents_publisher_rejected_requests_total", "Malformed or excess ROUTER requests (no reply)", "counter"),
-    "replies_abandoned": ("kvevents_publisher_replies_abandoned_total", "Replays/snapshots given up (peer gone or too slow)", "counter"),
-    "rejected_peer_cap": ("kvevents_publisher_rejected_peer_cap_total", "Replay/snapshot requests refused: the peer held its job cap", "counter"),
-    "rejected_oversized": ("kvevents_publisher_rejected_oversized_total", "ROUTER requests of more than 3 frames or an oversized body (discarded unread)", "counter"),
-    "jobs_expired": ("kvevents_publisher_jobs_expired_total", "Replays/snapshots dropped: the peer did not drain them in time", "counter"),
-    "curve_denied": ("kvevents_publisher_curve_denied_total", "CURVE handshakes refused: the client's key is not on the allow-list", "counter"),
+    "rejected_requests": (
+        "kvevents_publisher_rejected_requests_total",
+        "Malformed or excess ROUTER requests (no reply)",
+        "counter",
+    ),
+    "replies_abandoned": (
+        "kvevents_publisher_replies_abandoned_total",
+        "Replays/snapshots given up (peer gone or too slow)",
+        "counter",
+    ),
+    "rejected_peer_cap": (
+        "kvevents_publisher_rejected_peer_cap_total",
+        "Replay/snapshot requests refused: the peer held its job cap",
+        "counter",
+    ),
+    "rejected_oversized": (
+        "kvevents_publisher_rejected_oversized_total",
+        "ROUTER requests of more than 3 frames or an oversized body (discarded unread)",
+        "counter",
+    ),
+    "jobs_expired": (
+        "kvevents_publisher_jobs_expired_total",
+        "Replays/snapshots dropped: the peer did not drain them in time",
+        "counter",
+    ),
+    "curve_denied": (
+        "kvevents_publisher_curve_denied_total",
+        "CURVE handshakes refused: the client's key is not on the allow-list",
+        "counter",
+    ),
     "queue_depth": ("kvevents_publisher_queue_depth", "Batches waiting in the send queue", "gauge"),
     "live_blocks": ("kvevents_publisher_live_blocks", "Live block copies in the snapshot view", "gauge"),
 }
@@ -65,13 +113,25 @@ SUBSCRIBER_METRICS: dict[str, tuple[str, str, str]] = {
     "duplicates": ("kvevents_subscriber_duplicates_total", "Batches dropped as duplicates", "counter"),
     "heartbeats": ("kvevents_subscriber_heartbeats_total", "Heartbeats received", "counter"),
     "replays_requested": ("kvevents_subscriber_replays_requested_total", "Replay requests sent", "counter"),
-    "replay_timeouts": ("kvevents_subscriber_replay_timeouts_total", "Replay or snapshot requests timed out", "counter"),
+    "replay_timeouts": (
+        "kvevents_subscriber_replay_timeouts_total",
+        "Replay or snapshot requests timed out",
+        "counter",
+    ),
     "snapshots_requested": ("kvevents_subscriber_snapshots_requested_total", "Snapshot requests sent", "counter"),
     "snapshots_applied": ("kvevents_subscriber_snapshots_applied_total", "Snapshots delivered whole", "counter"),
     "snapshot_failures": ("kvevents_subscriber_snapshot_failures_total", "Snapshots that could not be used", "counter"),
     "bad_frames": ("kvevents_subscriber_bad_frames_total", "Malformed live messages", "counter"),
-    "buffer_overflows": ("kvevents_subscriber_buffer_overflows_total", "Live buffers dropped during a long repair", "counter"),
-    "stale_sources": ("kvevents_subscriber_stale_sources_total", "Sources that went silent past stale_after_s", "counter"),
+    "buffer_overflows": (
+        "kvevents_subscriber_buffer_overflows_total",
+        "Live buffers dropped during a long repair",
+        "counter",
+    ),
+    "stale_sources": (
+        "kvevents_subscriber_stale_sources_total",
+        "Sources that went silent past stale_after_s",
+        "counter",
+    ),
     "callback_errors": ("kvevents_subscriber_callback_errors_total", "Consumer callbacks that raised", "counter"),
 }
 

@@ -245,16 +245,24 @@ class Publisher:
                 self.replay_endpoint = r.getsockopt_string(zmq.LAST_ENDPOINT)
         except (zmq.ZMQError, ValueError) as exc:
             self._close_sockets()
-            failed = config.replay_endpoint if hasattr(self, "replay_endpoint") else config.endpoint  # set once PUB is up
+            failed = (
+                config.replay_endpoint if hasattr(self, "replay_endpoint") else config.endpoint
+            )  # set once PUB is up
             code = getattr(exc, "errno", None)
-            why = {19: "the host cannot be resolved or is not an address of this machine (cannot bind)",  # ENODEV
-                   98: "the address is already in use", 99: "the address is not on this machine (cannot bind)"}
+            why = {
+                19: "the host cannot be resolved or is not an address of this machine (cannot bind)",  # ENODEV
+                98: "the address is already in use",
+                99: "the address is not on this machine (cannot bind)",
+            }
             raise ValueError(f"publisher endpoint {failed!r}: {why.get(code or 0, str(exc))}") from None
         exposed = [] if curve is not None else security.exposed_endpoints(self.endpoint, self.replay_endpoint)
         if exposed:  # one line; a CLI running several publishers shows it once (security.OnceFilter)
-            log.warning("publisher on %s without CURVE: events (token ids, cache_salt) travel in clear to anyone "
-                        "who can reach it; use loopback or --curve-secret (README: Security)", " and ".join(exposed),
-                        extra={"kvevents_once": PLAIN_BIND_WARNING})
+            log.warning(
+                "publisher on %s without CURVE: events (token ids, cache_salt) travel in clear to anyone "
+                "who can reach it; use loopback or --curve-secret (README: Security)",
+                " and ".join(exposed),
+                extra={"kvevents_once": PLAIN_BIND_WARNING},
+            )
         # snapshots are only served over the ROUTER; without them the (empty) view only holds the
         # page size DESCRIBE reports, learned from the first BlockStored (_learn_page)
         self._keep_view = self._router is not None and config.snapshots

@@ -22,8 +22,15 @@ from kvevents.events import Event
 from kvevents.hashing import Namespace, pack_tokens
 
 __all__ = [
-    "Request", "Workload", "SimWorker", "ServeResult", "page_content", "expected_content",
-    "ENGINES", "make_worker", "serve_and_publish",
+    "Request",
+    "Workload",
+    "SimWorker",
+    "ServeResult",
+    "page_content",
+    "expected_content",
+    "ENGINES",
+    "make_worker",
+    "serve_and_publish",
 ]
 
 #: `kvevents serve --engine`: contract (SimWorker) or vllm (a vLLM 0.33-faithful VllmSimWorker).
@@ -116,7 +123,11 @@ class Workload:
             raise ValueError("salts must list at least one salt (None is the no-salt tenant)")
         if num_system_prompts < 1 or max_turns < 1 or max_sessions < 1 or vocab_size < 2:
             raise ValueError("num_system_prompts, max_turns, max_sessions must be >= 1, vocab_size >= 2")
-        for lo_hi, name in ((system_prompt_pages, "system_prompt_pages"), (user_tokens, "user_tokens"), (answer_tokens, "answer_tokens")):
+        for lo_hi, name in (
+            (system_prompt_pages, "system_prompt_pages"),
+            (user_tokens, "user_tokens"),
+            (answer_tokens, "answer_tokens"),
+        ):
             if len(lo_hi) != 2 or lo_hi[0] < 0 or lo_hi[1] < lo_hi[0]:
                 raise ValueError(f"{name} must be (low, high) with 0 <= low <= high, got {lo_hi!r}")
         self.seed = seed
@@ -290,7 +301,13 @@ class SimWorker:
 
 
 def make_worker(
-    engine: str, name: str, *, page_size: int = 16, capacity_pages: int = 4096, hash_algo: str = "sha256", dp_rank: int = 0
+    engine: str,
+    name: str,
+    *,
+    page_size: int = 16,
+    capacity_pages: int = 4096,
+    hash_algo: str = "sha256",
+    dp_rank: int = 0,
 ) -> Any:
     """A simulated worker of `engine`: SimWorker (the contract) or VllmSimWorker (vLLM 0.33's hashes
     and events, published as vLLM encodes them, rank `dp_rank` in its batches)."""
@@ -299,7 +316,9 @@ def make_worker(
     if engine == "vllm":
         from kvevents.sim_vllm import VllmSimWorker
 
-        return VllmSimWorker(name, block_size=page_size, capacity_blocks=capacity_pages, hash_algo=hash_algo, dp_rank=dp_rank)
+        return VllmSimWorker(
+            name, block_size=page_size, capacity_blocks=capacity_pages, hash_algo=hash_algo, dp_rank=dp_rank
+        )
     raise ValueError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
 
 

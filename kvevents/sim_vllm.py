@@ -107,8 +107,12 @@ class VllmSimWorker:
     def serve_request(self, request: Any) -> VllmServeResult:
         """Serve a kvevents.sim.Request (its namespace salt is vLLM's cache_salt, lora_name its adapter)."""
         ns = request.namespace
-        return self.serve(request.tokens, cache_salt=ns.cache_salt, lora_name=request.lora_name,
-                          mm_per_block=getattr(request, "mm_per_block", None))
+        return self.serve(
+            request.tokens,
+            cache_salt=ns.cache_salt,
+            lora_name=request.lora_name,
+            mm_per_block=getattr(request, "mm_per_block", None),
+        )
 
     def serve(
         self,
@@ -126,9 +130,16 @@ class VllmSimWorker:
         if lora_name is not None and lora_id is None:
             lora_id = 1 + sum(map(ord, lora_name)) % 1000  # vLLM's int id, stable per name here
         mm = list(mm_per_block[:n]) + [[]] * max(0, n - len(mm_per_block)) if mm_per_block is not None else None
-        tagged = tagged_extra_keys(n, lora_name=lora_name, lora_path=None if lora_name is None else self.lora_paths.get(lora_name, f"/adapters/{lora_name}"),
-                                   cache_salt=cache_salt, mm_per_block=mm)
-        digests = vllm_block_hashes(tokens, ps, hash_algo=self.hash_algo, extra_keys_per_block=tagged, seed=self.hash_seed)
+        tagged = tagged_extra_keys(
+            n,
+            lora_name=lora_name,
+            lora_path=None if lora_name is None else self.lora_paths.get(lora_name, f"/adapters/{lora_name}"),
+            cache_salt=cache_salt,
+            mm_per_block=mm,
+        )
+        digests = vllm_block_hashes(
+            tokens, ps, hash_algo=self.hash_algo, extra_keys_per_block=tagged, seed=self.hash_seed
+        )
         untagged = event_extra_keys(tagged)
         hit = 0
         while hit < n and digests[hit] in self._cached:
@@ -171,26 +182,60 @@ class VllmSimWorker:
             blk.windowed = False
         return blk
 
-    def _emit_store(self, digests: list[bytes], untagged: list[Any], tokens: list[int], hit: int, n: int,
-                    lora_id: int | None, lora_name: str | None, new: list[_Block]) -> None:
+    def _emit_store(
+        self,
+        digests: list[bytes],
+        untagged: list[Any],
+        tokens: list[int],
+        hit: int,
+        n: int,
+        lora_id: int | None,
+        lora_name: str | None,
+        new: list[_Block],
+    ) -> None:
         ps = self.block_size
         parent = to_event_hash(digests[hit - 1]) if hit else None
         hashes = [to_event_hash(d) for d in digests[hit:n]]
         extras = untagged[hit:n]
-        extra_keys = [list(k) if k is not None else None for k in extras] if any(k is not None for k in extras) else None
+        extra_keys = (
+            [list(k) if k is not None else None for k in extras] if any(k is not None for k in extras) else None
+        )
         span = tokens[hit * ps : n * ps]
-        self._events.append(stored_event(hashes, parent, span, ps, lora_id=lora_id, medium="GPU", lora_name=lora_name,
-                                         extra_keys=extra_keys, group_idx=0, kv_cache_spec_kind="full_attention"))
+        self._events.append(
+            stored_event(
+                hashes,
+                parent,
+                span,
+                ps,
+                lora_id=lora_id,
+                medium="GPU",
+                lora_name=lora_name,
+                extra_keys=extra_keys,
+                group_idx=0,
+                kv_cache_spec_kind="full_attention",
+            )
+        )
         w = self.sliding_window_blocks
         if w is not None:  # the window keeps the last w blocks; the ones before are null blocks
             keep = list(range(max(hit, n - w), n))
             if keep:
                 for i in keep:
                     new[i - hit].windowed = True
-                self._events.append(stored_event(
-                    [to_event_hash(digests[i]) for i in keep], parent, span, ps, lora_id=lora_id, medium="GPU",
-                    lora_name=lora_name, extra_keys=None if extra_keys is None else [extra_keys[i - hit] for i in keep],
-                    group_idx=1, kv_cache_spec_kind="sliding_window", kv_cache_spec_sliding_window=w * ps))
+                self._events.append(
+                    stored_event(
+                        [to_event_hash(digests[i]) for i in keep],
+                        parent,
+                        span,
+                        ps,
+                        lora_id=lora_id,
+                        medium="GPU",
+                        lora_name=lora_name,
+                        extra_keys=None if extra_keys is None else [extra_keys[i - hit] for i in keep],
+                        group_idx=1,
+                        kv_cache_spec_kind="sliding_window",
+                        kv_cache_spec_sliding_window=w * ps,
+                    )
+                )
 
     # ---------------------------------------------------------------- events and state
 

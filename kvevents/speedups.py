@@ -21,8 +21,24 @@ try:
 except ImportError:  # no compiler at install time, or a pure-Python install
     _c = None  # type: ignore[assignment]
 
-__all__ = ["HAVE_C", "active", "describe", "python_only", "chain_pages", "chain_packed", "digests_int64",
-           "walk", "set_bits_each", "pack_u32", "all_int64", "chain_list", "portable_sha", "remove_each", "holds_bit", "sha_impl"]
+__all__ = [
+    "HAVE_C",
+    "active",
+    "describe",
+    "python_only",
+    "chain_pages",
+    "chain_packed",
+    "digests_int64",
+    "walk",
+    "set_bits_each",
+    "pack_u32",
+    "all_int64",
+    "chain_list",
+    "portable_sha",
+    "remove_each",
+    "holds_bit",
+    "sha_impl",
+]
 
 #: True when the compiled extension imported (whether or not it is switched on).
 HAVE_C: bool = _c is not None
@@ -117,19 +133,32 @@ def _slots_of(cls: type, want: tuple[str, ...] = ("pages", "score", "pages_by_me
 
 
 def walk(hashes: Any, plan: list, layout: list, media: list, weights: list, prefix_cls: type, worker_cls: type) -> Any:
-    """The index walk over table views (see consumers.lookup.walk_plan); NotImplemented when the
+    """The index walk over table views (see kvevents.consumers.lookup.walk_plan); NotImplemented when the
     weights are not all floats (the Python twin then runs, keeping its result types)."""
-    return _c.walk(hashes, plan, layout, media, weights, prefix_cls, worker_cls, builtins.sum, _slots_of(worker_cls),
-                  _slots_of(prefix_cls, ("pages", "workers")))  # type: ignore[union-attr]
+    return _c.walk(
+        hashes,
+        plan,
+        layout,
+        media,
+        weights,
+        prefix_cls,
+        worker_cls,
+        builtins.sum,
+        _slots_of(worker_cls),
+        _slots_of(prefix_cls, ("pages", "workers")),
+    )  # type: ignore[union-attr]
 
 
-def set_bits_each(view: tuple, hashes: list[int], col: int, bit: int, prev: int | None) -> tuple[list[int], int, int] | None:
+def set_bits_each(
+    view: tuple, hashes: list[int], col: int, bit: int, prev: int | None
+) -> tuple[list[int], int, int] | None:
     """The store loop over a table view: (duplicates, live added, used added), None to fall back."""
     return _c.set_bits_each(view, hashes, col, bit, prev)  # type: ignore[union-attr]
 
 
-def remove_each(views: list[tuple], extra: dict, mi: int, col: int, wi: int, hashes: list[int], prefer: int | None,
-                exact: bool) -> tuple[int, int, int, list[int]]:
+def remove_each(
+    views: list[tuple], extra: dict, mi: int, col: int, wi: int, hashes: list[int], prefer: int | None, exact: bool
+) -> tuple[int, int, int, list[int]]:
     """The remove loop over table views: (unknown, ambiguous, removed, rows deleted per view)."""
     return _c.remove_each(views, extra, mi, col, wi, hashes, prefer, exact)  # type: ignore[union-attr]
 

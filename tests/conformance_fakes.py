@@ -96,8 +96,13 @@ def observe_fake(
     reply_timeout: float = 1.5,
 ) -> Report:
     """Connect the kit, send the script [(seq, payload, live)], let the kit see it all, judge."""
-    opts = StreamOptions(engine.endpoint, engine.replay_endpoint if replay else None, page_size,
-                         reply_timeout=reply_timeout, allow_epoch=allow_epoch)
+    opts = StreamOptions(
+        engine.endpoint,
+        engine.replay_endpoint if replay else None,
+        page_size,
+        reply_timeout=reply_timeout,
+        allow_epoch=allow_epoch,
+    )
     with StreamObserver(opts) as obs:
         engine.wait_joined()
         for seq, data, live in script:

@@ -6,7 +6,7 @@ import time
 from collections import Counter
 from typing import Callable
 
-from consumers.indexer import BlockIndex
+from kvevents.consumers.indexer import BlockIndex
 from kvevents.publisher import Publisher, publish_steps
 from kvevents.sim import SimWorker, Workload
 from kvevents.subscriber import Delivery, Reset, Source
@@ -21,7 +21,9 @@ class Engine:
     def __init__(self, name: str, seed: int, *, endpoint: str = EPH, replay: str = EPH) -> None:
         self.name = name
         self.worker = SimWorker(name, page_size=4, capacity_pages=64)
-        self.load = iter(Workload(seed, page_size=4, system_prompt_pages=(1, 4), user_tokens=(4, 40), answer_tokens=(4, 40)))
+        self.load = iter(
+            Workload(seed, page_size=4, system_prompt_pages=(1, 4), user_tokens=(4, 40), answer_tokens=(4, 40))
+        )
         self.pub = Publisher(endpoint=endpoint, replay_endpoint=replay, bind=True, heartbeat_interval_s=0.1)
 
     @property
@@ -71,7 +73,9 @@ class JSRouter:
         self.src.stop()
 
 
-def wait_until(what: str, cond: Callable[[], bool], pump: Callable[[], object] | None = None, timeout: float = 15.0) -> None:
+def wait_until(
+    what: str, cond: Callable[[], bool], pump: Callable[[], object] | None = None, timeout: float = 15.0
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if pump is not None:
@@ -88,8 +92,12 @@ def caught_up(routers: list[JSRouter], engines: list[Engine]) -> Callable[[], bo
     targets = {e.name: e.last_seq() for e in engines}
 
     def cond() -> bool:
-        return all(r.applied.get(e.name, -1) >= targets[e.name] and r.state(e.name) == e.truth()
-                   for r in routers for e in engines)
+        return all(
+            r.applied.get(e.name, -1) >= targets[e.name] and r.state(e.name) == e.truth()
+            for r in routers
+            for e in engines
+        )
+
     return cond
 
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from consumers.service import RouterService
+from kvevents.consumers.service import RouterService
 from kvevents.sim import Workload
 from kvevents.subscriber import Source
 
@@ -34,19 +34,41 @@ def wait_for(cond, timeout: float = 15.0, what: str = "condition") -> None:
 class LiveRoute:
     """`kvevents serve --workers 2` in a subprocess + a RouterService serving HTTP (a context manager)."""
 
-    def __init__(self, *, workers: int = 2, rate: float = 40.0, duration: float = 120.0,
-                 extra: Sequence[Source] = ()) -> None:
+    def __init__(
+        self, *, workers: int = 2, rate: float = 40.0, duration: float = 120.0, extra: Sequence[Source] = ()
+    ) -> None:
         self.proc = subprocess.Popen(
-            [*CMD, "serve", "--endpoint", "tcp://127.0.0.1:*", "--replay-endpoint", "tcp://127.0.0.1:*",
-             "--workers", str(workers), "--rate", str(rate), "--duration", str(duration), "--heartbeat", "0.2",
-             "--metrics-port", "0", "--seed", "3"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                *CMD,
+                "serve",
+                "--endpoint",
+                "tcp://127.0.0.1:*",
+                "--replay-endpoint",
+                "tcp://127.0.0.1:*",
+                "--workers",
+                str(workers),
+                "--rate",
+                str(rate),
+                "--duration",
+                str(duration),
+                "--heartbeat",
+                "0.2",
+                "--metrics-port",
+                "0",
+                "--seed",
+                "3",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         self.sources: list[Source] = []
         self.publisher_metrics_port = 0
         try:
             self._read_banner(workers)
-            self.service = RouterService(self.sources + list(extra), page_size=16, seed=0, stale_after_s=3.0, metrics_port=0)
+            self.service = RouterService(
+                self.sources + list(extra), page_size=16, seed=0, stale_after_s=3.0, metrics_port=0
+            )
             self.service.start()
             self.host, self.port = self.service.serve_http("127.0.0.1", 0)
         except BaseException:
@@ -115,8 +137,9 @@ class LiveRoute:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=10)
         try:
             for req in Workload(seed=seed, page_size=16).take(n):
-                body = json.dumps({"tokens": req.tokens, "cache_salt": req.namespace.cache_salt,
-                                   "lora_name": req.lora_name}).encode()
+                body = json.dumps(
+                    {"tokens": req.tokens, "cache_salt": req.namespace.cache_salt, "lora_name": req.lora_name}
+                ).encode()
                 conn.request("POST", "/score", body=body, headers={"Content-Type": "application/json"})
                 resp = conn.getresponse()
                 resp.read()
@@ -126,6 +149,7 @@ class LiveRoute:
 
     def wait_ready(self) -> None:
         """Until every serve worker has blocks in the index."""
+
         def ready() -> bool:
             names = {s.name for s in self.sources}
             ws = [w for w in self.get_json("/workers")["workers"] if w["worker"] in names]

@@ -9,8 +9,8 @@ import msgspec
 import pytest
 import zmq
 
-from consumers.indexer import BlockIndex
-from consumers.router import PrefixRouter, _cached_seed
+from kvevents.consumers.indexer import BlockIndex
+from kvevents.consumers.router import PrefixRouter, _cached_seed
 from kvevents.events import BlockStored, KVEventBatch
 from kvevents.subscriber import Source, Subscriber
 from kvevents.transport.wire import pack_seq

@@ -286,7 +286,13 @@ def test_medium_and_metadata_carried() -> None:
     cache.take_events()
     cache.insert(pages(1), Namespace("lora-7", "s"), lora_name="lora-7", session_id="sess")
     (ev,) = cache.take_events()
-    assert (ev.medium, ev.lora_id, ev.lora_name, ev.session_id, ev.cache_salt) == ("CPU_PINNED", None, "lora-7", "sess", "s")
+    assert (ev.medium, ev.lora_id, ev.lora_name, ev.session_id, ev.cache_salt) == (
+        "CPU_PINNED",
+        None,
+        "lora-7",
+        "sess",
+        "s",
+    )
     cache.insert(pages(2), Namespace("lora-7"))
     (ev,) = cache.take_events()
     assert ev.lora_name is None  # never derived from extra_key

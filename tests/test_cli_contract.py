@@ -49,7 +49,9 @@ def test_hash_json_matches_golden_child_case(golden: dict) -> None:
 
 def test_hash_with_prior_and_commas(golden: dict) -> None:
     e = golden["direct"]["explicit_prior"]
-    proc = kve("hash", ",".join(map(str, e["tokens"])), "-p", "4", "--extra-key", "lora-a", "--prior", e["prior_hex"], "--json")
+    proc = kve(
+        "hash", ",".join(map(str, e["tokens"])), "-p", "4", "--extra-key", "lora-a", "--prior", e["prior_hex"], "--json"
+    )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["storage"] == out["event"] == e["get_storage_hash_str_with_prior"]
@@ -152,7 +154,15 @@ VLLM_GOLDEN = REPO / "schemas" / "golden" / "vllm-0.33.json"
 @pytest.mark.parametrize("name", ["V02_pickle_plain", "V04_cbor_salt_lora", "V05_cbor_seed0"])
 def test_hash_vllm_profile_prints_vllms_values(name: str) -> None:
     case = next(c for c in json.loads(VLLM_GOLDEN.read_text())["cases"] if c["name"] == name)
-    args = ["hash", *map(str, case["tokens"]), "-p", str(case["block_size"]), "--profile", f"vllm-{case['algo']}", "--json"]
+    args = [
+        "hash",
+        *map(str, case["tokens"]),
+        "-p",
+        str(case["block_size"]),
+        "--profile",
+        f"vllm-{case['algo']}",
+        "--json",
+    ]
     if case["PYTHONHASHSEED"] is not None:
         args += ["--hash-seed", case["PYTHONHASHSEED"]]
     if name == "V04_cbor_salt_lora":

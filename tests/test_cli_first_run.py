@@ -73,7 +73,9 @@ def test_tail_on_nothing_says_connecting_hints_doctor_and_exits_1():
 def _serve(*extra: str) -> tuple[subprocess.Popen, str, str]:
     proc = subprocess.Popen(
         [*CMD, "serve", "--endpoint", "tcp://127.0.0.1:0", "--replay-endpoint", "tcp://127.0.0.1:0", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     first = proc.stdout.readline().split()

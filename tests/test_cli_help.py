@@ -11,7 +11,9 @@ import kvevents
 
 def _kv(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "120", "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-m", "kvevents", *args], capture_output=True, text=True, timeout=60, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "kvevents", *args], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 def test_version_flag():

@@ -122,10 +122,13 @@ def test_bad_files_give_one_line_and_exit_2(tmp_path: Path, content: bytes | Non
 
 
 @pytest.mark.parametrize("content, message", BAD_FILES)
-@pytest.mark.parametrize("command", [["log", "repair"], ["log", "export", "--jsonl"], ["log", "index"],
-                                     ["replay", "--to", "tcp://127.0.0.1:1"]])
-def test_bad_files_for_every_reading_command(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                             content: bytes | None, message: str, command: list[str]) -> None:
+@pytest.mark.parametrize(
+    "command",
+    [["log", "repair"], ["log", "export", "--jsonl"], ["log", "index"], ["replay", "--to", "tcp://127.0.0.1:1"]],
+)
+def test_bad_files_for_every_reading_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | None, message: str, command: list[str]
+) -> None:
     from kvevents.cli import main
 
     p = str(_bad_file(tmp_path, content))
@@ -182,8 +185,13 @@ def test_rates_come_from_the_batches_own_timestamps(tmp_path: Path) -> None:
     with RecordWriter(p) as w:
         w.write(payload([], ts=50.0), source="w0", seq=None, kind="snapshot", recv_time=1000.0)
         for i in range(11):  # one batch per second of publisher time, all received within 0.1 s
-            w.write(payload([], ts=100.0 + i), source="w0", seq=i, kind="replay" if i < 10 else "live",
-                    recv_time=1000.0 + i * 0.01)
+            w.write(
+                payload([], ts=100.0 + i),
+                source="w0",
+                seq=i,
+                kind="replay" if i < 10 else "live",
+                recv_time=1000.0 + i * 0.01,
+            )
     j = json.loads(kv("log", "inspect", str(p), "--json").stdout)
     assert j["rate_clock"] == "batch_ts" and j["batch_span_s"] == 10.0
     assert abs(j["rates"]["records_per_s"] - 1.1) < 1e-9
@@ -204,8 +212,16 @@ def test_a_damaged_header_is_read_and_repaired(clean_log: Path) -> None:
     assert kv("log", "inspect", str(clean_log)).stderr == ""
 
 
-@pytest.mark.parametrize("command", [["log", "inspect"], ["log", "repair"], ["log", "export"],
-                                     ["log", "index"], ["replay", "--to", "tcp://127.0.0.1:1"]])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["log", "inspect"],
+        ["log", "repair"],
+        ["log", "export"],
+        ["log", "index"],
+        ["replay", "--to", "tcp://127.0.0.1:1"],
+    ],
+)
 def test_every_log_tool_refuses_a_fifo_at_once(tmp_path: Path, command: list[str]) -> None:
     import os
 
@@ -219,4 +235,6 @@ def test_every_log_tool_refuses_a_fifo_at_once(tmp_path: Path, command: list[str
     finally:
         os.close(fd)
     assert r.returncode == 2, (r.stdout, r.stderr)
-    assert r.stderr.strip() == f"kvevents: error: {f}: is not a regular file (a FIFO, socket or device), not a record log"
+    assert (
+        r.stderr.strip() == f"kvevents: error: {f}: is not a regular file (a FIFO, socket or device), not a record log"
+    )

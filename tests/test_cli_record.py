@@ -76,19 +76,40 @@ def _step(cache: RadixCache, reqs: Iterator, n: int = 1) -> None:
         cache.flush_events()
 
 
-def _capture(tmp_path: Path, start: str, *, snapshots: bool = True, count: int = 12,
-             buffer_steps: int = 10000) -> tuple[list[Record], str, str, Path]:
+def _capture(
+    tmp_path: Path, start: str, *, snapshots: bool = True, count: int = 12, buffer_steps: int = 10000
+) -> tuple[list[Record], str, str, Path]:
     """40 steps of history, then `record --from START --count N` while the engine keeps going."""
-    pub = Publisher(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0.2,
-                    snapshots=snapshots, buffer_steps=buffer_steps)
+    pub = Publisher(
+        endpoint="tcp://127.0.0.1:*",
+        replay_endpoint="tcp://127.0.0.1:*",
+        heartbeat_interval_s=0.2,
+        snapshots=snapshots,
+        buffer_steps=buffer_steps,
+    )
     cache = RadixCache(PAGE, capacity_pages=64, on_events=pub.publish)
     reqs = iter(Workload(seed=3, page_size=PAGE).take(5000))
     out = tmp_path / f"{start}.kvlog"
     try:
         _step(cache, reqs, 40)
-        p = subprocess.Popen(_kv("record", "--publisher", f"w0={pub.endpoint},{pub.replay_endpoint}", "-o", str(out),
-                                 "--count", str(count), "--duration", "30", "--from", start),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            _kv(
+                "record",
+                "--publisher",
+                f"w0={pub.endpoint},{pub.replay_endpoint}",
+                "-o",
+                str(out),
+                "--count",
+                str(count),
+                "--duration",
+                "30",
+                "--from",
+                start,
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert p.stdout is not None
         first = p.stdout.readline()
         assert first.startswith("recording"), first
@@ -170,8 +191,12 @@ def test_record_skips_a_message_whose_topic_is_over_65535_bytes(tmp_path: Path) 
     ep = pub.getsockopt_string(zmq.LAST_ENDPOINT)
     out = tmp_path / "t.kvlog"
     try:
-        p = subprocess.Popen(_kv("record", "--publisher", f"w0={ep}", "-o", str(out), "--count", "5", "--duration", "30"),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            _kv("record", "--publisher", f"w0={ep}", "-o", str(out), "--count", "5", "--duration", "30"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert p.stdout is not None and p.stdout.readline().startswith("recording")
         seq = 0
         while p.poll() is None and seq < 3000:  # every other message has a 70,000-byte topic
@@ -216,9 +241,24 @@ def test_replay_binds_its_endpoint_by_default(tmp_path: Path) -> None:
     with RecordWriter(src) as w:
         for i in range(5):
             w.write(payload([], ts=float(i)), source="w0", seq=i, recv_time=float(i) * 0.01)
-    p = subprocess.Popen(_kv("replay", str(src), "--to", "tcp://127.0.0.1:0", "--speed", "10", "--loop",
-                             "--delay", "0", "--heartbeat", "0"),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        _kv(
+            "replay",
+            str(src),
+            "--to",
+            "tcp://127.0.0.1:0",
+            "--speed",
+            "10",
+            "--loop",
+            "--delay",
+            "0",
+            "--heartbeat",
+            "0",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.LINGER, 0)
     try:

@@ -44,9 +44,13 @@ def keys(tmp_path: Path) -> dict[str, Path]:
 
 
 def _curve_pub(keys: dict[str, Path], allow: bool = True) -> Publisher:
-    return Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0.05,
-                     curve_secret_key_file=str(keys["server_secret"]),
-                     curve_allow_dir=str(keys["allow"]) if allow else None)
+    return Publisher(
+        endpoint=EPH,
+        replay_endpoint=EPH,
+        heartbeat_interval_s=0.05,
+        curve_secret_key_file=str(keys["server_secret"]),
+        curve_allow_dir=str(keys["allow"]) if allow else None,
+    )
 
 
 def _received(src: Source, until: int = 0) -> list:
@@ -110,15 +114,19 @@ def test_an_allowed_client_receives_replay_and_live_batches(keys: dict[str, Path
         pub.close()
 
 
-def test_clients_without_the_keys_receive_nothing_and_the_publisher_goes_on(keys: dict[str, Path], ctx: zmq.Context) -> None:
+def test_clients_without_the_keys_receive_nothing_and_the_publisher_goes_on(
+    keys: dict[str, Path], ctx: zmq.Context
+) -> None:
     pub = _curve_pub(keys)
     try:
         pub.publish(chain_events(1, 1)[0])
         stranger = CurveClient.from_files(keys["server"], keys["other_secret"])  # right server key, not allowed
         wrong_server = CurveClient.from_files(keys["client"], keys["client_secret"])  # allowed, wrong server key
-        for src in (Source(pub.endpoint, pub.replay_endpoint, "w", curve=stranger),
-                    Source(pub.endpoint, pub.replay_endpoint, "w", curve=wrong_server),
-                    Source(pub.endpoint, pub.replay_endpoint, "w")):  # plain
+        for src in (
+            Source(pub.endpoint, pub.replay_endpoint, "w", curve=stranger),
+            Source(pub.endpoint, pub.replay_endpoint, "w", curve=wrong_server),
+            Source(pub.endpoint, pub.replay_endpoint, "w"),
+        ):  # plain
             assert _received(src) == []
         # the replay ROUTER answers nobody without the keys either
         for client in (stranger, None):
@@ -153,13 +161,24 @@ def test_without_an_allow_list_any_client_with_the_server_key_receives(keys: dic
 
 # ---------------------------------------------------------------- the plain-bind warning
 def test_a_plain_non_loopback_bind_warns_once_and_loopback_or_curve_does_not(
-        keys: dict[str, Path], caplog: pytest.LogCaptureFixture) -> None:
-    assert exposed_endpoints("tcp://0.0.0.0:1", "tcp://*:2", "tcp://127.0.0.1:3", "tcp://[::1]:4", "tcp://localhost:5",
-                             "ipc:///tmp/x", "inproc://y", None, "tcp://10.0.0.1:6") == [
-        "tcp://0.0.0.0:1", "tcp://*:2", "tcp://10.0.0.1:6"]
+    keys: dict[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    assert exposed_endpoints(
+        "tcp://0.0.0.0:1",
+        "tcp://*:2",
+        "tcp://127.0.0.1:3",
+        "tcp://[::1]:4",
+        "tcp://localhost:5",
+        "ipc:///tmp/x",
+        "inproc://y",
+        None,
+        "tcp://10.0.0.1:6",
+    ) == ["tcp://0.0.0.0:1", "tcp://*:2", "tcp://10.0.0.1:6"]
     with caplog.at_level(logging.WARNING, logger="kvevents.publisher"):
         Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0).close()
-        Publisher(endpoint="tcp://0.0.0.0:*", heartbeat_interval_s=0, curve_secret_key_file=str(keys["server_secret"])).close()
+        Publisher(
+            endpoint="tcp://0.0.0.0:*", heartbeat_interval_s=0, curve_secret_key_file=str(keys["server_secret"])
+        ).close()
         assert not [r for r in caplog.records if "without CURVE" in r.getMessage()]
         # bound only to read the warning: nothing connects, no traffic leaves the machine
         Publisher(endpoint="tcp://0.0.0.0:*", heartbeat_interval_s=0).close()
@@ -173,31 +192,71 @@ def _kv(*args: str) -> list[str]:
 
 
 def test_cli_keys_serve_and_tail_with_curve(tmp_path: Path) -> None:
-    r = subprocess.run(_kv("keys", "generate", str(tmp_path / "srv"), "--name", "engine"), capture_output=True, text=True)
+    r = subprocess.run(
+        _kv("keys", "generate", str(tmp_path / "srv"), "--name", "engine"), capture_output=True, text=True
+    )
     assert r.returncode == 0 and "engine.key_secret" in r.stdout, r.stderr
-    r = subprocess.run(_kv("keys", "generate", str(tmp_path / "allow"), "--name", "router"), capture_output=True, text=True)
+    r = subprocess.run(
+        _kv("keys", "generate", str(tmp_path / "allow"), "--name", "router"), capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr
     srv_key, srv_secret = tmp_path / "srv" / "engine.key", tmp_path / "srv" / "engine.key_secret"
     client_secret = tmp_path / "allow" / "router.key_secret"  # its .key beside it is the allow-list entry
-    serve = subprocess.Popen(_kv("serve", "--endpoint", "tcp://127.0.0.1:0", "--rate", "50", "--duration", "60",
-                                 "--curve-secret", str(srv_secret), "--curve-allow", str(tmp_path / "allow")),
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    serve = subprocess.Popen(
+        _kv(
+            "serve",
+            "--endpoint",
+            "tcp://127.0.0.1:0",
+            "--rate",
+            "50",
+            "--duration",
+            "60",
+            "--curve-secret",
+            str(srv_secret),
+            "--curve-allow",
+            str(tmp_path / "allow"),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert serve.stdout is not None
         started = serve.stdout.readline().split()
         live, replay = started[started.index("live") + 1], started[started.index("replay") + 1]
-        tail = subprocess.run(_kv("tail", live, "--replay", replay, "--count", "5", "--duration", "20",
-                                  "--curve-server-key", str(srv_key), "--curve-client-cert", str(client_secret)),
-                              capture_output=True, text=True, timeout=60)
+        tail = subprocess.run(
+            _kv(
+                "tail",
+                live,
+                "--replay",
+                replay,
+                "--count",
+                "5",
+                "--duration",
+                "20",
+                "--curve-server-key",
+                str(srv_key),
+                "--curve-client-cert",
+                str(client_secret),
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert tail.returncode == 0 and "Traceback" not in tail.stderr, tail.stderr
         lines = [x for x in tail.stdout.splitlines() if x.startswith("seq=")]
         assert len(lines) == 5 and lines[0].startswith("seq=0 replay"), tail.stdout
         # without the client's keys: nothing in 2 s
-        plain = subprocess.run(_kv("tail", live, "--replay", replay, "--duration", "2"), capture_output=True,
-                               text=True, timeout=60)
+        plain = subprocess.run(
+            _kv("tail", live, "--replay", replay, "--duration", "2"), capture_output=True, text=True, timeout=60
+        )
         assert plain.returncode == 1 and plain.stdout.strip() == "", plain.stdout  # nothing received: exit 1
-        bad = subprocess.run(_kv("tail", live, "--curve-server-key", str(tmp_path / "nope.key")), capture_output=True,
-                             text=True, timeout=60)
+        bad = subprocess.run(
+            _kv("tail", live, "--curve-server-key", str(tmp_path / "nope.key")),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no such key file" in bad.stderr
     finally:
         serve.terminate()
@@ -206,8 +265,24 @@ def test_cli_keys_serve_and_tail_with_curve(tmp_path: Path) -> None:
 
 def test_cli_serve_warns_once_on_a_plain_non_loopback_bind(tmp_path: Path) -> None:
     # two workers on 0.0.0.0, for a moment, with nothing connecting: one warning line
-    r = subprocess.run(_kv("serve", "--endpoint", "tcp://0.0.0.0:0", "--replay-endpoint", "", "--workers", "2",
-                           "--duration", "0.2", "--rate", "5"), capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        _kv(
+            "serve",
+            "--endpoint",
+            "tcp://0.0.0.0:0",
+            "--replay-endpoint",
+            "",
+            "--workers",
+            "2",
+            "--duration",
+            "0.2",
+            "--rate",
+            "5",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     warned = [x for x in r.stderr.splitlines() if "without CURVE" in x]
     assert len(warned) == 1 and warned[0].startswith("kvevents: warning: publisher on tcp://0.0.0.0:"), r.stderr
@@ -222,18 +297,62 @@ def test_cli_record_and_doctor_with_curve(keys: dict[str, Path], tmp_path: Path)
         for events in chain_events(1, 3):
             pub.publish(events)
         out = tmp_path / "c.kvlog"
-        rec = subprocess.run(_kv("record", "--publisher", f"w0={pub.endpoint},{pub.replay_endpoint}", "-o", str(out),
-                                 "--count", "3", "--duration", "20", "--curve-server-key", f"w0={keys['server']}", *creds),
-                             capture_output=True, text=True, timeout=60)
+        rec = subprocess.run(
+            _kv(
+                "record",
+                "--publisher",
+                f"w0={pub.endpoint},{pub.replay_endpoint}",
+                "-o",
+                str(out),
+                "--count",
+                "3",
+                "--duration",
+                "20",
+                "--curve-server-key",
+                f"w0={keys['server']}",
+                *creds,
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert rec.returncode == 0 and "no snapshot" not in rec.stderr, rec.stderr
         assert "after a snapshot of" in rec.stdout  # --from snapshot asked KVE/SNAPSHOT over CURVE
-        doc = subprocess.run(_kv("doctor", pub.endpoint, "--replay", pub.replay_endpoint or "", "--timeout", "1",
-                                 "--json", "--curve-server-key", str(keys["server"]), *creds),
-                             capture_output=True, text=True, timeout=60)
+        doc = subprocess.run(
+            _kv(
+                "doctor",
+                pub.endpoint,
+                "--replay",
+                pub.replay_endpoint or "",
+                "--timeout",
+                "1",
+                "--json",
+                "--curve-server-key",
+                str(keys["server"]),
+                *creds,
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         checks = {c["name"]: c["status"] for c in json.loads(doc.stdout)["checks"]}  # (test hashes do not recompute)
-        assert {checks[k] for k in ("batches arrive and decode", "replay answers", "describe answers")} == {"ok"}, checks
-        bad = subprocess.run(_kv("record", "--nats", "nats://127.0.0.1:1", "-o", str(tmp_path / "n.kvlog"),
-                                 "--curve-server-key", str(keys["server"])), capture_output=True, text=True, timeout=60)
+        assert {checks[k] for k in ("batches arrive and decode", "replay answers", "describe answers")} == {"ok"}, (
+            checks
+        )
+        bad = subprocess.run(
+            _kv(
+                "record",
+                "--nats",
+                "nats://127.0.0.1:1",
+                "-o",
+                str(tmp_path / "n.kvlog"),
+                "--curve-server-key",
+                str(keys["server"]),
+            ),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert bad.returncode == 2 and "apply to --publisher" in bad.stderr
     finally:
         pub.close()
@@ -242,10 +361,19 @@ def test_cli_record_and_doctor_with_curve(keys: dict[str, Path], tmp_path: Path)
 def test_publishers_sharing_a_context_share_one_authenticator(keys: dict[str, Path]) -> None:
     ctx = zmq.Context()
     try:
-        a = Publisher(endpoint=EPH, heartbeat_interval_s=0.02, context=ctx, curve_secret_key_file=str(keys["server_secret"]),
-                      curve_allow_dir=str(keys["allow"]))
-        b = Publisher(endpoint=EPH, heartbeat_interval_s=0.02, context=zmq.Context.shadow(ctx.underlying),
-                      curve_secret_key_file=str(keys["server_secret"]))  # no allow-list: any client
+        a = Publisher(
+            endpoint=EPH,
+            heartbeat_interval_s=0.02,
+            context=ctx,
+            curve_secret_key_file=str(keys["server_secret"]),
+            curve_allow_dir=str(keys["allow"]),
+        )
+        b = Publisher(
+            endpoint=EPH,
+            heartbeat_interval_s=0.02,
+            context=zmq.Context.shadow(ctx.underlying),
+            curve_secret_key_file=str(keys["server_secret"]),
+        )  # no allow-list: any client
         try:
             stranger = CurveClient.from_files(keys["server"], keys["other_secret"])
             assert _received(Source(a.endpoint, None, "a", curve=stranger)) == []

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from route_live import LiveRoute, wait_for
 
-from consumers.metrics import METRIC_NAMES
+from kvevents.consumers.metrics import METRIC_NAMES
 from kvevents.metrics import PUBLISHER_METRICS, SUBSCRIBER_METRICS
 from kvevents.publisher import Publisher
 from kvevents.subscriber import Source
@@ -59,8 +59,10 @@ def scrapes():
             endpoint, replay = pub.endpoint, pub.replay_endpoint
             pub.close(timeout=0.2)  # a restart: a new epoch on the same ports
             pub = Publisher(endpoint=endpoint, replay_endpoint=replay, bind=True, heartbeat_interval_s=0.1)
-            wait_for(lambda: re.search(rb'kvevents_router_resets_total\{[^}]*reason="restart"', live.get("/metrics")[2]),
-                     what="the restart to be seen")
+            wait_for(
+                lambda: re.search(rb'kvevents_router_resets_total\{[^}]*reason="restart"', live.get("/metrics")[2]),
+                what="the restart to be seen",
+            )
             texts = _scrape(live)
     finally:
         pub.close(timeout=0.2)

@@ -51,7 +51,7 @@ def test_demo_waits_for_a_router_that_joins_late(monkeypatch):
     publisher as a first contact: the demo starts its clock only once every stream is followed."""
     import threading
 
-    from consumers.service import RouterService
+    from kvevents.consumers.service import RouterService
     from kvevents.demo.run import DemoConfig, run_demo
 
     start = RouterService.start
@@ -84,12 +84,25 @@ def test_route_rejects_a_bad_publisher_spec():
 
 
 def test_route_serves_scores_from_a_live_publisher():
-    pub = Publisher(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", bind=True, heartbeat_interval_s=0.1)
+    pub = Publisher(
+        endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", bind=True, heartbeat_interval_s=0.1
+    )
     worker = SimWorker("w", page_size=4)
     proc = subprocess.Popen(
-        [*KVEVENTS, "route", "--publisher", f"engine-0={pub.endpoint},{pub.replay_endpoint}",
-         "--http", "127.0.0.1:0", "--page-size", "4"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [
+            *KVEVENTS,
+            "route",
+            "--publisher",
+            f"engine-0={pub.endpoint},{pub.replay_endpoint}",
+            "--http",
+            "127.0.0.1:0",
+            "--page-size",
+            "4",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
         banner = proc.stderr.readline()  # port 0: the service names the port it bound
@@ -128,8 +141,15 @@ def test_route_serves_scores_from_a_live_publisher():
 def test_demo_tables_exit_0():
     proc = run("demo", "--duration", "1", "--workers", "2", "--seed", "4")
     assert proc.returncode == 0, proc.stderr
-    for needle in ("events published", "gaps detected / healed by replay", "resyncs by snapshot",
-                   "prefix router (served)", "round-robin (shadow)", "router_index_equals_worker_caches", "PASS"):
+    for needle in (
+        "events published",
+        "gaps detected / healed by replay",
+        "resyncs by snapshot",
+        "prefix router (served)",
+        "round-robin (shadow)",
+        "router_index_equals_worker_caches",
+        "PASS",
+    ):
         assert needle in proc.stdout
     assert "FAIL" not in proc.stdout
 
@@ -141,7 +161,10 @@ def test_demo_mixed_fleet_routes_vllm_workers_like_contract_workers():
     out = json.loads(proc.stdout)
     assert out["fleet"] == "mixed" and sorted(out["engines"].values()) == ["contract", "contract", "vllm", "vllm"]
     assert out["checks"]["key_mode_detected_per_source"] and out["checks"]["vllm_prefix_found_as_on_contract_worker"]
-    assert {w: m for w, m in out["key_modes"].items() if out["engines"][w] == "vllm"} == {"vllm-2": "tokens", "vllm-3": "tokens"}
+    assert {w: m for w, m in out["key_modes"].items() if out["engines"][w] == "vllm"} == {
+        "vllm-2": "tokens",
+        "vllm-3": "tokens",
+    }
     probe = out["vllm_probe"]["matched_pages"]
     assert probe["prefix"] == {"contract": 8, "vllm": 8} and probe["longer"] == {"contract": 8, "vllm": 8}
     assert out["checks"]["router_index_equals_worker_caches"]  # vLLM workers' caches, keyed by tokens, included
@@ -151,6 +174,8 @@ def test_demo_contract_fleet_and_a_bad_fleet():
     proc = run("demo", "--duration", "1", "--workers", "2", "--json", "--fleet", "contract", "--seed", "1")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert set(out["engines"].values()) == {"contract"} and "vllm_prefix_found_as_on_contract_worker" not in out["checks"]
+    assert (
+        set(out["engines"].values()) == {"contract"} and "vllm_prefix_found_as_on_contract_worker" not in out["checks"]
+    )
     bad = run("demo", "--duration", "1", "--fleet", "sglang")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--fleet" in bad.stderr

@@ -17,8 +17,12 @@ URL = re.compile(r"(?i)(?:https?:|ftp:|wss?:)?//[a-z0-9.-]+")
 
 def test_demo_html_report(tmp_path: Path):
     out = tmp_path / "report.html"
-    proc = subprocess.run([*KVEVENTS, "demo", "--duration", "3", "--seed", "2", "--json", "--html", str(out)],
-                          capture_output=True, text=True, timeout=90)
+    proc = subprocess.run(
+        [*KVEVENTS, "demo", "--duration", "3", "--seed", "2", "--json", "--html", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert f"report written to {out}" in proc.stderr
@@ -40,8 +44,12 @@ def test_demo_html_report(tmp_path: Path):
 
 
 def test_demo_html_into_a_missing_directory_is_one_line(tmp_path: Path):
-    proc = subprocess.run([*KVEVENTS, "demo", "--duration", "1", "--html", str(tmp_path / "no" / "r.html")],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [*KVEVENTS, "demo", "--duration", "1", "--html", str(tmp_path / "no" / "r.html")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "no such directory" in proc.stderr
 

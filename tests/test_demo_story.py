@@ -79,7 +79,10 @@ def test_prefill_figures_are_per_policy():
     out = run_demo(DemoConfig(requests=200, seed=1, fleet="contract"))
     pol = out["policies"]
     for p in pol.values():
-        assert p["device_tokens_reused"] + p["storage_tokens_loaded"] + p["prefill_tokens_recomputed"] == p["prompt_tokens"]
+        assert (
+            p["device_tokens_reused"] + p["storage_tokens_loaded"] + p["prefill_tokens_recomputed"]
+            == p["prompt_tokens"]
+        )
     assert pol["prefix"]["device_tokens_reused"] > pol["random"]["device_tokens_reused"]
     text = " ".join(_render(out))
     same = len({p["prefill_tokens_recomputed"] for p in pol.values()}) == 1
@@ -87,8 +90,13 @@ def test_prefill_figures_are_per_policy():
 
 
 def test_cli_piped_prints_a_line_per_phase_and_fits_80_columns():
-    r = subprocess.run([*KVEVENTS, "demo", "--requests", "200", "--seed", "3"], capture_output=True, text=True,
-                       timeout=120, env={**os.environ, "COLUMNS": "80"})
+    r = subprocess.run(
+        [*KVEVENTS, "demo", "--requests", "200", "--seed", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "80"},
+    )
     assert r.returncode == 0, r.stderr
     phases = [ln for ln in r.stderr.splitlines() if ln.startswith("demo: ")]
     assert any("routing 200 requests" in ln for ln in phases) and any("dropping" in ln for ln in phases)
@@ -100,8 +108,9 @@ def test_cli_piped_prints_a_line_per_phase_and_fits_80_columns():
 
 @pytest.mark.skipif(os.name != "posix", reason="signals")
 def test_ctrl_c_prints_what_was_measured_and_exits_130():
-    proc = subprocess.Popen([*KVEVENTS, "demo", "--duration", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [*KVEVENTS, "demo", "--duration", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stderr is not None
         deadline = time.monotonic() + 30

@@ -38,8 +38,12 @@ class _Engine:
     """A publisher fed by the reference cache (or hand-made chains) on a thread until stopped."""
 
     def __init__(self, topic: str = "", heartbeat: float = 0.2, extra_key_bug: bool = False) -> None:
-        self.pub = Publisher(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", topic=topic,
-                             heartbeat_interval_s=heartbeat)
+        self.pub = Publisher(
+            endpoint="tcp://127.0.0.1:*",
+            replay_endpoint="tcp://127.0.0.1:*",
+            topic=topic,
+            heartbeat_interval_s=heartbeat,
+        )
         self.stop = threading.Event()
         self.extra_key_bug = extra_key_bug
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -122,8 +126,16 @@ def test_silent_publisher() -> None:
 def test_wrong_topic_and_a_dead_replay_port() -> None:
     e = _Engine(topic="kv@w1")
     try:
-        r = kv("doctor", e.pub.endpoint, "--topic", "kv@w2", "--replay", f"tcp://127.0.0.1:{_dead_port()}",
-               "--timeout", "1")
+        r = kv(
+            "doctor",
+            e.pub.endpoint,
+            "--topic",
+            "kv@w2",
+            "--replay",
+            f"tcp://127.0.0.1:{_dead_port()}",
+            "--timeout",
+            "1",
+        )
     finally:
         e.close()
     assert r.returncode == 1
@@ -134,16 +146,32 @@ def test_wrong_topic_and_a_dead_replay_port() -> None:
 
 
 def test_healthy_publisher_passes(engine: _Engine) -> None:
-    r = kv("doctor", engine.pub.endpoint, "--replay", engine.pub.replay_endpoint, "--page-size", str(PAGE),
-           "--timeout", "1.2", "--json")
+    r = kv(
+        "doctor",
+        engine.pub.endpoint,
+        "--replay",
+        engine.pub.replay_endpoint,
+        "--page-size",
+        str(PAGE),
+        "--timeout",
+        "1.2",
+        "--json",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     import json
 
     rep = json.loads(r.stdout)
     st = {c["name"]: c for c in rep["checks"]}
     assert all(c["status"] in ("ok", "skip") for c in rep["checks"]), rep["checks"]
-    for name in ("address answers", "batches arrive and decode", "seqs continuous", "heartbeats come",
-                 "replay answers", "describe answers", "published hashes recompute"):
+    for name in (
+        "address answers",
+        "batches arrive and decode",
+        "seqs continuous",
+        "heartbeats come",
+        "replay answers",
+        "describe answers",
+        "published hashes recompute",
+    ):
         assert st[name]["status"] == "ok", st[name]
     assert rep["seen"]["topics"] == {"": rep["seen"]["messages"]}
 

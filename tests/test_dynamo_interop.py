@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from consumers.indexer import BlockIndex
-from consumers.router import PrefixRouter
+from kvevents.consumers.indexer import BlockIndex
+from kvevents.consumers.router import PrefixRouter
 from kvevents.publisher import Publisher
 from kvevents.sim import SimWorker, Workload
 from kvevents.subscriber import Delivery, Reset, Source, Subscriber
@@ -63,8 +63,9 @@ def _listening_port(pid: int, timeout: float = 15.0) -> int:
 
 
 def _post(port: int, path: str, body: dict) -> dict:
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
-                                 {"content-type": "application/json"})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(), {"content-type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=10) as r:
         text = r.read().decode()
     return json.loads(text) if text.startswith(("{", "[")) else {"text": text}
@@ -76,8 +77,12 @@ def test_dynamo_indexer_applies_every_event_and_scores_like_prefix_router(tmp_pa
     worker = SimWorker("w0", page_size=PAGE, capacity_pages=3000)
     pub = Publisher(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0.2)
     log = (tmp_path / "dynamo.log").open("w")
-    dyn = subprocess.Popen([PY, "-m", "dynamo.indexer", "--block-size", str(PAGE), "--port", "0", "--threads", "1"],
-                           stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "NO_COLOR": "1"})
+    dyn = subprocess.Popen(
+        [PY, "-m", "dynamo.indexer", "--block-size", str(PAGE), "--port", "0", "--threads", "1"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
     sub = Subscriber([Source(pub.endpoint, pub.replay_endpoint, "1")])
     index = BlockIndex()
     router = PrefixRouter(index, PAGE)
@@ -85,13 +90,22 @@ def test_dynamo_indexer_applies_every_event_and_scores_like_prefix_router(tmp_pa
         port = _listening_port(dyn.pid)
         for r in requests[:200]:  # history before Dynamo registers: it must replay it
             worker.serve(r)
-            if (evs := worker.take_events()):
+            if evs := worker.take_events():
                 pub.publish(evs)
-        _post(port, "/register", {"instance_id": 1, "endpoint": pub.endpoint, "replay_endpoint": pub.replay_endpoint,
-                                  "model_name": "m", "block_size": PAGE})
+        _post(
+            port,
+            "/register",
+            {
+                "instance_id": 1,
+                "endpoint": pub.endpoint,
+                "replay_endpoint": pub.replay_endpoint,
+                "model_name": "m",
+                "block_size": PAGE,
+            },
+        )
         for r in requests[200:]:
             worker.serve(r)
-            if (evs := worker.take_events()):
+            if evs := worker.take_events():
                 pub.publish(evs)
         last = pub.publish([])
         deadline = time.monotonic() + 20
@@ -111,7 +125,9 @@ def test_dynamo_indexer_applies_every_event_and_scores_like_prefix_router(tmp_pa
             ours = {s.worker: s.matched_pages for s in router.score(toks)}
             theirs = _post(port, "/query", {"token_ids": toks, "model_name": "m"}).get("scores", {})
             # {"1": {"0": tokens}}: matched tokens per worker id and dp rank
-            got = max((int(x) for v in theirs.values() for x in (v.values() if isinstance(v, dict) else [v])), default=0)
+            got = max(
+                (int(x) for v in theirs.values() for x in (v.values() if isinstance(v, dict) else [v])), default=0
+            )
             if got != ours.get("1", 0) * PAGE:
                 mismatches.append((len(toks), ours, theirs))
         text = (tmp_path / "dynamo.log").read_text()

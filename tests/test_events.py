@@ -298,7 +298,10 @@ def test_batch_lengths_and_trailing_elements() -> None:
         (enc([1.0, [{"type": "BlockRemoved", "block_hashes": [b"abc"]}]]), "3 bytes"),
         (enc([1.0, [{"type": "BlockRemoved", "block_hashes": [True]}]]), "bool"),
         (enc([1.0, [{"type": "BlockRemoved", "block_hashes": [1], "medium": 3}]]), "medium"),
-        (enc([1.0, [{"type": "BlockStored", "block_hashes": [], "token_ids": ["a"], "block_size": 1}]]), "token_ids[0]"),
+        (
+            enc([1.0, [{"type": "BlockStored", "block_hashes": [], "token_ids": ["a"], "block_size": 1}]]),
+            "token_ids[0]",
+        ),
         (enc([1.0, [{"type": "BlockStored", "block_hashes": [], "token_ids": [], "block_size": None}]]), "block_size"),
         (enc([1.0, [["BlockStored", [1], None]]]), "positional BlockStored"),
         (enc([1.0, [["BlockRemoved"]]]), "positional BlockRemoved"),
@@ -333,7 +336,9 @@ def test_arbitrary_bytes_raise_only_decode_error(data: bytes) -> None:
 
 @given(obj_st, st.integers(0, 4))
 def test_arbitrary_msgpack_raises_only_decode_error(obj: Any, shape: int) -> None:
-    payload = enc([obj, [1.0, [obj]], [1.0, obj], [1.0, [obj, obj], obj, obj], [0.5, [["BlockStored", obj, obj, obj]]]][shape])
+    payload = enc(
+        [obj, [1.0, [obj]], [1.0, obj], [1.0, [obj, obj], obj, obj], [0.5, [["BlockStored", obj, obj, obj]]]][shape]
+    )
     try:
         batch = decode_batch(payload)
     except DecodeError:

@@ -246,7 +246,10 @@ def test_block_stored_bytes_equal_golden_plus_lora_name() -> None:
     assert encode_event(_stored_minimal()).hex() == expected_minimal_hex()
     assert encode_event(_stored_full()).hex() == expected_full_hex()
     # and what we decode from the golden bytes re-encodes the same way
-    for key, expected in (("BlockStored_minimal", expected_minimal_hex()), ("BlockStored_gpu_salt_session", expected_full_hex())):
+    for key, expected in (
+        ("BlockStored_minimal", expected_minimal_hex()),
+        ("BlockStored_gpu_salt_session", expected_full_hex()),
+    ):
         (ev,) = decode_batch(wrap_event(bytes.fromhex(WIRE[key]["msgpack_hex"]))).events
         assert encode_event(ev).hex() == expected
 

@@ -38,10 +38,15 @@ def _lists(v):
 def test_every_vector_reproduces(case):
     algo, seed, size = case["algo"], case["PYTHONHASHSEED"], case["block_size"]
     assert none_hash(algo, seed).hex() == case["none_hash"]
-    digests = vllm_block_hashes(case["tokens"], size, hash_algo=algo, extra_keys_per_block=case["hash_extra_keys"], seed=seed)
+    digests = vllm_block_hashes(
+        case["tokens"], size, hash_algo=algo, extra_keys_per_block=case["hash_extra_keys"], seed=seed
+    )
     assert [d.hex() for d in digests] == case["digests"]
     assert [to_event_hash(d) for d in digests] == case["event_block_hashes"]
-    assert vllm_event_hashes(case["tokens"], size, hash_algo=algo, extra_keys_per_block=case["hash_extra_keys"], seed=seed) == case["event_block_hashes"]
+    assert (
+        vllm_event_hashes(case["tokens"], size, hash_algo=algo, extra_keys_per_block=case["hash_extra_keys"], seed=seed)
+        == case["event_block_hashes"]
+    )
     if case["hash_extra_keys"] is not None:
         assert _lists(event_extra_keys(case["hash_extra_keys"])) == case["event_extra_keys"]
 
@@ -91,7 +96,9 @@ def test_bad_input_is_a_value_error(call):
 
 
 def test_vllm_wire_round_trip_keeps_every_field():
-    store = stored_event([2**64 - 1, 5], None, list(range(8)), 4, lora_name="a", extra_keys=[["a", "salt"], ["a"]], group_idx=1)
+    store = stored_event(
+        [2**64 - 1, 5], None, list(range(8)), 4, lora_name="a", extra_keys=[["a", "salt"], ["a"]], group_idx=1
+    )
     payload = encode_vllm_batch(1.5, [store, removed_event([2**64 - 1], group_idx=1), {"type": "AllBlocksCleared"}], 3)
     b = decode_vllm_batch(payload)
     assert b.data_parallel_rank == 3 and len(b.events) == 3
@@ -101,7 +108,16 @@ def test_vllm_wire_round_trip_keeps_every_field():
     contract = decode_batch(payload)  # strict-shaped: kvevents' own decoder reads it too (same 64 bits)
     assert contract.events[0].block_hashes == [-1, 5]
     # required keys present even when nil, optional ones absent when nil
-    assert list(store)[:8] == ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"]
+    assert list(store)[:8] == [
+        "type",
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+        "lora_name",
+    ]
     assert "kv_cache_spec_kind" not in store
 
 
@@ -109,6 +125,15 @@ def test_vllm_decoder_reads_bytes_hashes_positional_events_and_trailing_elements
     import msgspec
 
     digest = b"\x07" * 32
-    raw = [1.0, [["BlockStored", [digest], None, [1, 2], 2, None, "GPU", None, [["x"]], 0], ["BlockRemoved", [digest], "GPU", 0]], None, 99, "pub"]
+    raw = [
+        1.0,
+        [
+            ["BlockStored", [digest], None, [1, 2], 2, None, "GPU", None, [["x"]], 0],
+            ["BlockRemoved", [digest], "GPU", 0],
+        ],
+        None,
+        99,
+        "pub",
+    ]
     b = decode_vllm_batch(msgspec.msgpack.encode(raw))
     assert b.events[0].block_hashes == [digest] and b.events[0].extra_keys == [["x"]] and b.events[1].group_idx == 0

@@ -158,9 +158,7 @@ def test_input_containers_agree() -> None:
     assert pack_tokens(np.array([[1, 2], [3, 4]])) == pack_tokens([1, 2, 3, 4])
 
 
-@pytest.mark.parametrize(
-    "value", [b"\x01\x02", "abc", 5, None, [1.5], [1.0], ["1"], [None], np.array([1.0]), [[1]]]
-)
+@pytest.mark.parametrize("value", [b"\x01\x02", "abc", 5, None, [1.5], [1.0], ["1"], [None], np.array([1.0]), [[1]]])
 def test_non_integer_tokens_rejected(value: object) -> None:
     with pytest.raises(ValueError):
         page_hashes(value, 1)  # type: ignore[arg-type]
@@ -191,7 +189,9 @@ def test_chains_from_seeds(tokens: list[int], page_size: int, ns: Namespace) -> 
 
 
 @given(small_tokens_st, st.integers(1, 6), keys_st, keys_st)
-def test_extra_key_never_changes_event_hashes(tokens: list[int], page_size: int, extra: str | None, salt: str | None) -> None:
+def test_extra_key_never_changes_event_hashes(
+    tokens: list[int], page_size: int, extra: str | None, salt: str | None
+) -> None:
     with_key = event_hashes(tokens, page_size, Namespace(extra, salt))
     assert with_key == event_hashes(tokens, page_size, Namespace(None, salt))
     assert event_seed(Namespace(extra, salt)) == event_seed(Namespace(None, salt))
@@ -229,7 +229,9 @@ def test_chunked_hashing_equals_whole_chain(tokens: list[int], page_size: int, c
     s_parts: list[str] = []
     e_parts: list[str] = []
     for lo, hi in zip(bounds, bounds[1:]):
-        s, e = hash_chains(tokens[lo:hi], page_size, ns, s_parts[-1] if s_parts else None, e_parts[-1] if e_parts else "")
+        s, e = hash_chains(
+            tokens[lo:hi], page_size, ns, s_parts[-1] if s_parts else None, e_parts[-1] if e_parts else ""
+        )
         s_parts += s
         e_parts += e
     assert (s_parts, e_parts) == (whole_s, whole_e)

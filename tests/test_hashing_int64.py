@@ -56,7 +56,7 @@ def test_golden_published_ints(golden: dict) -> None:
         assert got == ev["published_block_hashes_int64"], case["id"]
         if parents:  # the parent chain itself, from the namespace seed
             want = ev["parent_events"][-1]["block_hashes"]
-            assert event_hashes_int64(inp["parent_tokens"], inp["page_size"], ns)[-len(want):] == want
+            assert event_hashes_int64(inp["parent_tokens"], inp["page_size"], ns)[-len(want) :] == want
 
 
 def test_golden_scenario_events(golden: dict) -> None:

@@ -8,7 +8,7 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.indexer import BlockIndex
+from kvevents.consumers.indexer import BlockIndex
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from kvevents.hashing import Namespace, event_hashes, to_int64
 from kvevents.sim import Request, SimWorker, Workload
@@ -184,7 +184,9 @@ def test_index_equals_union_of_sim_caches_after_long_lossy_workload():
             continue
         if roll < 0.07:  # unrecoverable: the consumer resyncs from a snapshot
             idx.drop_source(w.name)
-            last_clear = max(i for i, hb in enumerate(history[w.name]) if any(type(e) is AllBlocksCleared for e in hb.events))
+            last_clear = max(
+                i for i, hb in enumerate(history[w.name]) if any(type(e) is AllBlocksCleared for e in hb.events)
+            )
             for hb in history[w.name][last_clear:]:
                 idx.apply(w.name, hb)
             pending[w.name].clear()

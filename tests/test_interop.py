@@ -13,8 +13,8 @@ import pytest
 import zmq
 from strict_decoders import SGLANG_STRICT, VLLM_STRICT, decode_strict
 
-from consumers.indexer import BlockIndex
 from kvevents.cache import RadixCache
+from kvevents.consumers.indexer import BlockIndex
 from kvevents.events import BlockRemoved, BlockStored, decode_batch
 from kvevents.hashing import Namespace
 from kvevents.publisher import Publisher
@@ -46,7 +46,7 @@ def test_default_stream_live_replay_heartbeat_and_snapshot_batches_decode_strict
             s.recv_multipart()
         for _ in range(60):  # stores, splits, evictions (a small cache)
             w.serve(next(load))
-            if (evs := w.take_events()):
+            if evs := w.take_events():
                 pub.publish(evs)
         live = []
         while len(live) < 60 and s.poll(500):
@@ -94,9 +94,23 @@ def test_opt_in_epoch_is_refused_by_strict_decoders_and_read_by_ours(ctx):
 def test_kvevents_serve_defaults_decode_strictly_100_percent(ctx):
     """`kvevents serve` as a user starts it: every live batch and the replay ring decode strictly."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvevents", "serve", "--endpoint", "tcp://127.0.0.1:0", "--rate", "400",
-         "--duration", "20", "--heartbeat", "0.2"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "kvevents",
+            "serve",
+            "--endpoint",
+            "tcp://127.0.0.1:0",
+            "--rate",
+            "400",
+            "--duration",
+            "20",
+            "--heartbeat",
+            "0.2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     s = d = None
     try:
@@ -155,10 +169,14 @@ def _workload(cache: RadixCache, pub: Publisher, seed: int, n: int) -> int:
     seq = -1
     for i in range(n):
         toks = [seed * 1000 + (i % 7)] * 8 + [seed * 1000 + i + j for j in range(4 + i % 9)]
-        cache.insert(toks, Namespace(extra_key=f"lora-{i % 2}") if i % 3 == 0 else None, lora_name=f"lora-{i % 2}" if i % 3 == 0 else None)
+        cache.insert(
+            toks,
+            Namespace(extra_key=f"lora-{i % 2}") if i % 3 == 0 else None,
+            lora_name=f"lora-{i % 2}" if i % 3 == 0 else None,
+        )
         if i % 5 == 4:
             cache.evict(2)
-        if (evs := cache.take_events()):
+        if evs := cache.take_events():
             seq = pub.publish(evs)
     return seq
 
@@ -340,7 +358,7 @@ def test_block_removed_names_the_adapter_and_the_index_drops_that_copy():
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(BlockRemoved([1], "GPU")))  # no lora_name key when None
     assert b"lora_name" not in msgspec.msgpack.encode(BlockRemoved([1], "GPU"))
     index.apply("w", KVEventBatch(0.0, removed, 0))
-    from consumers.router import PrefixRouter
+    from kvevents.consumers.router import PrefixRouter
 
     strict = PrefixRouter(index, 4, lora_strict=True)
     assert strict.score(toks, lora_name="b")[0].matched_pages == 2  # b's copy survived

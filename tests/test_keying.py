@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.indexer import BlockIndex
-from consumers.keying import SourceKeyer, mix_extra_keys, parse_key_mode, request_keys
-from consumers.router import PrefixRouter
+from kvevents.consumers.indexer import BlockIndex
+from kvevents.consumers.keying import SourceKeyer, mix_extra_keys, parse_key_mode, request_keys
+from kvevents.consumers.router import PrefixRouter
 from kvevents.engines.vllm_wire import encode_vllm_batch, removed_event, stored_event
 from kvevents.events import BlockRemoved, BlockStored, KVEventBatch, encode_batch
 from kvevents.hashing import Namespace, event_hashes_int64
@@ -28,8 +28,14 @@ def contract_twin(sims: list[VllmSimWorker], lora_seen: set[str] = frozenset()) 
     idx = BlockIndex()
     for s in sims:
         if s.name in lora_seen:
-            idx.apply(s.name, KVEventBatch(0.0, [BlockStored([7], None, [0] * PS, PS, None, "GPU", "x"),
-                                                 BlockRemoved([7], "GPU", lora_name="x")], 0))
+            idx.apply(
+                s.name,
+                KVEventBatch(
+                    0.0,
+                    [BlockStored([7], None, [0] * PS, PS, None, "GPU", "x"), BlockRemoved([7], "GPU", lora_name="x")],
+                    0,
+                ),
+            )
         evs = []
         for cb in s.cached_blocks():
             h = event_hashes_int64(cb.prefix, PS, Namespace(cache_salt=cb.cache_salt))[-1]
@@ -57,11 +63,22 @@ def feed(keyer: SourceKeyer, idx: BlockIndex, sim: VllmSimWorker) -> None:
     reset_at=st.integers(0, 200),
 )
 def test_tokens_mode_scores_equal_contract_stream_scores(seed, capacities, algo, n, reset_at):
-    sims = [VllmSimWorker(f"v{i}", block_size=PS, capacity_blocks=c, hash_algo=algo,
-                          sliding_window_blocks=2 if i == 1 else None) for i, c in enumerate(capacities)]
+    sims = [
+        VllmSimWorker(
+            f"v{i}", block_size=PS, capacity_blocks=c, hash_algo=algo, sliding_window_blocks=2 if i == 1 else None
+        )
+        for i, c in enumerate(capacities)
+    ]
     keyer, idx = SourceKeyer(PS, default_mode="tokens"), BlockIndex()
-    reqs = Workload(seed, page_size=PS, num_system_prompts=3, system_prompt_pages=(1, 4), user_tokens=(0, 9),
-                    answer_tokens=(0, 9), vocab_size=4).take(n)
+    reqs = Workload(
+        seed,
+        page_size=PS,
+        num_system_prompts=3,
+        system_prompt_pages=(1, 4),
+        user_tokens=(0, 9),
+        answer_tokens=(0, 9),
+        vocab_size=4,
+    ).take(n)
     lora_seen = set()
     for i, r in enumerate(reqs):
         sim = sims[i % len(sims)]
@@ -76,7 +93,9 @@ def test_tokens_mode_scores_equal_contract_stream_scores(seed, capacities, algo,
     ra, rb = PrefixRouter(idx, PS, seed=0), PrefixRouter(twin, PS, seed=0)
     for r in reqs:
         for lora in {r.lora_name, None}:
-            assert ranked(ra, r.tokens, r.namespace.cache_salt, lora) == ranked(rb, r.tokens, r.namespace.cache_salt, lora)
+            assert ranked(ra, r.tokens, r.namespace.cache_salt, lora) == ranked(
+                rb, r.tokens, r.namespace.cache_salt, lora
+            )
     for s in sims:
         assert keyer.stats()[s.name]["mapped_blocks"] == len(s.cached_blocks())
 
@@ -113,7 +132,9 @@ def test_everything_removed_returns_the_map_to_baseline():
     assert keyer.mapped_blocks() == 0 and keyer.interned_digests() == 0
     # what the keyer's own code allocated (map entries, digests, decoded engine hashes) is all gone;
     # the index's numpy tables and the simulator keep their own memory, so they are left out
-    mine = snap.filter_traces([tracemalloc.Filter(True, f"*{name}") for name in ("consumers/keying.py", "kvevents/engines/vllm_wire.py")])
+    mine = snap.filter_traces(
+        [tracemalloc.Filter(True, f"*{name}") for name in ("consumers/keying.py", "kvevents/engines/vllm_wire.py")]
+    )
     left = sum(st.size for st in mine.statistics("filename"))
     assert left < 4096, mine.statistics("lineno")[:5]
 
@@ -218,7 +239,12 @@ def test_multimodal_and_embeds_keys_never_match_text_only_but_match_with_page_ex
 
 def test_other_kv_cache_groups_are_skipped_and_can_be_followed():
     sim = VllmSimWorker("v", block_size=PS, capacity_blocks=20, sliding_window_blocks=1)
-    k0, k1, i0, i1 = SourceKeyer(PS, default_mode="tokens"), SourceKeyer(PS, default_mode="tokens", group_idx=1), BlockIndex(), BlockIndex()
+    k0, k1, i0, i1 = (
+        SourceKeyer(PS, default_mode="tokens"),
+        SourceKeyer(PS, default_mode="tokens", group_idx=1),
+        BlockIndex(),
+        BlockIndex(),
+    )
     sim.serve(list(range(16)))
     payload = sim.take_payload()
     k0.apply(i0, "v", None, payload)
@@ -243,7 +269,9 @@ def test_auto_detects_contract_and_vllm_sources_and_counts_the_mode():
     assert stats["v"]["mode"] == "tokens" and stats["v"]["auto_detected_tokens"] == 1
     assert stats["c"]["mapped_blocks"] == 0  # contract sources cost nothing extra
     r = Workload(0, page_size=PS, vocab_size=8).take(1)[0]
-    got = {s.worker: s.matched_pages for s in PrefixRouter(idx, PS).score(r.tokens, r.namespace.cache_salt, r.lora_name)}
+    got = {
+        s.worker: s.matched_pages for s in PrefixRouter(idx, PS).score(r.tokens, r.namespace.cache_salt, r.lora_name)
+    }
     assert got["c"] == got["v"] > 0
 
 

@@ -14,7 +14,8 @@ def test_embedding_the_publisher_imports_no_cli_consumer_or_metrics_stack():
         "import sys\n"
         "from kvevents.publisher import Publisher, PublisherConfig\n"
         "heavy = ('numpy', 'rich', 'typer', 'prometheus_client', 'fastapi', 'uvicorn', 'nats', 'cbor2', 'consumers')\n"
-        "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n"
+        "names = {m.split('.')[0] for m in sys.modules} | {m.split('.')[1] for m in sys.modules if m.startswith('kvevents.')}\n"
+        "print(sorted(names & set(heavy)))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -28,7 +28,12 @@ from kvevents.transport.wire import (
 
 def test_config_defaults_mirror_vllm():
     c = PublisherConfig()
-    assert (c.endpoint, c.replay_endpoint, c.bind, c.topic) == ("tcp://127.0.0.1:5557", None, True, "")  # SPEC 7: the default binds loopback
+    assert (c.endpoint, c.replay_endpoint, c.bind, c.topic) == (
+        "tcp://127.0.0.1:5557",
+        None,
+        True,
+        "",
+    )  # SPEC 7: the default binds loopback
     assert (c.buffer_steps, c.hwm, c.max_queue_size, c.heartbeat_interval_s) == (10000, 100000, 100000, 1.0)
     assert (c.dp_rank, c.event_encoding, c.metrics_port) == (0, "map", None)
     with pytest.raises(ValueError):

@@ -116,7 +116,9 @@ def test_payloads_decode_with_strict_external_decoders(ctx, encoding):
         b = msgspec.msgpack.decode(payload, type=_SGLangBatch)
         assert isinstance(b.events[1], _SGLangStored) and b.events[1].extras == {"cache_salt": "t"}
     assert b.events[1].block_hashes == [-(2**63), 2**63 - 1]
-    names = [type(e).__name__.strip("_").replace("Vllm", "").replace("Legacy", "").replace("SGLang", "") for e in b.events]
+    names = [
+        type(e).__name__.strip("_").replace("Vllm", "").replace("Legacy", "").replace("SGLang", "") for e in b.events
+    ]
     assert names == ["Cleared", "Stored", "Removed"]
     assert decode_batch(payload).events == EVENTS
 
@@ -151,7 +153,6 @@ def test_live_payload_bytes_equal_encode_batch(ctx, encoding):
         d.close(0)
     finally:
         p.close()
-
 
 
 def test_publish_rejects_non_events_without_consuming_a_seq(pub):
@@ -258,8 +259,14 @@ def test_publish_and_publish_payload_on_two_threads_never_mix_stream_ids():
 
     from kvevents.events import KVEventBatch, encode_batch
 
-    p = Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0, epoch_in_batch=True, buffer_steps=50000,
-                  snapshots=False)
+    p = Publisher(
+        endpoint=EPH,
+        replay_endpoint=EPH,
+        heartbeat_interval_s=0,
+        epoch_in_batch=True,
+        buffer_steps=50000,
+        snapshots=False,
+    )
     other = encode_batch(KVEventBatch(1.0, [stored(99)], 9, 4242))
     n = 8000
     try:

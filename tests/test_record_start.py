@@ -39,9 +39,18 @@ def test_oldest_keeps_everything(tmp_path: Path) -> None:
 
 
 def test_now_starts_each_stream_at_its_first_live_batch(tmp_path: Path) -> None:
-    feed = [_d(0, "replay"), _d(1, "replay"), _d(0, "replay", rank=1), _d(2, "live"),
-            sub.Reset("w0", 1, "first", 7), _d(5, "snapshot", rank=1), _d(3, "replay"), _d(6, "live", rank=1),
-            sub.Reset("w0", 0, "gap", 7), _d(9, "snapshot")]
+    feed = [
+        _d(0, "replay"),
+        _d(1, "replay"),
+        _d(0, "replay", rank=1),
+        _d(2, "live"),
+        sub.Reset("w0", 1, "first", 7),
+        _d(5, "snapshot", rank=1),
+        _d(3, "replay"),
+        _d(6, "live", rank=1),
+        sub.Reset("w0", 0, "gap", 7),
+        _d(9, "snapshot"),
+    ]
     got, rec = _log(tmp_path, "now", feed)
     # rank 1's first-join reset and snapshot precede its first live batch; rank 0's later repair is kept
     assert got == [("live", 2), ("replay", 3), ("live", 6), ("reset", None), ("snapshot", 9)]

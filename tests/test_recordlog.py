@@ -34,8 +34,17 @@ def _write_many(path: Path, n: int = 200) -> list[bytes]:
     pays = [payload([AllBlocksCleared()] * (i % 4), ts=float(i)) for i in range(n)]
     with RecordWriter(path) as w:
         for i, p in enumerate(pays):
-            w.write(p, source=f"src{i % 3}", endpoint="tcp://h:1", topic="kv", seq=i, epoch=2**62 + i,
-                    dp_rank=i % 2, kind=("live", "replay", "snapshot")[i % 3], recv_time=100.0 + i)
+            w.write(
+                p,
+                source=f"src{i % 3}",
+                endpoint="tcp://h:1",
+                topic="kv",
+                seq=i,
+                epoch=2**62 + i,
+                dp_rank=i % 2,
+                kind=("live", "replay", "snapshot")[i % 3],
+                recv_time=100.0 + i,
+            )
     return pays
 
 
@@ -51,7 +60,16 @@ def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
     assert [r.payload for r in recs] == pays
     r = recs[7]
     assert (r.index, r.source, r.endpoint, r.topic, r.seq, r.epoch, r.dp_rank, r.kind, r.recv_time) == (
-        7, "src1", "tcp://h:1", "kv", 7, 2**62 + 7, 1, "replay", 107.0)
+        7,
+        "src1",
+        "tcp://h:1",
+        "kv",
+        7,
+        2**62 + 7,
+        1,
+        "replay",
+        107.0,
+    )
     assert open(p, "rb").read(8) == MAGIC
 
 
@@ -332,8 +350,9 @@ from hypothesis import strategies as st
 
 
 @given(st.data())
-def test_any_single_bit_flip_loses_at_most_the_record_it_hits(tmp_path_factory: pytest.TempPathFactory,
-                                                               data: st.DataObject) -> None:
+def test_any_single_bit_flip_loses_at_most_the_record_it_hits(
+    tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
+) -> None:
     p = tmp_path_factory.mktemp("flip") / "f.kvlog"
     pays = [payload([AllBlocksCleared()] * (i % 3), ts=float(i)) for i in range(12)]
     with RecordWriter(p, durability="buffered") as w:
@@ -346,13 +365,14 @@ def test_any_single_bit_flip_loses_at_most_the_record_it_hits(tmp_path_factory: 
     p.write_bytes(bytes(raw))
     hit = max(i for i in range(12) if offsets[i] <= pos)
     recs, reader = _quiet(p)
-    assert [r.payload for r in recs] == pays[:hit] + pays[hit + 1:]
+    assert [r.payload for r in recs] == pays[:hit] + pays[hit + 1 :]
     assert len(reader.damage) == 1
 
 
 @given(st.data())
-def test_truncation_anywhere_keeps_the_complete_records(tmp_path_factory: pytest.TempPathFactory,
-                                                        data: st.DataObject) -> None:
+def test_truncation_anywhere_keeps_the_complete_records(
+    tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
+) -> None:
     p = tmp_path_factory.mktemp("cut") / "c.kvlog"
     pays = [payload([], ts=float(i)) for i in range(8)]
     with RecordWriter(p, durability="buffered") as w:
@@ -402,8 +422,11 @@ def test_recorder_writes_deliveries_and_resets_and_stops_on_errors(tmp_path: Pat
     assert rec.done.is_set() and rec.batches == 2 and rec.resets == 1
     w.close()
     got = [(r.kind, r.seq, r.dp_rank, r.epoch, r.topic, r.endpoint, r.recv_time) for r in read_records(p)]
-    assert got == [("replay", 3, 1, 5, "kv", "tcp://x:1", 12.5), ("reset", None, 1, None, "", "", got[1][6]),
-                   ("snapshot", 9, 1, 5, "kv", "tcp://x:1", 13.0)]
+    assert got == [
+        ("replay", 3, 1, 5, "kv", "tcp://x:1", 12.5),
+        ("reset", None, 1, None, "", "", got[1][6]),
+        ("snapshot", 9, 1, 5, "kv", "tcp://x:1", 13.0),
+    ]
     broken = Recorder(w)  # writer closed: the error is kept and recording stops
     broken.on_delivery(sub.Delivery("w0", 11, decode_batch(pay), pay))
     assert isinstance(broken.error, RecordLogError) and broken.done.is_set()

@@ -95,10 +95,13 @@ def test_append_to_a_log_with_a_damaged_header_rewrites_the_header(tmp_path: Pat
         assert [r.seq for r in read_records(p)] == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"PK\x03\x04 definitely a zip file, not a log at all", "wrong magic"),
-    (b"KVEVLOG\x00\x02\x00\x00\x00" + bytes(4), "header CRC"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"PK\x03\x04 definitely a zip file, not a log at all", "wrong magic"),
+        (b"KVEVLOG\x00\x02\x00\x00\x00" + bytes(4), "header CRC"),
+    ],
+)
 def test_files_that_are_not_logs_are_still_refused(tmp_path: Path, content: bytes, message: str) -> None:
     p = tmp_path / "x.kvlog"
     p.write_bytes(content)

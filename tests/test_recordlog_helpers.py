@@ -39,14 +39,29 @@ def chain_events(ns: Namespace, *, published: str = "event", seed: int = 0, n_ch
     return batches
 
 
-def write_log(path: Path, batches: list[list], *, source: str = "w0", start_seq: int = 0,
-              t0: float = 1000.0, dt: float = 0.01, rank: int | None = 0) -> list[bytes]:
+def write_log(
+    path: Path,
+    batches: list[list],
+    *,
+    source: str = "w0",
+    start_seq: int = 0,
+    t0: float = 1000.0,
+    dt: float = 0.01,
+    rank: int | None = 0,
+) -> list[bytes]:
     """Write batches as live records with consecutive seqs; returns the payloads."""
     out = []
     with RecordWriter(path) as w:
         for i, evs in enumerate(batches):
             p = payload(evs, ts=t0 + i * dt, rank=rank)
             out.append(p)
-            w.write(p, source=source, endpoint="tcp://127.0.0.1:5557", seq=start_seq + i, epoch=7,
-                    dp_rank=rank, recv_time=t0 + i * dt)
+            w.write(
+                p,
+                source=source,
+                endpoint="tcp://127.0.0.1:5557",
+                seq=start_seq + i,
+                epoch=7,
+                dp_rank=rank,
+                recv_time=t0 + i * dt,
+            )
     return out

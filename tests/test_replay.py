@@ -22,12 +22,26 @@ def _kv(*args: str) -> list[str]:
     return [sys.executable, "-m", "kvevents", *args]
 
 
-def _start_recorder(out: Path, endpoint: str, replay: str, count: int, name: str = "w0",
-                    start: str = "oldest") -> subprocess.Popen:
+def _start_recorder(
+    out: Path, endpoint: str, replay: str, count: int, name: str = "w0", start: str = "oldest"
+) -> subprocess.Popen:
     p = subprocess.Popen(
-        _kv("record", "--publisher", f"{name}={endpoint},{replay}", "-o", str(out), "--count", str(count),
-            "--duration", "15", "--from", start),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        _kv(
+            "record",
+            "--publisher",
+            f"{name}={endpoint},{replay}",
+            "-o",
+            str(out),
+            "--count",
+            str(count),
+            "--duration",
+            "15",
+            "--from",
+            start,
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert p.stdout is not None
     line = p.stdout.readline()  # "recording ..." once the subscriber runs
@@ -39,7 +53,9 @@ def _start_replay(file: str, *args: str) -> tuple[subprocess.Popen, str, str]:
     """Start `kvevents replay FILE --to * --replay-endpoint *`; return it with the bound endpoints."""
     p = subprocess.Popen(
         _kv("replay", file, "--to", "tcp://127.0.0.1:*", "--replay-endpoint", "tcp://127.0.0.1:*", *args),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     assert p.stdout is not None
     first = p.stdout.readline()  # "replaying FILE -> ENDPOINT (replay R), ..." once bound
@@ -111,8 +127,21 @@ def test_replay_seq_range_and_speed(tmp_path: Path) -> None:
         for i in range(20):
             w.write(payload([], ts=float(i), epoch=None), source="w", seq=i, recv_time=100.0 + i * 0.01)
     out = tmp_path / "o.kvlog"
-    rp, live, rep = _start_replay(str(src), "--speed", "1", "--from-seq", "4", "--to-seq", "9", "--delay", "0.8",
-                                  "--linger", "1.5", "--heartbeat", "1")
+    rp, live, rep = _start_replay(
+        str(src),
+        "--speed",
+        "1",
+        "--from-seq",
+        "4",
+        "--to-seq",
+        "9",
+        "--delay",
+        "0.8",
+        "--linger",
+        "1.5",
+        "--heartbeat",
+        "1",
+    )
     rec = _start_recorder(out, live, rep, 6)
     _finish(rp)
     _finish(rec)
@@ -138,13 +167,18 @@ def test_replay_into_index(tmp_path: Path) -> None:
 
 
 def test_fetch_pulls_the_replay_buffer(tmp_path: Path) -> None:
-    pub = Publisher(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0,
-                    buffer_steps=10)
+    pub = Publisher(
+        endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0, buffer_steps=10
+    )
     try:
         sent = [pub.publish([]) for _ in range(15)]
         out = tmp_path / "f.kvlog"
-        r = subprocess.run(_kv("fetch", pub.replay_endpoint, "--since", "2", "-o", str(out)),
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            _kv("fetch", pub.replay_endpoint, "--since", "2", "-o", str(out)),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     finally:
         pub.close()
     assert r.returncode == 0, r.stderr
@@ -202,11 +236,16 @@ def test_unrecoverable_gap_is_recorded_as_reset_then_snapshot(tmp_path: Path) ->
     kinds = [r.kind for r in read_records(log)]
     assert "reset" in kinds and kinds[kinds.index("reset") + 1] == "snapshot"
     assert [r.reason for r in read_records(log) if r.kind == "reset"] == ["gap"]
-    v = subprocess.run(_kv("log", "inspect", str(log), "--verify", "--page-size", str(PAGE)),
-                       capture_output=True, text=True, timeout=30)
+    v = subprocess.run(
+        _kv("log", "inspect", str(log), "--verify", "--page-size", str(PAGE)),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert v.returncode == 0, v.stdout[-2000:]
-    s = json.loads(subprocess.run(_kv("log", "index", str(log), "--json"), capture_output=True, text=True,
-                                  timeout=30).stdout)
+    s = json.loads(
+        subprocess.run(_kv("log", "index", str(log), "--json"), capture_output=True, text=True, timeout=30).stdout
+    )
     assert s["copies"] == sum(truth.values())
 
 

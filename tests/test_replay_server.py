@@ -45,8 +45,14 @@ def rig():
     """(publisher with 2,000 batches of ~1.5 KB in its ring, ReplayServer on a ROUTER of ours
     (send queue of 10 messages per peer), its endpoint, clock, context)."""
     ctx = zmq.Context()
-    pub = Publisher(endpoint=EPH, bind=True, heartbeat_interval_s=0, replay_jobs_per_peer=2, replay_max_jobs=8,
-                    replay_job_timeout_s=5.0)
+    pub = Publisher(
+        endpoint=EPH,
+        bind=True,
+        heartbeat_interval_s=0,
+        replay_jobs_per_peer=2,
+        replay_max_jobs=8,
+        replay_job_timeout_s=5.0,
+    )
     for events in chain_events(1, RING, page=512):
         pub.publish(events)
     sock = ctx.socket(zmq.ROUTER)
@@ -306,7 +312,9 @@ def test_router_counters_are_in_stats_and_exported():
         pub.close(0)
 
 
-@pytest.mark.parametrize("field, bad", [("replay_jobs_per_peer", 0), ("replay_max_jobs", 0), ("replay_job_timeout_s", 0)])
+@pytest.mark.parametrize(
+    "field, bad", [("replay_jobs_per_peer", 0), ("replay_max_jobs", 0), ("replay_job_timeout_s", 0)]
+)
 def test_bounds_are_validated(field, bad):
     with pytest.raises(ValueError):
         Publisher(endpoint=EPH, bind=True, **{field: bad})

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from consumers.http_api import HttpLimits
-from consumers.service import MAX_NAME_CHARS, RouterService
+from kvevents.consumers.http_api import HttpLimits
+from kvevents.consumers.service import MAX_NAME_CHARS, RouterService
 from kvevents.publisher import Publisher
 from kvevents.sim import Request, SimWorker
 from kvevents.subscriber import Source, Subscriber
@@ -56,8 +56,12 @@ class Rig:
     def score(self, conn: http.client.HTTPConnection | None = None, **body) -> tuple[int, dict]:
         c = conn or self.conn()
         try:
-            c.request("POST", "/score", json.dumps({"tokens": self.doc, **body}).encode(),
-                      {"Content-Type": "application/json"})
+            c.request(
+                "POST",
+                "/score",
+                json.dumps({"tokens": self.doc, **body}).encode(),
+                {"Content-Type": "application/json"},
+            )
             resp = c.getresponse()
             return resp.status, json.loads(resp.read())
         finally:
@@ -116,8 +120,10 @@ def test_a_hundred_simultaneous_new_connections_are_all_answered(rig):
     """Issue 18 item 6: with the stdlib server's backlog of 5, 100 clients connecting at once
     saw resets and connect timeouts (41 of 300 here); the backlog is now 2,048."""
     body = json.dumps({"tokens": rig.doc}).encode()
-    req = (b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
-           b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    req = (
+        b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
     go = threading.Barrier(100)
     answers: list[object] = []
 
@@ -151,7 +157,7 @@ def test_headers_and_bodies_that_never_finish_are_cut_off(rig):
         s.close()
     s = socket.create_connection((rig.host, rig.port), timeout=5)
     try:
-        s.sendall(b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"tokens\": [")
+        s.sendall(b'POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"tokens": [')
         assert s.recv(1000).startswith(b"HTTP/1.1 408")
     finally:
         s.close()
@@ -263,7 +269,7 @@ def test_request_counters_are_exact_under_concurrent_clients(rig):
 def test_clients_that_leave_mid_request_are_not_errors(rig, caplog):
     """Issue 18 item 6: client disconnects printed raw tracebacks; now nothing is logged."""
     caplog.set_level("WARNING")
-    for raw in (b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"tok", b"GARBAGE\r\n\r\n"):
+    for raw in (b'POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"tok', b"GARBAGE\r\n\r\n"):
         with socket.create_connection((rig.host, rig.port), timeout=5) as s:
             s.sendall(raw)
     status, _ = rig.score()
@@ -304,9 +310,20 @@ def test_route_prints_when_a_source_turns_stale_and_comes_back():
     pub = Publisher(endpoint=EPH, replay_endpoint=EPH, bind=True, heartbeat_interval_s=0.1)
     endpoint, replay = pub.endpoint, pub.replay_endpoint
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kvevents", "route", "--publisher", f"w1={endpoint},{replay}",
-         "--http", "127.0.0.1:0", "--stale-after", "0.5"],
-        stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "kvevents",
+            "route",
+            "--publisher",
+            f"w1={endpoint},{replay}",
+            "--http",
+            "127.0.0.1:0",
+            "--stale-after",
+            "0.5",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert proc.stderr is not None

@@ -29,13 +29,35 @@ def _score(port: int, tokens: list[int]) -> dict:
 
 
 def test_route_keys_a_vllm_publisher_by_tokens_and_a_contract_one_by_detection():
-    vp = Publisher(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", bind=True, heartbeat_interval_s=0.1, snapshots=False)
-    cp = Publisher(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", bind=True, heartbeat_interval_s=0.1)
+    vp = Publisher(
+        endpoint="tcp://127.0.0.1:*",
+        replay_endpoint="tcp://127.0.0.1:*",
+        bind=True,
+        heartbeat_interval_s=0.1,
+        snapshots=False,
+    )
+    cp = Publisher(
+        endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", bind=True, heartbeat_interval_s=0.1
+    )
     proc = subprocess.Popen(
-        [*KVEVENTS, "route", "--publisher", f"vllm-0={vp.endpoint},{vp.replay_endpoint}",
-         "--publisher", f"sglang-0={cp.endpoint},{cp.replay_endpoint}", "--key-mode", "vllm-0=tokens",
-         "--http", "127.0.0.1:0", "--page-size", "4"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        [
+            *KVEVENTS,
+            "route",
+            "--publisher",
+            f"vllm-0={vp.endpoint},{vp.replay_endpoint}",
+            "--publisher",
+            f"sglang-0={cp.endpoint},{cp.replay_endpoint}",
+            "--key-mode",
+            "vllm-0=tokens",
+            "--http",
+            "127.0.0.1:0",
+            "--page-size",
+            "4",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
         found = re.search(r"http://127\.0\.0\.1:(\d+)", proc.stderr.readline())
@@ -75,6 +97,10 @@ def test_route_keys_a_vllm_publisher_by_tokens_and_a_contract_one_by_detection()
 
 def test_route_rejects_a_bad_key_mode():
     for spec, needle in (("w=fast", "key mode"), ("other=tokens", "no publisher")):
-        proc = subprocess.run([*KVEVENTS, "route", "--publisher", "w=tcp://127.0.0.1:5999", "--key-mode", spec,
-                               "--http", "127.0.0.1:0"], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [*KVEVENTS, "route", "--publisher", "w=tcp://127.0.0.1:5999", "--key-mode", spec, "--http", "127.0.0.1:0"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and needle in proc.stderr, proc.stderr

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from consumers.indexer import BlockIndex
-from consumers.router import PrefixRouter
+from kvevents.consumers.indexer import BlockIndex
+from kvevents.consumers.router import PrefixRouter
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from kvevents.hashing import Namespace, event_hashes, to_int64
 from kvevents.sim import Request, SimWorker
@@ -24,7 +24,12 @@ def hashes(tokens, salt=None):
 
 def store(idx, source, tokens, *, n_pages=None, medium="GPU", lora=None, salt=None, rank=None):
     hs = hashes(tokens, salt)[:n_pages]
-    idx.apply(source, KVEventBatch(0.0, [BlockStored(hs, None, list(tokens[: len(hs) * PAGE]), PAGE, None, medium, lora, salt)], rank))
+    idx.apply(
+        source,
+        KVEventBatch(
+            0.0, [BlockStored(hs, None, list(tokens[: len(hs) * PAGE]), PAGE, None, medium, lora, salt)], rank
+        ),
+    )
     return hs
 
 
@@ -94,7 +99,10 @@ def test_lora_strict_credits_only_the_requests_adapter():
     loose = PrefixRouter(idx, PAGE, lora_strict=False)
     assert strict.score(TOKENS, lora_name="lora-a")[0].worker == "adapter-a"
     assert {s.worker: s.matched_pages for s in strict.score(TOKENS, lora_name="lora-a")} == {
-        "adapter-a": 20, "adapter-b": 0, "base": 0}
+        "adapter-a": 20,
+        "adapter-b": 0,
+        "base": 0,
+    }
     assert strict.score(TOKENS)[0].worker == "base"  # the base model's copy only
     assert strict.score(TOKENS, lora_name="lora-z")[0].matched_pages == 0
     assert loose.score(TOKENS, lora_name="lora-a")[0].worker == "adapter-b"  # hashes ignore adapters
@@ -210,6 +218,7 @@ MEDIA = ["GPU", "CPU_PINNED", "STORAGE", None, "NVME"]
 
 def reference_scores(model, lora_pub, workers, hs, lora, strict, weights):
     """Brute force: per worker, consecutive pages credited on any medium, each at its best weight."""
+
     def weight(m):
         return weights.get("GPU", 1.0) if m is None else weights.get(m, 0.5)
 
@@ -217,8 +226,14 @@ def reference_scores(model, lora_pub, workers, hs, lora, strict, weights):
     for w in workers:
         pages, score, by_weight = 0, 0.0, {}
         for h in hs:
-            media = {m for (ww, m, lo, hh), n in model.items() if n > 0 and ww == w and hh == h and (
-                not strict or lo == lora or (lora is not None and lo is None and w not in lora_pub))}
+            media = {
+                m
+                for (ww, m, lo, hh), n in model.items()
+                if n > 0
+                and ww == w
+                and hh == h
+                and (not strict or lo == lora or (lora is not None and lo is None and w not in lora_pub))
+            }
             if not media:
                 break
             best = max(weight(m) for m in media)
@@ -304,7 +319,7 @@ def test_prefixes_ending_at_every_chunk_boundary_of_the_lazy_hashing():
     """score() hashes in chunks (32 pages, then doubling) and stops after a chunk whose last page
     nobody holds: prefixes ending just before, at or just after a boundary keep their exact
     length, with or without a worker holding everything, and under a lora filter."""
-    from consumers.router import _chunk_bounds
+    from kvevents.consumers.router import _chunk_bounds
 
     n_pages = 600
     bounds = [stop for _, stop in _chunk_bounds(n_pages)]
@@ -388,8 +403,11 @@ def test_prefixes_through_keys_off_their_home_bucket():
         assert got == {"w0": 24 - start, "w1": 12 - start, "w2": 20 - start}
         found = idx.prefix_match(q[start:])
         by_label = {labels[wi]: (m.pages, m.pages_by_medium) for wi, m in found.workers.items()}
-        assert by_label == {"w0": (24 - start, {"GPU": 24 - start}), "w1": (12 - start, {"GPU": 12 - start}),
-                            "w2": (20 - start, {"CPU_PINNED": 20 - start})}
+        assert by_label == {
+            "w0": (24 - start, {"GPU": 24 - start}),
+            "w1": (12 - start, {"GPU": 12 - start}),
+            "w2": (20 - start, {"CPU_PINNED": 20 - start}),
+        }
 
 
 def test_spilled_keys_in_an_adapter_view_beside_lora_blind_workers():

@@ -32,9 +32,27 @@ def _replayed(replay: str, want: int, timeout: float = 20.0) -> list[list[bytes]
 
 def test_serve_engine_vllm_publishes_vllm_batches():
     proc = subprocess.Popen(
-        [*CMD, "serve", "--engine", "vllm", "--hash-algo", "sha256_cbor", "--endpoint", "tcp://127.0.0.1:*",
-         "--replay-endpoint", "tcp://127.0.0.1:*", "--page-size", "4", "--rate", "200", "--duration", "6"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            *CMD,
+            "serve",
+            "--engine",
+            "vllm",
+            "--hash-algo",
+            "sha256_cbor",
+            "--endpoint",
+            "tcp://127.0.0.1:*",
+            "--replay-endpoint",
+            "tcp://127.0.0.1:*",
+            "--page-size",
+            "4",
+            "--rate",
+            "200",
+            "--duration",
+            "6",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         line = proc.stdout.readline() if proc.stdout else ""

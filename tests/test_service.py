@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from consumers.service import RouterService, parse_publisher
+from kvevents.consumers.service import RouterService, parse_publisher
 from kvevents.hashing import Namespace
 from kvevents.publisher import Publisher
 from kvevents.sim import Request, SimWorker, Workload
@@ -69,8 +69,10 @@ class Cluster:
 
     def settle(self) -> None:
         names = [w.name for w in self.workers]
-        _wait(lambda: _caught_up(self.service, names, self.pubs) and _index_matches(self.service, self.workers),
-              what="router to catch up")
+        _wait(
+            lambda: _caught_up(self.service, names, self.pubs) and _index_matches(self.service, self.workers),
+            what="router to catch up",
+        )
 
     def request(self, method: str, path: str, body: bytes | None = None, headers=None):
         conn = http.client.HTTPConnection(self.host, self.port, timeout=5)
@@ -119,7 +121,9 @@ def test_score_workers_metrics_over_http(cluster):
         ("w0", 0, 5, False),
     ]
     assert all("pages_by_medium" not in w for w in out["workers"])  # explain gives them (filled)
-    status, data = cluster.request("POST", "/score", json.dumps({"tokens": long_doc, "lora_name": "lora-a", "top_k": 1}).encode())
+    status, data = cluster.request(
+        "POST", "/score", json.dumps({"tokens": long_doc, "lora_name": "lora-a", "top_k": 1}).encode()
+    )
     assert status == 200 and [w["worker"] for w in json.loads(data)["workers"]] == ["w0"]
     status, data = cluster.request("POST", "/score", json.dumps({"tokens": long_doc, "explain": True}).encode())
     assert status == 200 and json.loads(data)["workers"][0]["pages_by_medium"] == {"GPU": 20}

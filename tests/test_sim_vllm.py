@@ -21,8 +21,11 @@ def raw_events(sim: VllmSimWorker) -> tuple[list, list]:
     return batch, batch[1]
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c["name"] in ("V01_cbor_plain", "V02_pickle_plain", "V04_cbor_salt_lora")],
-                         ids=lambda c: c["name"])
+@pytest.mark.parametrize(
+    "case",
+    [c for c in CASES if c["name"] in ("V01_cbor_plain", "V02_pickle_plain", "V04_cbor_salt_lora")],
+    ids=lambda c: c["name"],
+)
 def test_published_hashes_and_extra_keys_equal_the_golden_ones(case):
     sim = VllmSimWorker(block_size=case["block_size"], hash_algo=case["algo"], lora_paths={"adapter-a": "/adapters/a"})
     lora = "adapter-a" if case["event_extra_keys"] else None
@@ -33,7 +36,16 @@ def test_published_hashes_and_extra_keys_equal_the_golden_ones(case):
     assert len(batch) == 3 and isinstance(batch[0], float) and batch[2] == 0  # the strict 3-element batch
     (st,) = events
     assert st["type"] == "BlockStored" and st["block_hashes"] == want and st["parent_block_hash"] is None
-    assert list(st)[:8] == ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"]
+    assert list(st)[:8] == [
+        "type",
+        "block_hashes",
+        "parent_block_hash",
+        "token_ids",
+        "block_size",
+        "lora_id",
+        "medium",
+        "lora_name",
+    ]
     assert st["group_idx"] == 0 and st["medium"] == "GPU" and st["token_ids"] == case["tokens"]
     assert st.get("extra_keys") == case["event_extra_keys"]
 
@@ -52,7 +64,9 @@ def test_hits_parents_evictions_one_removal_per_hash_and_duplicates():
     assert [len(e["block_hashes"]) for e in removed] == [1] and removed[0]["group_idx"] == 0
     assert removed[0]["block_hashes"] == second["block_hashes"]
     assert evs[-1]["type"] == "BlockStored" and evs.index(removed[0]) < evs.index(evs[-1])  # evict, then store
-    decode_batch(sim.take_payload() or b"\x93\xcb\x00\x00\x00\x00\x00\x00\x00\x00\x90\x00")  # the contract decoder reads it
+    decode_batch(
+        sim.take_payload() or b"\x93\xcb\x00\x00\x00\x00\x00\x00\x00\x00\x90\x00"
+    )  # the contract decoder reads it
 
 
 def test_no_batch_for_an_empty_step_and_reset_is_all_blocks_cleared():

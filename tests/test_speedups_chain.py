@@ -17,7 +17,9 @@ from kvevents import hashing, speedups
 from kvevents.golden import check_golden
 from kvevents.hashing import Namespace
 
-pytestmark = pytest.mark.skipif(not speedups.active(), reason="kvevents._speedups not built, or KVEVENTS_PURE_PYTHON set")
+pytestmark = pytest.mark.skipif(
+    not speedups.active(), reason="kvevents._speedups not built, or KVEVENTS_PURE_PYTHON set"
+)
 
 TOKENS = st.lists(st.integers(0, 2**32 - 1), max_size=300)
 SIZES = st.integers(1, 70)
@@ -54,7 +56,9 @@ def test_every_public_hashing_function_matches_the_python_chain(tokens, page_siz
             hashing.event_hashes(tokens, page_size, ns, prior),
             hashing.hash_chains(tokens, page_size, ns, prior, prior),
             hashing.event_hashes_int64(tokens, page_size, ns, prior),
-            hashing.packed_chain(hashing.pack_tokens(tokens), page_size, None if prior is None else bytes.fromhex(prior)),
+            hashing.packed_chain(
+                hashing.pack_tokens(tokens), page_size, None if prior is None else bytes.fromhex(prior)
+            ),
             hashing.digest_chain(hashing.split_pages(hashing.pack_tokens(tokens), page_size)),
             hashing.whole_pages_chain(tokens, page_size, None if prior is None else bytes.fromhex(prior)),
         )

@@ -15,14 +15,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.copies import remove_each, store_each
-from consumers.indexer import BlockIndex
-from consumers.lookup import PrefixMatch, WorkerMatch
-from consumers.table import VACANT, HashTable
 from kvevents import speedups
+from kvevents.consumers.copies import remove_each, store_each
+from kvevents.consumers.indexer import BlockIndex
+from kvevents.consumers.lookup import PrefixMatch, WorkerMatch
+from kvevents.consumers.table import VACANT, HashTable
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
-pytestmark = pytest.mark.skipif(not speedups.active(), reason="kvevents._speedups not built, or KVEVENTS_PURE_PYTHON set")
+pytestmark = pytest.mark.skipif(
+    not speedups.active(), reason="kvevents._speedups not built, or KVEVENTS_PURE_PYTHON set"
+)
 
 _MIX_INV = pow(0x9E3779B97F4A7C15, -1, 2**64)
 
@@ -42,7 +44,9 @@ KEYS = st.one_of(
 MEDIA = st.sampled_from(["GPU", "CPU_PINNED", "STORAGE", None, "DISK"])
 LORAS = st.sampled_from([None, None, "a", "b"])
 SOURCES = st.sampled_from(["w0", "w1", "w2", "w3"])
-STORE = st.tuples(st.just("store"), SOURCES, st.lists(KEYS, min_size=1, max_size=30), st.one_of(st.none(), KEYS), MEDIA, LORAS)
+STORE = st.tuples(
+    st.just("store"), SOURCES, st.lists(KEYS, min_size=1, max_size=30), st.one_of(st.none(), KEYS), MEDIA, LORAS
+)
 REMOVE = st.tuples(st.just("remove"), SOURCES, st.lists(KEYS, min_size=1, max_size=30), MEDIA, LORAS)
 CLEAR = st.tuples(st.just("clear"), SOURCES)
 OPS = st.lists(st.one_of(STORE, STORE, REMOVE, CLEAR), max_size=40)
@@ -118,13 +122,16 @@ CHAINS = st.lists(st.tuples(st.lists(KEYS, min_size=1, max_size=40), st.integers
 @given(CHAINS)
 def test_table_store_and_remove_loops_equal_the_python_ones(chains):
     """Raw tables (two views, two columns): the same arrays, spill dict, counts and extras."""
+
     def run():
         views, extra = [HashTable(2), HashTable(2)], {}
         results = []
         for i, (hs, wi, remove) in enumerate(chains):
             col = (wi // 64) % 2
             if remove:
-                results.append(remove_each(views, extra, 0, col, wi, list(hs), i % 3 - 1 if i % 3 else None, i % 2 == 0))
+                results.append(
+                    remove_each(views, extra, 0, col, wi, list(hs), i % 3 - 1 if i % 3 else None, i % 2 == 0)
+                )
             else:
                 t = views[i % 2]
                 t.reserve(len(hs))
@@ -188,7 +195,7 @@ BAD_VIEWS = [
 @pytest.mark.parametrize("change", BAD_VIEWS, ids=lambda c: f"{next(iter(c))}")
 def test_malformed_views_raise_value_error(change):
     v = _view(**change)
-    layout_cls = __import__("consumers.lookup", fromlist=["WordLayout"]).WordLayout
+    layout_cls = __import__("kvevents.consumers.lookup", fromlist=["WordLayout"]).WordLayout
     layout = [layout_cls(0, [(0, 0)], 1)]
     with pytest.raises(ValueError):
         speedups.walk(np.array([1, 2], np.int64), [(v, None)], layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)
@@ -201,14 +208,16 @@ def test_malformed_views_raise_value_error(change):
 
 
 def test_malformed_arguments_raise_value_error():
-    from consumers.lookup import WordLayout
+    from kvevents.consumers.lookup import WordLayout
 
     v = _view()
     ok_layout = [WordLayout(0, [(0, 0)], 1)]
     q = np.array([1, 2], np.int64)
     bad_calls = [
         lambda: speedups.walk(np.array([1.0]), [(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
-        lambda: speedups.walk(np.array([1], np.int32), [(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: speedups.walk(
+            np.array([1], np.int32), [(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch
+        ),
         lambda: speedups.walk(q, [(v, np.zeros(1, np.uint64))], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
         lambda: speedups.walk(q, [(v, np.zeros(2, np.int8))], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
         lambda: speedups.walk(q, [(v,)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
@@ -251,8 +260,15 @@ def test_huge_and_read_only_inputs():
     with pytest.raises(ValueError):
         speedups.set_bits_each(ro, [1], 0, 1, None)
     huge = np.zeros(1_000_000, np.int64)
-    got = speedups.walk(huge, [(v, None)], [__import__("consumers.lookup", fromlist=["x"]).WordLayout(0, [(0, 0)], 1)],
-                        ["GPU"], [1.0], PrefixMatch, WorkerMatch)
+    got = speedups.walk(
+        huge,
+        [(v, None)],
+        [__import__("kvevents.consumers.lookup", fromlist=["x"]).WordLayout(0, [(0, 0)], 1)],
+        ["GPU"],
+        [1.0],
+        PrefixMatch,
+        WorkerMatch,
+    )
     assert got == PrefixMatch(1_000_000)
     assert Counter() == Counter()
 
@@ -261,7 +277,7 @@ def test_results_of_a_class_with_its_own_init_are_built_by_calling_it():
     """The C walk fills a plain slotted WorkerMatch directly; any other class is called."""
     from dataclasses import dataclass, field
 
-    from consumers.lookup import WordLayout
+    from kvevents.consumers.lookup import WordLayout
 
     @dataclass(slots=True)
     class Checked:
@@ -276,17 +292,34 @@ def test_results_of_a_class_with_its_own_init_are_built_by_calling_it():
     t = HashTable(1)
     t.reserve(3)
     t.set_bits_each([5, 6], 0, 0b11, None)
-    got = speedups.walk(np.array([5, 6], np.int64), [(t.cview(), None)], [WordLayout(0, [(0, 0)], 0b11)], ["GPU"],
-                        [2.0], PrefixMatch, Checked)
+    got = speedups.walk(
+        np.array([5, 6], np.int64),
+        [(t.cview(), None)],
+        [WordLayout(0, [(0, 0)], 0b11)],
+        ["GPU"],
+        [2.0],
+        PrefixMatch,
+        Checked,
+    )
     assert got.workers == {0: Checked(2, 4.0, {"GPU": 2}), 1: Checked(2, 4.0, {"GPU": 2})}
     assert got.workers[0].score == -4.0
 
 
 def test_int64_check_matches_the_python_one():
-    from consumers import indexer
+    from kvevents.consumers import indexer
 
-    cases = [([1, 2], None), ([1, 2**63], None), ([True], None), ([np.int64(3)], None), ([1.0], None),
-             ([-(2**63)], 2**63 - 1), ([1], 2**63), ([1], True), ([], None), ([], 5)]
+    cases = [
+        ([1, 2], None),
+        ([1, 2**63], None),
+        ([True], None),
+        ([np.int64(3)], None),
+        ([1.0], None),
+        ([-(2**63)], 2**63 - 1),
+        ([1], 2**63),
+        ([1], True),
+        ([], None),
+        ([], 5),
+    ]
     for hashes, prev in cases:
         fast = indexer._all_int64(hashes, prev)
         with speedups.python_only():

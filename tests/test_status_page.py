@@ -9,8 +9,8 @@ from html.parser import HTMLParser
 import pytest
 from route_live import LiveRoute, wait_for
 
-from consumers.indexer import BlockIndex
-from consumers.status import MATCHED_BUCKETS, StatusBoard, page_template
+from kvevents.consumers.indexer import BlockIndex
+from kvevents.consumers.status import MATCHED_BUCKETS, StatusBoard, page_template
 from kvevents.events import BlockStored, KVEventBatch
 
 URL = re.compile(r"(?i)\b(?:https?:|ftp:|wss?:)?//[a-z0-9.-]+")
@@ -95,16 +95,57 @@ def test_board_ring_uses_its_clock_and_windows():
 
 def test_adapter_counts_sum_to_the_worker_copies():
     idx = BlockIndex()
-    idx.apply("s", KVEventBatch(ts=1.0, events=[
-        BlockStored(block_hashes=[1, 2, 3], parent_block_hash=None, token_ids=[0] * 48, block_size=16, lora_id=None, medium="GPU", lora_name=None),
-    ]))
-    idx.apply("s", KVEventBatch(ts=1.0, events=[
-        BlockStored(block_hashes=[4, 5], parent_block_hash=None, token_ids=[0] * 32, block_size=16, lora_id=7, medium="GPU",
-                    lora_name="ad"),
-    ]))
-    idx.apply("t", KVEventBatch(ts=1.0, events=[
-        BlockStored(block_hashes=[1], parent_block_hash=None, token_ids=[0] * 16, block_size=16, lora_id=None, medium="GPU", lora_name=None),
-    ]))
+    idx.apply(
+        "s",
+        KVEventBatch(
+            ts=1.0,
+            events=[
+                BlockStored(
+                    block_hashes=[1, 2, 3],
+                    parent_block_hash=None,
+                    token_ids=[0] * 48,
+                    block_size=16,
+                    lora_id=None,
+                    medium="GPU",
+                    lora_name=None,
+                ),
+            ],
+        ),
+    )
+    idx.apply(
+        "s",
+        KVEventBatch(
+            ts=1.0,
+            events=[
+                BlockStored(
+                    block_hashes=[4, 5],
+                    parent_block_hash=None,
+                    token_ids=[0] * 32,
+                    block_size=16,
+                    lora_id=7,
+                    medium="GPU",
+                    lora_name="ad",
+                ),
+            ],
+        ),
+    )
+    idx.apply(
+        "t",
+        KVEventBatch(
+            ts=1.0,
+            events=[
+                BlockStored(
+                    block_hashes=[1],
+                    parent_block_hash=None,
+                    token_ids=[0] * 16,
+                    block_size=16,
+                    lora_id=None,
+                    medium="GPU",
+                    lora_name=None,
+                ),
+            ],
+        ),
+    )
     assert idx.adapter_counts() == {"s": {"": 3, "ad": 2}, "t": {"": 1}}
     assert sum(idx.adapter_counts()["s"].values()) == sum(idx.block_counts()["s"].values())
 

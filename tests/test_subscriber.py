@@ -298,7 +298,10 @@ def test_many_sources_in_thread_mode_with_callbacks():
                 done.set()
 
     sub = Subscriber(
-        [Source(pubs[0].endpoint, pubs[0].replay_endpoint, "a"), Source(pubs[1].endpoint, pubs[1].replay_endpoint, "b")],
+        [
+            Source(pubs[0].endpoint, pubs[0].replay_endpoint, "a"),
+            Source(pubs[1].endpoint, pubs[1].replay_endpoint, "b"),
+        ],
         on_delivery=on_delivery,
         request_timeout_s=0.5,
     )
@@ -430,8 +433,13 @@ def test_staleness_and_request_deadlines_follow_the_injected_clock():
     """A fake monotonic clock: a source goes stale and a replay request times out with no sleep."""
     now = [1000.0]
     pub = _pub(heartbeat_interval_s=0)
-    sub = Subscriber([Source(pub.endpoint, "tcp://127.0.0.1:9", "w0")], stale_after_s=5.0, request_timeout_s=2.0,
-                     max_attempts=1, clock=lambda: now[0])
+    sub = Subscriber(
+        [Source(pub.endpoint, "tcp://127.0.0.1:9", "w0")],
+        stale_after_s=5.0,
+        request_timeout_s=2.0,
+        max_attempts=1,
+        clock=lambda: now[0],
+    )
     try:
         assert not sub.status()["w0"].stale
         now[0] += 6.0

@@ -55,7 +55,12 @@ def test_snapshot_starts_with_a_first_reset_and_the_publishers_state() -> None:
     assert set(range(1, HISTORY + 1)) <= stored  # the whole chain, without its history replayed
     after = [x for x in items if isinstance(x, Delivery) and x.kind != "snapshot"]
     assert after and after[0].seq == s + 1 and [d.seq for d in after] == list(range(s + 1, s + 1 + len(after)))
-    assert c["replays_requested"] == 0 and c["snapshots_applied"] == 1 and c["losses"] == 0 and c["describes_requested"] >= 1
+    assert (
+        c["replays_requested"] == 0
+        and c["snapshots_applied"] == 1
+        and c["losses"] == 0
+        and c["describes_requested"] >= 1
+    )
 
 
 def test_snapshot_refused_is_a_counted_clean_start() -> None:
@@ -95,10 +100,15 @@ def test_without_a_replay_endpoint_only_oldest_counts_the_late_join_as_a_loss() 
 def test_a_source_may_choose_its_own_start() -> None:
     a, b = _pub(), _pub()
     try:
-        sub = Subscriber([Source(a.endpoint, a.replay_endpoint, "a", start="now"), Source(b.endpoint, b.replay_endpoint, "b")],
-                         request_timeout_s=0.3, start="snapshot")
+        sub = Subscriber(
+            [Source(a.endpoint, a.replay_endpoint, "a", start="now"), Source(b.endpoint, b.replay_endpoint, "b")],
+            request_timeout_s=0.3,
+            start="snapshot",
+        )
         try:
-            items = collect(sub, lambda xs: {x.source for x in xs if isinstance(x, Delivery) and x.kind == "live"} == {"a", "b"})
+            items = collect(
+                sub, lambda xs: {x.source for x in xs if isinstance(x, Delivery) and x.kind == "live"} == {"a", "b"}
+            )
         finally:
             sub.stop()
     finally:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from consumers.table import HAS_PARENT, LIVE, SLOTS, VACANT, HashTable, as_hashes
+from kvevents.consumers.table import HAS_PARENT, LIVE, SLOTS, VACANT, HashTable, as_hashes
 
 
 def upsert(t: HashTable, keys: list[int]) -> np.ndarray:

@@ -108,8 +108,19 @@ def test_check_endpoint_accepts(endpoint):
 
 @pytest.mark.parametrize(
     "endpoint",
-    ["tcp://127.0.0.1:99999", "tcp://127.0.0.1:65536", "tcp://127.0.0.1:abc", "tcp://127.0.0.1:", "tcp://nohost",
-     "tcp://:5557", "tcp://127.0.0.1:-1", "udp://127.0.0.1:5557", "bogus", "ipc://", ""],
+    [
+        "tcp://127.0.0.1:99999",
+        "tcp://127.0.0.1:65536",
+        "tcp://127.0.0.1:abc",
+        "tcp://127.0.0.1:",
+        "tcp://nohost",
+        "tcp://:5557",
+        "tcp://127.0.0.1:-1",
+        "udp://127.0.0.1:5557",
+        "bogus",
+        "ipc://",
+        "",
+    ],
 )
 def test_check_endpoint_refuses_naming_the_endpoint(endpoint):
     with pytest.raises(ValueError, match=re.escape(repr(endpoint))):
@@ -141,8 +152,20 @@ def test_source_refuses_a_port_libzmq_would_wrap():
         (["serve", "--endpoint", "tcp://127.0.0.1:99999", "--duration", "0.3"], "99999"),
         (["serve", "--endpoint", "tcp://127.0.0.1:abc", "--duration", "0.3"], "'abc'"),
         (["serve", "--endpoint", "tcp://127.0.0.1:65535", "--duration", "0.3"], "65536"),  # the default replay port
-        (["serve", "--endpoint", "tcp://127.0.0.1:65530", "--workers", "8", "--replay-endpoint", "",
-          "--duration", "0.3"], "exceeds 65535"),
+        (
+            [
+                "serve",
+                "--endpoint",
+                "tcp://127.0.0.1:65530",
+                "--workers",
+                "8",
+                "--replay-endpoint",
+                "",
+                "--duration",
+                "0.3",
+            ],
+            "exceeds 65535",
+        ),
         (["tail", "tcp://127.0.0.1:99999", "--duration", "0.3"], "99999"),
         (["tail", "tcp://127.0.0.1:5557", "--replay", "tcp://127.0.0.1:70000", "--duration", "0.3"], "70000"),
     ],

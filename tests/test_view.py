@@ -129,7 +129,12 @@ def test_a_remove_naming_its_adapter_takes_that_adapters_copy():
     for first, gone, kept in (("a", "a", "b"), ("a", "b", "a")):
         v = LiveView()
         second = "b" if first == "a" else "a"
-        v.apply([BlockStored([7], None, [1, 2], 2, None, "GPU", first), BlockStored([7], None, [1, 2], 2, None, "GPU", second)])
+        v.apply(
+            [
+                BlockStored([7], None, [1, 2], 2, None, "GPU", first),
+                BlockStored([7], None, [1, 2], 2, None, "GPU", second),
+            ]
+        )
         v.apply([BlockRemoved([7], "GPU", gone)])
         evs = [e for batch in snapshot_batches(v.freeze()) for e in batch if isinstance(e, BlockStored)]
         assert [(e.block_hashes, e.lora_name) for e in evs] == [([7], kept)]

@@ -19,8 +19,20 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-_IGNORE = shutil.ignore_patterns(".git", "build", "dist", ".venv", "*.egg-info", "__pycache__", "*.so", ".hypothesis",
-                                 ".mypy_cache", ".pytest_cache", ".ruff_cache", ".benchmarks")
+_IGNORE = shutil.ignore_patterns(
+    ".git",
+    "build",
+    "dist",
+    ".venv",
+    "*.egg-info",
+    "__pycache__",
+    "*.so",
+    ".hypothesis",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".benchmarks",
+)
 
 pytestmark = pytest.mark.skipif(os.environ.get("KVEVENTS_SKIP_WHEEL") == "1", reason="KVEVENTS_SKIP_WHEEL=1")
 
@@ -38,35 +50,89 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src, wheels, env_dir = root / "src", root / "wheels", root / "venv"
     shutil.copytree(REPO, src, symlinks=True, ignore=_IGNORE)  # build out of tree: no build/ in the checkout
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "-w", str(wheels), "-q",
-         "--disable-pip-version-check"], capture_output=True, text=True, timeout=240, cwd=root, env=_env())
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(src),
+            "--no-deps",
+            "-w",
+            str(wheels),
+            "-q",
+            "--disable-pip-version-check",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=root,
+        env=_env(),
+    )
     if built.returncode != 0:
-        offline = any(w in built.stderr for w in ("No matching distribution", "Could not find a version", "NewConnection",
-                                                  "Temporary failure in name resolution", "Network is unreachable"))
+        offline = any(
+            w in built.stderr
+            for w in (
+                "No matching distribution",
+                "Could not find a version",
+                "NewConnection",
+                "Temporary failure in name resolution",
+                "Network is unreachable",
+            )
+        )
         if offline:
             pytest.skip(f"pip cannot build the wheel offline: {built.stderr.strip().splitlines()[-1]}")
         raise AssertionError(f"wheel build failed:\n{built.stderr[-3000:]}")
     (wheel,) = wheels.glob("kvevents-*.whl")
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(env_dir)],
-                   check=True, timeout=120, cwd=root)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(env_dir)],
+        check=True,
+        timeout=120,
+        cwd=root,
+    )
     py = env_dir / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--ignore-installed",
-                    "--no-index", "-q", "--disable-pip-version-check", str(wheel)],
-                   check=True, capture_output=True, text=True, timeout=240, cwd=root, env=_env())
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(py),
+            "install",
+            "--no-deps",
+            "--ignore-installed",
+            "--no-index",
+            "-q",
+            "--disable-pip-version-check",
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=root,
+        env=_env(),
+    )
     return env_dir / "bin"
 
 
 def _kv(bin_dir: Path, *args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([str(bin_dir / "kvevents"), *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd, env=_env())
+    return subprocess.run(
+        [str(bin_dir / "kvevents"), *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=_env()
+    )
 
 
 def test_the_venv_imports_kvevents_from_the_wheel_with_its_data(venv: Path, tmp_path: Path):
-    code = ("import kvevents, kvevents.cli.contract as c; print(kvevents.__file__); print(c.default_golden_dir()); "
-            "import consumers; print(consumers.__file__)")
-    out = subprocess.run([str(venv / "python"), "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path,
-                         env=_env()).stdout.split()
+    code = (
+        "import kvevents, kvevents.cli.contract as c; print(kvevents.__file__); print(c.default_golden_dir()); "
+        "import kvevents.consumers as c2; print(c2.__file__); import importlib.util as u; "
+        "print(u.find_spec('consumers') is None)"
+    )
+    out = subprocess.run(
+        [str(venv / "python"), "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path, env=_env()
+    ).stdout.split()
     site = str(venv.parent)
+    assert out[3] == "True", out  # no generic top-level `consumers` package is installed
+    out = out[:3]
     assert all(p.startswith(site) for p in out), out  # the wheel's copy, not the checkout
     golden = Path(out[1])
     for name in ("sglang-0.5.20.json", "vllm-0.33.json"):  # shipped byte for byte
@@ -91,9 +157,26 @@ def test_demo_runs_from_the_installed_wheel(venv: Path, tmp_path: Path):
 
 def test_serve_and_tail_from_the_installed_wheel(venv: Path, tmp_path: Path):
     serve = subprocess.Popen(
-        [str(venv / "kvevents"), "serve", "--endpoint", "tcp://127.0.0.1:0", "--replay-endpoint", "tcp://127.0.0.1:0",
-         "--rate", "50", "--duration", "20", "--heartbeat", "0.1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=_env())
+        [
+            str(venv / "kvevents"),
+            "serve",
+            "--endpoint",
+            "tcp://127.0.0.1:0",
+            "--replay-endpoint",
+            "tcp://127.0.0.1:0",
+            "--rate",
+            "50",
+            "--duration",
+            "20",
+            "--heartbeat",
+            "0.1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env=_env(),
+    )
     try:
         assert serve.stdout is not None
         first = serve.stdout.readline().split()

@@ -12,7 +12,18 @@ from typing import Any
 
 from kvevents.hashing import DEFAULT_NAMESPACE, Namespace, packed_chain, packed_to_int64
 
-__all__ = ["Node", "DIGEST", "digests", "published", "published_one", "hexes", "tokens_of", "as_namespace", "check_opt_str", "check_count"]
+__all__ = [
+    "Node",
+    "DIGEST",
+    "digests",
+    "published",
+    "published_one",
+    "hexes",
+    "tokens_of",
+    "as_namespace",
+    "check_opt_str",
+    "check_count",
+]
 
 DIGEST = 32
 _LITTLE = struct.pack("=I", 1) == b"\x01\x00\x00\x00"
@@ -71,7 +82,17 @@ class Node:
     """One radix node: a run of whole pages under one namespace."""
 
     __slots__ = (
-        "parent", "children", "data", "ns", "storage", "events", "content", "last_access", "lock", "alive", "serial",
+        "parent",
+        "children",
+        "data",
+        "ns",
+        "storage",
+        "events",
+        "content",
+        "last_access",
+        "lock",
+        "alive",
+        "serial",
         "lora_name",
     )
 

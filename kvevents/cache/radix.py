@@ -36,6 +36,7 @@ from kvevents.hashing import Namespace, check_page_size, event_seed, pack_tokens
 
 __all__ = ["RadixCache", "Match", "NodeInfo"]
 
+
 class RadixCache:
     """Paged prefix cache whose events follow "What the reference cache emits" exactly (see module docstring)."""
 
@@ -290,7 +291,9 @@ class RadixCache:
             )
         )
         if self._tier is not None:
-            contents = leaf.content if leaf.content is not None else [tail[i : i + step] for i in range(0, len(tail), step)]
+            contents = (
+                leaf.content if leaf.content is not None else [tail[i : i + step] for i in range(0, len(tail), step)]
+            )
             self._tier.write_through(leaf.storage, evs, contents, parent_ev, tokens, ns, lora_name, session_id)
 
     def _pin(self, node: Node, delta: int) -> None:
@@ -437,7 +440,9 @@ class RadixCache:
             raise ValueError(f"{what}() needs a cache built with store=...")
         return self._tier
 
-    def storage_hit_length(self, token_ids: Sequence[int], namespace: Namespace | None, prior: str | None = None) -> int:
+    def storage_hit_length(
+        self, token_ids: Sequence[int], namespace: Namespace | None, prior: str | None = None
+    ) -> int:
         """Tokens the store holds for this sequence, from `prior` or the namespace's own seed."""
         ns = as_namespace(namespace)
         if self._tier is None:
@@ -446,7 +451,9 @@ class RadixCache:
         tier = self._tier
         return tier.hit_pages(tier.keys_for(token_ids, ns, prior)) * self.page_size
 
-    def prefetch_pages(self, token_ids: Sequence[int], namespace: Namespace | None, prior: str | None = None) -> list[bytes]:
+    def prefetch_pages(
+        self, token_ids: Sequence[int], namespace: Namespace | None, prior: str | None = None
+    ) -> list[bytes]:
         """Read (and verify) the leading stored pages of this sequence; stops at the first miss."""
         ns = as_namespace(namespace)
         tier = self._need_tier("prefetch_pages")

@@ -34,7 +34,11 @@ def _show_version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(
-        False, "--version", callback=_show_version, is_eager=True, help="Print the version (and the hashing path) and exit."
+        False,
+        "--version",
+        callback=_show_version,
+        is_eager=True,
+        help="Print the version (and the hashing path) and exit.",
     ),
 ) -> None:
     """KV-cache events: the hash contract, a reference cache, publisher, consumers and tools."""

@@ -44,13 +44,21 @@ def _check_endpoint(what: str, ep: str | None) -> None:
 
 @conformance_app.command("hash")
 def hash_cmd(
-    cmd: str = typer.Option(..., "--cmd", help="Adapter command: reads one JSON request per line, writes one answer per line."),
+    cmd: str = typer.Option(
+        ..., "--cmd", help="Adapter command: reads one JSON request per line, writes one answer per line."
+    ),
     seed: int = typer.Option(20, help="Seed of the generated property cases."),
     cases: int = typer.Option(120, min=0, help="Generated property cases (plus a chunked continuation of each)."),
     timeout: float = typer.Option(5.0, min=0.01, help="Seconds to wait for each answer."),
-    golden: str | None = typer.Option(None, "--golden", help="The golden file (default: the profile's in schemas/golden of this checkout)."),
-    profile: str = typer.Option("contract", "--profile", help="contract, or vllm-sha256 / vllm-sha256_cbor (vLLM 0.33's chain; "
-                                "requests then carry hash_algo, seed and tagged hash_extra_keys)."),
+    golden: str | None = typer.Option(
+        None, "--golden", help="The golden file (default: the profile's in schemas/golden of this checkout)."
+    ),
+    profile: str = typer.Option(
+        "contract",
+        "--profile",
+        help="contract, or vllm-sha256 / vllm-sha256_cbor (vLLM 0.33's chain; "
+        "requests then carry hash_algo, seed and tagged hash_extra_keys).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> int:
     """Check a hash implementation through a JSON-lines adapter: golden vectors plus generated cases."""
@@ -75,15 +83,21 @@ def hash_cmd(
 @conformance_app.command("stream")
 def stream_cmd(
     endpoint: str = typer.Argument(..., help="The engine's live PUB endpoint, e.g. tcp://127.0.0.1:5557."),
-    replay: str | None = typer.Option(None, "--replay", help="Its replay ROUTER endpoint (replay, DESCRIBE, SNAPSHOT)."),
+    replay: str | None = typer.Option(
+        None, "--replay", help="Its replay ROUTER endpoint (replay, DESCRIBE, SNAPSHOT)."
+    ),
     page_size: int = typer.Option(..., "--page-size", min=1, help="The engine's page (block) size."),
     duration: float = typer.Option(10.0, min=0.0, help="Seconds to observe."),
     profile: str = typer.Option("contract", "--profile", help=_PROFILE_HELP),
     allow_epoch: bool = typer.Option(False, "--allow-epoch", help="Accept kvevents' opt-in 4th batch element (epoch)."),
     count: int | None = typer.Option(None, "--count", min=1, help="Stop after this many live batches."),
-    reply_timeout: float = typer.Option(2.0, min=0.05, help="Seconds to wait for a replay / DESCRIBE / SNAPSHOT reply."),
+    reply_timeout: float = typer.Option(
+        2.0, min=0.05, help="Seconds to wait for a replay / DESCRIBE / SNAPSHOT reply."
+    ),
     hash_seed: str | None = typer.Option(None, "--hash-seed", help="vLLM profiles: the engine's PYTHONHASHSEED."),
-    lora_path: str | None = typer.Option(None, "--lora-path", help="vLLM profiles: LoRA path template, {name} = lora name."),
+    lora_path: str | None = typer.Option(
+        None, "--lora-path", help="vLLM profiles: LoRA path template, {name} = lora name."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> int:
     """Observe a live publisher and judge every named rule (pass / fail / not offered / not checkable)."""
@@ -92,8 +106,18 @@ def stream_cmd(
 
     _check_endpoint("ENDPOINT", endpoint)
     _check_endpoint("--replay", replay)
-    opts = StreamOptions(endpoint, replay, page_size, duration, profile, allow_epoch, reply_timeout, count,
-                         hash_seed=hash_seed, lora_path=lora_path)
+    opts = StreamOptions(
+        endpoint,
+        replay,
+        page_size,
+        duration,
+        profile,
+        allow_epoch,
+        reply_timeout,
+        count,
+        hash_seed=hash_seed,
+        lora_path=lora_path,
+    )
     try:
         report = observe(opts)
     except ProfileUnavailable as exc:
@@ -105,7 +129,9 @@ def stream_cmd(
 
 @conformance_app.command("drive")
 def drive_cmd(
-    http: str = typer.Option(..., "--http", help="Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000."),
+    http: str = typer.Option(
+        ..., "--http", help="Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000."
+    ),
     endpoint: str = typer.Option(..., "--endpoint", help="The live PUB endpoint that server's worker publishes on."),
     replay: str | None = typer.Option(None, "--replay", help="Its replay ROUTER endpoint."),
     page_size: int = typer.Option(..., "--page-size", min=1, help="The engine's page (block) size."),
@@ -116,9 +142,13 @@ def drive_cmd(
     pages: int = typer.Option(4, min=1, help="Pages per prompt."),
     seed: int = typer.Option(20, help="Prompt seed."),
     timeout: float = typer.Option(5.0, min=0.1, help="Seconds to wait for a response or a prompt's events."),
-    body_extra: str | None = typer.Option(None, "--body-extra", help='JSON object merged into every request body, e.g. \'{"temperature": 0}\'.'),
+    body_extra: str | None = typer.Option(
+        None, "--body-extra", help="JSON object merged into every request body, e.g. '{\"temperature\": 0}'."
+    ),
     hash_seed: str | None = typer.Option(None, "--hash-seed", help="vLLM profiles: the engine's PYTHONHASHSEED."),
-    lora_path: str | None = typer.Option(None, "--lora-path", help="vLLM profiles: LoRA path template, {name} = lora name."),
+    lora_path: str | None = typer.Option(
+        None, "--lora-path", help="vLLM profiles: LoRA path template, {name} = lora name."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> int:
     """Send token-id prompts under two adapters and two salts; check the hashes the engine publishes."""
@@ -139,8 +169,22 @@ def drive_cmd(
             user_error(f"--body-extra is not JSON: {exc}")
         if not isinstance(extra, dict):
             user_error("--body-extra must be a JSON object")
-    opts = DriveOptions(http, endpoint, replay, page_size, profile, model, (adapter[0], adapter[1]), (salt[0], salt[1]),
-                        pages, seed, timeout, hash_seed=hash_seed, lora_path=lora_path, extra_body=extra)
+    opts = DriveOptions(
+        http,
+        endpoint,
+        replay,
+        page_size,
+        profile,
+        model,
+        (adapter[0], adapter[1]),
+        (salt[0], salt[1]),
+        pages,
+        seed,
+        timeout,
+        hash_seed=hash_seed,
+        lora_path=lora_path,
+        extra_body=extra,
+    )
     try:
         report = drive(opts)
     except ProfileUnavailable as exc:

@@ -1,6 +1,6 @@
 """kvevents CLI commands for the consumers: `route` (the HTTP router service) and `demo`.
 
-Thin: parse flags, call consumers.service / kvevents.demo, render.
+Thin: parse flags, call kvevents.consumers.service / kvevents.demo, render.
 """
 
 from __future__ import annotations
@@ -38,19 +38,31 @@ def route_cmd(
     publisher: list[str] = typer.Option(
         [], "--publisher", help="NAME=ENDPOINT[,REPLAY_ENDPOINT]; repeat for every publisher."
     ),
-    nats_url: Optional[str] = typer.Option(None, "--nats", help="Read a NATS JetStream stream (kvevents bridge) instead: server URL(s)."),
+    nats_url: Optional[str] = typer.Option(
+        None, "--nats", help="Read a NATS JetStream stream (kvevents bridge) instead: server URL(s)."
+    ),
     stream: str = typer.Option("kvevents", "--stream", help="With --nats: the JetStream stream name."),
     http: str = typer.Option(
-        "127.0.0.1:8080", "--http", help="HOST:PORT to serve POST /score, GET /workers, GET /metrics, GET /openapi.json."
+        "127.0.0.1:8080",
+        "--http",
+        help="HOST:PORT to serve POST /score, GET /workers, GET /metrics, GET /openapi.json.",
     ),
     page_size: int = typer.Option(16, "--page-size", help="Tokens per page, as the engines use (>= 1)."),
-    lora_strict: bool = typer.Option(True, "--lora-strict/--no-lora-strict", help="Credit only copies of the request's lora_name."),
+    lora_strict: bool = typer.Option(
+        True, "--lora-strict/--no-lora-strict", help="Credit only copies of the request's lora_name."
+    ),
     stale_after: float = typer.Option(5.0, "--stale-after", help="Seconds without a message before a source is stale."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the random tie-break (default: random)."),
-    max_connections: int = typer.Option(1000, "--max-connections", help="HTTP connections served at once; past it requests get 503."),
-    key_mode: list[str] = typer.Option([], "--key-mode", help="NAME=contract|tokens|auto: how a publisher's blocks are keyed "
-                                       "(auto, the default: detected from its first stored blocks; tokens: any engine, e.g. vLLM); "
-                                       "a bare MODE sets it for every publisher not named."),
+    max_connections: int = typer.Option(
+        1000, "--max-connections", help="HTTP connections served at once; past it requests get 503."
+    ),
+    key_mode: list[str] = typer.Option(
+        [],
+        "--key-mode",
+        help="NAME=contract|tokens|auto: how a publisher's blocks are keyed "
+        "(auto, the default: detected from its first stored blocks; tokens: any engine, e.g. vLLM); "
+        "a bare MODE sets it for every publisher not named.",
+    ),
     curve_server_key: list[str] = typer.Option([], "--curve-server-key", help=SERVER_KEYS_HELP),
     curve_client_cert: Optional[str] = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
 ) -> None:
@@ -62,9 +74,9 @@ def route_cmd(
 
     Request and response schemas: GET /openapi.json (README: "The router's HTTP API").
     """
-    from consumers.http_api import HttpLimits
-    from consumers.keying import parse_key_modes
-    from consumers.service import RouterService, parse_publisher
+    from kvevents.consumers.http_api import HttpLimits
+    from kvevents.consumers.keying import parse_key_modes
+    from kvevents.consumers.service import RouterService, parse_publisher
 
     if page_size < 1:
         user_error(f"--page-size must be >= 1, got {page_size}")
@@ -89,12 +101,24 @@ def route_cmd(
     if nats_url is not None:  # kvevents.cli.nats: the JetStream feed (one line while NATS is unreachable)
         from kvevents.cli.nats import jetstream_source
 
-        service = RouterService(feed=jetstream_source(nats_url, stream, "route", stale_after_s=stale_after),
-                                page_size=page_size, lora_strict=lora_strict, seed=seed, key_modes=modes,
-                                default_key_mode=default_mode)
+        service = RouterService(
+            feed=jetstream_source(nats_url, stream, "route", stale_after_s=stale_after),
+            page_size=page_size,
+            lora_strict=lora_strict,
+            seed=seed,
+            key_modes=modes,
+            default_key_mode=default_mode,
+        )
     else:
-        service = RouterService(sources, page_size=page_size, lora_strict=lora_strict, seed=seed,
-                                stale_after_s=stale_after, key_modes=modes, default_key_mode=default_mode)
+        service = RouterService(
+            sources,
+            page_size=page_size,
+            lora_strict=lora_strict,
+            seed=seed,
+            stale_after_s=stale_after,
+            key_modes=modes,
+            default_key_mode=default_mode,
+        )
     stop = threading.Event()
     try:
         try:
@@ -112,7 +136,9 @@ def route_cmd(
         while not stop.wait(0.5):
             for name, stale in service.stale_changes():
                 if stale:
-                    sys.stderr.write(f"kvevents route: {name}: nothing heard for {stale_after:g} s (stale; /score says so)\n")
+                    sys.stderr.write(
+                        f"kvevents route: {name}: nothing heard for {stale_after:g} s (stale; /score says so)\n"
+                    )
                 else:
                     sys.stderr.write(f"kvevents route: {name}: heard again (no longer stale)\n")
                 sys.stderr.flush()
@@ -126,12 +152,17 @@ def demo_cmd(
     duration: float = typer.Option(15.0, "--duration", help="Seconds of traffic (about; not with --requests)."),
     seed: int = typer.Option(0, "--seed", help="Workload, routing and fault seed."),
     requests: Optional[int] = typer.Option(
-        None, "--requests", help="Run exactly N requests instead of --duration: the same seed then gives the same "
-        "requests, policy figures, contract counts and events published (timings and batch counts vary)."),
+        None,
+        "--requests",
+        help="Run exactly N requests instead of --duration: the same seed then gives the same "
+        "requests, policy figures, contract counts and events published (timings and batch counts vary).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object (figures + checks) instead of tables."),
     fleet: str = typer.Option(
-        "mixed", "--fleet", help="mixed: half the workers are vLLM 0.33 workers (vLLM's hashes, keyed by tokens); "
-        "contract: every worker emits by the contract."
+        "mixed",
+        "--fleet",
+        help="mixed: half the workers are vLLM 0.33 workers (vLLM's hashes, keyed by tokens); "
+        "contract: every worker emits by the contract.",
     ),
     html_out: Optional[str] = typer.Option(
         None, "--html", help="Also write the run as one self-contained HTML page (hit rates over time, faults, checks)."

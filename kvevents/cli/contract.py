@@ -53,11 +53,14 @@ def hash_cmd(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON: storage, event, event_int64."),
     profile: str = typer.Option(
-        "contract", "--profile",
+        "contract",
+        "--profile",
         help="contract (kvevents / SGLang 0.5.20), or vLLM 0.33's chain: vllm-sha256 | vllm-sha256_cbor "
         "(--extra-key is then the LoRA name, --prior the parent digest).",
     ),
-    hash_seed: Optional[str] = typer.Option(None, "--hash-seed", help="vLLM profiles: PYTHONHASHSEED (default: unset)."),
+    hash_seed: Optional[str] = typer.Option(
+        None, "--hash-seed", help="vLLM profiles: PYTHONHASHSEED (default: unset)."
+    ),
     lora_path: Optional[str] = typer.Option(None, "--lora-path", help="vLLM profiles: the LoRA adapter path."),
 ) -> None:
     """Print the storage hashes, event hashes and published int64s of a token sequence."""
@@ -97,8 +100,17 @@ def hash_cmd(
     console.print(table)
 
 
-def _vllm_hash(ids: list[int], page_size: int, profile: str, lora: Optional[str], salt: Optional[str],
-               prior: Optional[str], seed: Optional[str], lora_path: Optional[str], as_json: bool) -> None:
+def _vllm_hash(
+    ids: list[int],
+    page_size: int,
+    profile: str,
+    lora: Optional[str],
+    salt: Optional[str],
+    prior: Optional[str],
+    seed: Optional[str],
+    lora_path: Optional[str],
+    as_json: bool,
+) -> None:
     """`kvevents hash --profile vllm-*`: vLLM 0.33's digests and the uint64s its events carry."""
     from kvevents.engines.vllm import (
         PROFILES,
@@ -118,29 +130,57 @@ def _vllm_hash(ids: list[int], page_size: int, profile: str, lora: Optional[str]
             raise ValueError("--prior must be a 64-hex digest")
         n = len(ids) // page_size if page_size > 0 else 0
         tagged = tagged_extra_keys(n, lora_name=lora, lora_path=lora_path, cache_salt=salt if parent is None else None)
-        digests = vllm_block_hashes(ids, page_size, hash_algo=algo, seed=seed, parent=parent,
-                                    extra_keys_per_block=tagged if any(t is not None for t in tagged) else None)
+        digests = vllm_block_hashes(
+            ids,
+            page_size,
+            hash_algo=algo,
+            seed=seed,
+            parent=parent,
+            extra_keys_per_block=tagged if any(t is not None for t in tagged) else None,
+        )
         head = none_hash(algo, seed)
     except ValueError as exc:
         user_error(str(exc))
     ints = [to_event_hash(d) for d in digests]
     extra = [untag_extra_keys(t) for t in tagged]
     if as_json:
-        sys.stdout.write(json.dumps({
-            "profile": profile, "none_hash": head.hex(), "digests": [d.hex() for d in digests], "event_block_hashes": ints,
-            "extra_keys": [list(e) if e is not None else None for e in extra],
-        }) + "\n")
+        sys.stdout.write(
+            json.dumps(
+                {
+                    "profile": profile,
+                    "none_hash": head.hex(),
+                    "digests": [d.hex() for d in digests],
+                    "event_block_hashes": ints,
+                    "extra_keys": [list(e) if e is not None else None for e in extra],
+                }
+            )
+            + "\n"
+        )
         return
     console = _console()
-    console.print(f"profile {profile} (vLLM 0.33, {algo})  block_size={page_size}  tokens={len(ids)}  blocks={len(digests)}"
-                  f"  seed={'PYTHONHASHSEED=' + seed if seed is not None else 'default'}")
+    console.print(
+        f"profile {profile} (vLLM 0.33, {algo})  block_size={page_size}  tokens={len(ids)}  blocks={len(digests)}"
+        f"  seed={'PYTHONHASHSEED=' + seed if seed is not None else 'default'}"
+    )
     console.print(f"NONE_HASH: {head.hex()}" + (f"  (continuing after {prior.lower()})" if prior else ""))
     table = Table(show_edge=False, header_style="bold")
-    for col, just in (("block", "right"), ("tokens", "right"), ("digest", "left"), ("event uint64", "right"), ("extra_keys", "left")):
+    for col, just in (
+        ("block", "right"),
+        ("tokens", "right"),
+        ("digest", "left"),
+        ("event uint64", "right"),
+        ("extra_keys", "left"),
+    ):
         table.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
     for i, (d, v) in enumerate(zip(digests, ints)):
         lo = i * page_size
-        table.add_row(str(i), f"{lo}..{lo + page_size - 1}", d.hex(), str(v), "-" if extra[i] is None else repr(list(extra[i] or ())))
+        table.add_row(
+            str(i),
+            f"{lo}..{lo + page_size - 1}",
+            d.hex(),
+            str(v),
+            "-" if extra[i] is None else repr(list(extra[i] or ())),
+        )
     console.print(table)
 
 
@@ -175,7 +215,9 @@ def _golden_files(path: Optional[Path]) -> list[Path]:
 @app.command()
 def golden(
     golden_path: Optional[Path] = typer.Option(
-        None, "--golden", help="A golden JSON file or a directory of them (default: the vectors shipped with kvevents, schemas/golden)."
+        None,
+        "--golden",
+        help="A golden JSON file or a directory of them (default: the vectors shipped with kvevents, schemas/golden).",
     ),
 ) -> None:
     """Check this installation against the golden vectors; exit 1 on any mismatch."""

@@ -14,18 +14,28 @@ import typer
 
 from kvevents.cli.app import app, user_error
 
-keys_app = typer.Typer(name="keys", help="CURVE keypairs for opt-in encryption and authentication on the wire.",
-                       no_args_is_help=True, add_completion=False)
+keys_app = typer.Typer(
+    name="keys",
+    help="CURVE keypairs for opt-in encryption and authentication on the wire.",
+    no_args_is_help=True,
+    add_completion=False,
+)
 app.add_typer(keys_app, name="keys")
 
 SERVER_KEY_HELP = "CURVE: the publisher's public certificate (NAME.key from `kvevents keys generate`)."
-SERVER_KEYS_HELP = ("CURVE: the publishers' public certificate (NAME.key from `kvevents keys generate`); "
-                    "NAME=FILE for one --publisher, a bare FILE for every other one (repeatable).")
-CLIENT_CERT_HELP = ("CURVE: this client's certificate with its secret key (NAME.key_secret); needed when the "
-                    "publisher has an allow-list (default: a throwaway keypair).")
+SERVER_KEYS_HELP = (
+    "CURVE: the publishers' public certificate (NAME.key from `kvevents keys generate`); "
+    "NAME=FILE for one --publisher, a bare FILE for every other one (repeatable)."
+)
+CLIENT_CERT_HELP = (
+    "CURVE: this client's certificate with its secret key (NAME.key_secret); needed when the "
+    "publisher has an allow-list (default: a throwaway keypair)."
+)
 SECRET_HELP = "CURVE: serve encrypted, with this server certificate (NAME.key_secret); consumers need NAME.key."
-ALLOW_HELP = ("CURVE: only clients whose public certificate (*.key) is in this directory may connect "
-              "(default with --curve-secret: any client holding the server's public key).")
+ALLOW_HELP = (
+    "CURVE: only clients whose public certificate (*.key) is in this directory may connect "
+    "(default with --curve-secret: any client holding the server's public key)."
+)
 
 
 @keys_app.command("generate")

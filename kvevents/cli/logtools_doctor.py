@@ -16,10 +16,14 @@ from kvevents.cli.logtools_common import print_checks
 @app.command("doctor")
 def doctor_cmd(
     endpoint: Optional[str] = typer.Argument(None, help="The publisher's live endpoint, e.g. tcp://127.0.0.1:5557."),
-    nats_url: Optional[str] = typer.Option(None, "--nats", help="Check a NATS JetStream stream (URL) instead of an endpoint."),
+    nats_url: Optional[str] = typer.Option(
+        None, "--nats", help="Check a NATS JetStream stream (URL) instead of an endpoint."
+    ),
     stream: str = typer.Option("kvevents", "--stream", help="With --nats: the JetStream stream name."),
     replay: Optional[str] = typer.Option(None, "--replay", help="Its replay endpoint (replay, snapshot, describe)."),
-    page_size: Optional[int] = typer.Option(None, "--page-size", "-p", help="Page size, to recompute published hashes."),
+    page_size: Optional[int] = typer.Option(
+        None, "--page-size", "-p", help="Page size, to recompute published hashes."
+    ),
     topic: Optional[str] = typer.Option(None, "--topic", help="The topic your consumer subscribes to."),
     timeout: float = typer.Option(3.0, "--timeout", help="Seconds to listen (and to wait for each answer)."),
     salt: list[str] = typer.Option([], "--salt", help="A tenant cache_salt chain heads may be seeded with."),
@@ -49,7 +53,9 @@ def doctor_cmd(
     from kvevents.transport.security import client_context
 
     ctx = client_context(curve_client(curve_server_key, curve_client_cert))  # CURVE: every probe socket a client
-    rep = run_doctor(endpoint, replay=replay, page_size=page_size, topic=topic, timeout=timeout, salts=salt, context=ctx)
+    rep = run_doctor(
+        endpoint, replay=replay, page_size=page_size, topic=topic, timeout=timeout, salts=salt, context=ctx
+    )
     if as_json:
         sys.stdout.write(json.dumps(rep.as_dict(), default=str) + "\n")
     else:

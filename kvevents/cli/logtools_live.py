@@ -1,7 +1,7 @@
 """`kvevents record` and `kvevents replay`: capture live streams to a log, publish a log again.
 
 Thin faces over kvevents.recordlog (format, pacing), kvevents.subscriber (gap repair),
-kvevents.publisher (publish_payload keeps the original bytes) and consumers.indexer.
+kvevents.publisher (publish_payload keeps the original bytes) and kvevents.consumers.indexer.
 """
 
 from __future__ import annotations
@@ -29,20 +29,29 @@ SILENCE_HINT_S = 3.0  # nothing received for this long: print what to check
 def record_cmd(
     publisher: list[str] = typer.Option([], "--publisher", help="NAME=ENDPOINT[,REPLAY] (repeatable)."),
     output: str = typer.Option(..., "--output", "-o", help="Record log file to write."),
-    nats_url: Optional[str] = typer.Option(None, "--nats", help="Record a NATS JetStream stream (kvevents bridge) instead: server URL(s)."),
+    nats_url: Optional[str] = typer.Option(
+        None, "--nats", help="Record a NATS JetStream stream (kvevents bridge) instead: server URL(s)."
+    ),
     stream: str = typer.Option("kvevents", "--stream", help="With --nats: the JetStream stream name."),
-    durable: Optional[str] = typer.Option(None, "--durable", help="With --nats: a durable consumer name; "
-                                          "with --append, recording resumes where it stopped."),
+    durable: Optional[str] = typer.Option(
+        None,
+        "--durable",
+        help="With --nats: a durable consumer name; with --append, recording resumes where it stopped.",
+    ),
     count: Optional[int] = typer.Option(None, "--count", "-n", help="Stop after N batches (heartbeats count)."),
     duration: Optional[float] = typer.Option(None, "--duration", "-d", help="Stop after S seconds."),
     topic: str = typer.Option("", "--topic", help="ZeroMQ topic prefix to subscribe to (default: all)."),
     append: bool = typer.Option(False, "--append", help="Append to an existing log (a torn tail is cut first)."),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
     fsync: bool = typer.Option(False, "--fsync", help="fsync every record (survives power loss; slower)."),
-    start: str = typer.Option("snapshot", "--from", help="Where the log starts. snapshot (default): a reset "
-                              "marker and the publisher's KVE/SNAPSHOT, then the batches after it (a publisher "
-                              "without a replay endpoint or without snapshots: as oldest); oldest: the "
-                              "publisher's kept history first; now: nothing before the first live batch."),
+    start: str = typer.Option(
+        "snapshot",
+        "--from",
+        help="Where the log starts. snapshot (default): a reset "
+        "marker and the publisher's KVE/SNAPSHOT, then the batches after it (a publisher "
+        "without a replay endpoint or without snapshots: as oldest); oldest: the "
+        "publisher's kept history first; now: nothing before the first live batch.",
+    ),
     curve_server_key: list[str] = typer.Option([], "--curve-server-key", help=SERVER_KEYS_HELP),
     curve_client_cert: Optional[str] = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
 ) -> None:
@@ -72,18 +81,32 @@ def record_cmd(
     if nats_url is not None:  # kvevents.cli.nats: the JetStream feed, resuming at the log's positions
         from kvevents.cli.nats import jetstream_source, record_positions
 
-        sub = jetstream_source(nats_url, stream, "record", on_delivery=rec.on_delivery, on_reset=rec.on_reset,
-                               durable=durable, resume=record_positions(output) if append else None)
+        sub = jetstream_source(
+            nats_url,
+            stream,
+            "record",
+            on_delivery=rec.on_delivery,
+            on_reset=rec.on_reset,
+            durable=durable,
+            resume=record_positions(output) if append else None,
+        )
     else:
         # --from now: the subscriber starts each stream at its first live batch (no history replayed
         # only to be left out); --from snapshot stays the Recorder's (it falls back to oldest)
-        sub = Subscriber(sources, topic=topic, on_delivery=rec.on_delivery, on_reset=rec.on_reset,
-                         start="now" if start == "now" else "oldest")
+        sub = Subscriber(
+            sources,
+            topic=topic,
+            on_delivery=rec.on_delivery,
+            on_reset=rec.on_reset,
+            start="now" if start == "now" else "oldest",
+        )
     econ = err_console()
     interrupted = False
     log_to_stderr()
     for s in sources:
-        _say(f"connecting to {s.name} at {s.endpoint}" + (f" (replay {s.replay_endpoint})" if s.replay_endpoint else ""))
+        _say(
+            f"connecting to {s.name} at {s.endpoint}" + (f" (replay {s.replay_endpoint})" if s.replay_endpoint else "")
+        )
     t0 = time.monotonic()
     try:
         for item in sub.poll(0):  # opens the sockets here: a bad endpoint is one error line, exit 2
@@ -93,12 +116,23 @@ def record_cmd(
         t0 = time.monotonic()  # the recording window starts once the snapshots are in
         deadline = None if duration is None else t0 + duration
         sub.start()
-        out_console().print(f"recording {len(sources)} source(s) -> {output}"
-                            + (f" until {count} batches" if count else "")
-                            + (f" or {duration:g}s" if duration else "") + " (Ctrl-C stops)", highlight=False)
+        out_console().print(
+            f"recording {len(sources)} source(s) -> {output}"
+            + (f" until {count} batches" if count else "")
+            + (f" or {duration:g}s" if duration else "")
+            + " (Ctrl-C stops)",
+            highlight=False,
+        )
         sys.stdout.flush()
-        with Progress(TextColumn("recording"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=econ, disable=not econ.is_terminal, transient=True) as prog:
+        with Progress(
+            TextColumn("recording"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=econ,
+            disable=not econ.is_terminal,
+            transient=True,
+        ) as prog:
             task = prog.add_task("record", total=count)
             hinted = skip_told = False
             while not rec.done.is_set():
@@ -132,9 +166,13 @@ def record_cmd(
         + f" and {rec.resets} resets from {len(sources)} source(s) in {elapsed:.2f}s -> {output} ({size} bytes); "
         f"repaired gaps {counters.get('gaps', 0)}, replayed {counters.get('replayed', 0)}, "
         f"snapshot batches {counters.get('snapshot_batches', 0)}, losses {counters.get('losses', 0)}"
-        + (f", left out {rec.history_dropped} from before the start (--from {start})" if rec.history_dropped
-           else " (history before the first live batch left out: --from now)" if start == "now" and nats_url is None
-           else "")
+        + (
+            f", left out {rec.history_dropped} from before the start (--from {start})"
+            if rec.history_dropped
+            else " (history before the first live batch left out: --from now)"
+            if start == "now" and nats_url is None
+            else ""
+        )
         + (f", skipped {rec.skipped} that could not be stored" if rec.skipped else "")
         + (" (interrupted)" if interrupted else ""),
         highlight=False,
@@ -160,9 +198,11 @@ def _silence_hint(sources: list[Any], topic: str) -> str:
         return "is a kvevents bridge feeding the stream? `kvevents doctor --nats URL --stream NAME` checks it"
     s = sources[0]
     doctor = f"kvevents doctor {s.endpoint}" + (f" --replay {s.replay_endpoint}" if s.replay_endpoint else "")
-    return (f"is a publisher running and bound at {s.endpoint}"
-            + (f", does its topic start with {topic!r}" if topic else "")
-            + f"? `{doctor}` checks the address, the topic and the replay endpoint")
+    return (
+        f"is a publisher running and bound at {s.endpoint}"
+        + (f", does its topic start with {topic!r}" if topic else "")
+        + f"? `{doctor}` checks the address, the topic and the replay endpoint"
+    )
 
 
 def _begin_with_snapshots(rec: Recorder, sources: list[Any]) -> None:
@@ -176,8 +216,10 @@ def _begin_with_snapshots(rec: Recorder, sources: list[Any]) -> None:
         try:
             payloads, seq = snapshot(s.replay_endpoint, timeout=SNAPSHOT_TIMEOUT_S, context=client_context(s.curve))
         except EngineRequestError as exc:
-            warn(f"{s.name}: no snapshot ({exc}; a publisher with snapshots=False sends none): "
-                 "recording from its oldest kept batch")
+            warn(
+                f"{s.name}: no snapshot ({exc}; a publisher with snapshots=False sends none): "
+                "recording from its oldest kept batch"
+            )
             continue
         rec.begin_with_snapshot(str(s.name), payloads, seq, endpoint=s.endpoint)
 
@@ -203,17 +245,29 @@ def _scan_sources(path: str, **sel: Any) -> tuple[int, dict[str, int]]:
 @app.command("replay")
 def replay_cmd(
     file: str = typer.Argument(..., help="Record log to replay."),
-    to: str = typer.Option(..., "--to", help="Publish on this endpoint, e.g. tcp://127.0.0.1:6557 (bound: tail, route or record connect to it)."),
-    bind: bool = typer.Option(True, "--bind/--connect", help="Bind --to (default: a replayer is a publisher for others to reach), or connect to a consumer that binds."),
+    to: str = typer.Option(
+        ...,
+        "--to",
+        help="Publish on this endpoint, e.g. tcp://127.0.0.1:6557 (bound: tail, route or record connect to it).",
+    ),
+    bind: bool = typer.Option(
+        True,
+        "--bind/--connect",
+        help="Bind --to (default: a replayer is a publisher for others to reach), or connect to a consumer that binds.",
+    ),
     replay_endpoint: Optional[str] = typer.Option(None, "--replay-endpoint", help="Also serve replay/snapshot here."),
     speed: str = typer.Option("1", "--speed", help="1 (recorded timing), 10 (ten times faster), ..., or max."),
     from_seq: Optional[int] = typer.Option(None, "--from-seq", help="First recorded seq to replay."),
     to_seq: Optional[int] = typer.Option(None, "--to-seq", help="Last recorded seq to replay."),
     loop: bool = typer.Option(False, "--loop", help="Replay again and again (Ctrl-C stops)."),
-    source: Optional[str] = typer.Option(None, "--source", help="Only this recorded source (needed when the log has several)."),
+    source: Optional[str] = typer.Option(
+        None, "--source", help="Only this recorded source (needed when the log has several)."
+    ),
     topic: Optional[str] = typer.Option(None, "--topic", help="Publisher topic (default: the recorded one)."),
     delay: float = typer.Option(0.5, "--delay", help="Seconds to wait before the first batch (subscribers join)."),
-    linger: float = typer.Option(2.0, "--linger", help="Seconds to keep serving (heartbeats, replay) after the last batch."),
+    linger: float = typer.Option(
+        2.0, "--linger", help="Seconds to keep serving (heartbeats, replay) after the last batch."
+    ),
     heartbeat: float = typer.Option(1.0, "--heartbeat", help="Publisher heartbeat interval in seconds (0: off)."),
 ) -> None:
     """Republish a record log through a real Publisher (new seqs, original payload bytes).
@@ -228,8 +282,10 @@ def replay_cmd(
             user_error(f"source {source!r} is not in {file} (sources: {', '.join(sorted(by_source)) or 'none'})")
         total = by_source[source]
     elif len(by_source) > 1:
-        user_error(f"{file} holds {len(by_source)} sources ({', '.join(sorted(by_source))}): one endpoint "
-                   f"replays one publisher, pick it with --source NAME")
+        user_error(
+            f"{file} holds {len(by_source)} sources ({', '.join(sorted(by_source))}): one endpoint "
+            f"replays one publisher, pick it with --source NAME"
+        )
     if total == 0:
         user_error(f"no record of {file} to replay (check --from-seq/--to-seq)")
     _publish_log(file, to, replay_endpoint, rate, sel, source, topic, loop, total, delay, linger, heartbeat, bind)
@@ -237,16 +293,30 @@ def replay_cmd(
 
 @app.command("fetch")
 def fetch_cmd(
-    endpoint: Optional[str] = typer.Argument(None, help="A publisher's replay endpoint (its ROUTER), e.g. tcp://127.0.0.1:5558."),
+    endpoint: Optional[str] = typer.Argument(
+        None, help="A publisher's replay endpoint (its ROUTER), e.g. tcp://127.0.0.1:5558."
+    ),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="The record log to write."),
     since: int = typer.Option(0, "--since", min=0, help="With ENDPOINT: the first seq to ask for."),
-    name: Optional[str] = typer.Option(None, "--name", help="With ENDPOINT: source name to record (default: the endpoint)."),
+    name: Optional[str] = typer.Option(
+        None, "--name", help="With ENDPOINT: source name to record (default: the endpoint)."
+    ),
     force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
     timeout: float = typer.Option(3.0, "--timeout", help="With ENDPOINT: seconds to wait for each reply."),
-    nats_url: Optional[str] = typer.Option(None, "--nats", help="Read a NATS JetStream stream (URL) instead of an endpoint."),
+    nats_url: Optional[str] = typer.Option(
+        None, "--nats", help="Read a NATS JetStream stream (URL) instead of an endpoint."
+    ),
     stream: str = typer.Option("kvevents", "--stream", help="With --nats: the JetStream stream name."),
-    back: Optional[float] = typer.Option(None, "--back", help="With --nats: only the live batches of the last N seconds (default: snapshot + tail, as a cold router reads it)."),
-    into_index: bool = typer.Option(False, "--into-index", help="With --nats: rebuild a block index and print its summary (instead of, or besides, -o)."),
+    back: Optional[float] = typer.Option(
+        None,
+        "--back",
+        help="With --nats: only the live batches of the last N seconds (default: snapshot + tail, as a cold router reads it).",
+    ),
+    into_index: bool = typer.Option(
+        False,
+        "--into-index",
+        help="With --nats: rebuild a block index and print its summary (instead of, or besides, -o).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="With --into-index: print the summary as JSON."),
 ) -> None:
     """Pull a publisher's replay buffer (ENDPOINT, from seq --since) or what a JetStream stream holds
@@ -269,9 +339,21 @@ def fetch_cmd(
     _fetch(endpoint, since, output, name or endpoint, timeout)
 
 
-def _publish_log(file: str, to: str, replay_ep: str | None, rate: float | None, sel: dict[str, Any],
-                 source: str | None, topic: str | None, loop: bool, total: int, delay: float, linger: float,
-                 heartbeat: float, bind: bool | None) -> None:
+def _publish_log(
+    file: str,
+    to: str,
+    replay_ep: str | None,
+    rate: float | None,
+    sel: dict[str, Any],
+    source: str | None,
+    topic: str | None,
+    loop: bool,
+    total: int,
+    delay: float,
+    linger: float,
+    heartbeat: float,
+    bind: bool | None,
+) -> None:
     from kvevents.publisher import Publisher, PublisherConfig
     from kvevents.transport.wire import should_bind
 
@@ -284,8 +366,9 @@ def _publish_log(file: str, to: str, replay_ep: str | None, rate: float | None, 
         topic = first.topic if first is not None else ""
     # the recorded stream's epoch: our heartbeats and snapshots then agree with the replayed payloads
     epoch = first.epoch if first is not None and first.epoch is not None and 0 <= first.epoch < 2**63 else None
-    cfg = PublisherConfig(endpoint=to, replay_endpoint=replay_ep, topic=topic, heartbeat_interval_s=heartbeat, bind=bind,
-                          epoch=epoch)
+    cfg = PublisherConfig(
+        endpoint=to, replay_endpoint=replay_ep, topic=topic, heartbeat_interval_s=heartbeat, bind=bind, epoch=epoch
+    )
     pub = Publisher(cfg)
     econ = err_console()
     sent = skipped = loops = 0
@@ -293,15 +376,24 @@ def _publish_log(file: str, to: str, replay_ep: str | None, rate: float | None, 
     try:
         verb = "binds" if should_bind(to, bind) else "connects to"
         out_console().print(
-            f"replaying {file} -> {pub.endpoint}" + (f" (replay {pub.replay_endpoint})" if pub.replay_endpoint else "")
+            f"replaying {file} -> {pub.endpoint}"
+            + (f" (replay {pub.replay_endpoint})" if pub.replay_endpoint else "")
             + f", {total} batches, speed {'max' if rate is None else f'{rate:g}x'} (publisher {verb} it)",
             highlight=False,
         )
         sys.stdout.flush()
         if delay > 0:
             time.sleep(delay)
-        with Progress(TextColumn("replay"), BarColumn(), MofNCompleteColumn(), TextColumn("eta"),
-                      TimeRemainingColumn(), console=econ, disable=not econ.is_terminal, transient=False) as prog:
+        with Progress(
+            TextColumn("replay"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=econ,
+            disable=not econ.is_terminal,
+            transient=False,
+        ) as prog:
             task = prog.add_task("replay", total=total)
             again = True
             while again:
@@ -329,8 +421,11 @@ def _publish_log(file: str, to: str, replay_ep: str | None, rate: float | None, 
     finally:
         pub.close()
     el = time.monotonic() - t0
-    out_console().print(f"replayed {sent} batches ({loops} pass{'es' if loops > 1 else ''}, {skipped} undecodable "
-                        f"skipped) in {el:.2f}s", highlight=False)
+    out_console().print(
+        f"replayed {sent} batches ({loops} pass{'es' if loops > 1 else ''}, {skipped} undecodable "
+        f"skipped) in {el:.2f}s",
+        highlight=False,
+    )
 
 
 def _fetch(endpoint: str, since: int, output: str, name: str, timeout: float) -> None:
@@ -349,8 +444,16 @@ def _fetch(endpoint: str, since: int, output: str, name: str, timeout: float) ->
                 epoch, rank = b.epoch, b.data_parallel_rank
             except DecodeError:
                 epoch = rank = None
-            w.write(payload, source=name, endpoint=endpoint, topic=topic.decode("utf-8", "replace"), seq=seq,
-                    epoch=epoch, dp_rank=rank, kind="replay")
+            w.write(
+                payload,
+                source=name,
+                endpoint=endpoint,
+                topic=topic.decode("utf-8", "replace"),
+                seq=seq,
+                epoch=epoch,
+                dp_rank=rank,
+                kind="replay",
+            )
             first = seq if first is None else first
             last = seq
             n += 1
@@ -362,7 +465,7 @@ def _fetch(endpoint: str, since: int, output: str, name: str, timeout: float) ->
     w.close()
     if first is not None and first > since:
         warn(f"asked from seq {since} but the oldest kept batch is seq {first}: {first - since} batches are gone")
-    out_console().print(f"fetched {n} batches" + (f" (seqs {first}..{last})" if n else "") + f" from {endpoint} -> {output}",
-                        highlight=False)
-
-
+    out_console().print(
+        f"fetched {n} batches" + (f" (seqs {first}..{last})" if n else "") + f" from {endpoint} -> {output}",
+        highlight=False,
+    )

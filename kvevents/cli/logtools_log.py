@@ -27,9 +27,15 @@ def inspect_cmd(
     verify: bool = typer.Option(False, "--verify", help="Check the contract over the whole log (needs --page-size)."),
     page_size: Optional[int] = typer.Option(None, "--page-size", "-p", help="Tokens per page, for --verify."),
     salt: list[str] = typer.Option([], "--salt", help="A cache_salt a chain head may be seeded with (repeatable)."),
-    profile: str = typer.Option("contract", "--profile", help="--verify against: contract, or a vLLM 0.33 stream: vllm "
-                                "(structure, links), vllm-sha256 | vllm-sha256_cbor (hashes too; PYTHONHASHSEED if set)."),
-    lora_path: list[str] = typer.Option([], "--lora-path", help="vLLM profiles: NAME=PATH of a LoRA adapter (repeatable)."),
+    profile: str = typer.Option(
+        "contract",
+        "--profile",
+        help="--verify against: contract, or a vLLM 0.33 stream: vllm "
+        "(structure, links), vllm-sha256 | vllm-sha256_cbor (hashes too; PYTHONHASHSEED if set).",
+    ),
+    lora_path: list[str] = typer.Option(
+        [], "--lora-path", help="vLLM profiles: NAME=PATH of a LoRA adapter (repeatable)."
+    ),
 ) -> None:
     """Counts by event type, medium and source; seq gaps and epochs; time span and rates.
 
@@ -77,11 +83,16 @@ def _render_stats(st: LogStats) -> None:
     c.print(f"[bold]{st.path}[/]: {st.records} records, {st.size} bytes, payload {st.payload_bytes} bytes")
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(st.kinds.items())) or "-"
     c.print(f"kinds: {kinds}")
-    clock = ("per second of the live and replayed batches' own timestamps, over "
-             f"{st.batch_span_s:.3f} s" if st.rate_clock == "batch_ts" else "per second of receive time")
-    c.print(f"received over {st.duration_s:.3f} s; rates ({clock}): {r['records_per_s']:.1f} records/s, "
-            f"{r['events_per_s']:.1f} events/s, {r['blocks_per_s']:.1f} blocks/s, {r['bytes_per_s'] / 1e6:.3f} MB/s",
-            highlight=False)
+    clock = (
+        f"per second of the live and replayed batches' own timestamps, over {st.batch_span_s:.3f} s"
+        if st.rate_clock == "batch_ts"
+        else "per second of receive time"
+    )
+    c.print(
+        f"received over {st.duration_s:.3f} s; rates ({clock}): {r['records_per_s']:.1f} records/s, "
+        f"{r['events_per_s']:.1f} events/s, {r['blocks_per_s']:.1f} blocks/s, {r['bytes_per_s'] / 1e6:.3f} MB/s",
+        highlight=False,
+    )
     evs = ", ".join(f"{k} {n}" for k, n in sorted(st.event_types.items())) or "-"
     c.print(f"events: {evs}; blocks stored {st.blocks.get('stored', 0)}, removed {st.blocks.get('removed', 0)}")
     if st.decode_errors:
@@ -93,26 +104,55 @@ def _render_stats(st: LogStats) -> None:
         for col in ("medium", "stored events", "stored blocks", "removed events", "removed blocks"):
             t.add_column(col, justify="right" if col != "medium" else "left")
         for m, cnt in sorted(st.media.items()):
-            t.add_row(m, *(str(cnt.get(k, 0)) for k in ("stored_events", "stored_blocks", "removed_events", "removed_blocks")))
+            t.add_row(
+                m, *(str(cnt.get(k, 0)) for k in ("stored_events", "stored_blocks", "removed_events", "removed_blocks"))
+            )
         c.print(t)
     if st.sources:
         t = Table(title="by source", show_edge=False, header_style="bold")
-        for col in ("source", "endpoint", "records", "events", "heartbeats", "stored", "removed", "clears",
-                    "seqs", "gaps (missing)", "resets", "epochs"):
+        for col in (
+            "source",
+            "endpoint",
+            "records",
+            "events",
+            "heartbeats",
+            "stored",
+            "removed",
+            "clears",
+            "seqs",
+            "gaps (missing)",
+            "resets",
+            "epochs",
+        ):
             t.add_column(col)
         for name, s in st.sources.items():
             seqs = "-" if s.first_seq is None else f"{s.first_seq}..{s.last_seq}"
-            t.add_row(name, ",".join(sorted(s.endpoints)), str(s.records), str(s.events), str(s.heartbeats),
-                      str(s.stored_blocks), str(s.removed_blocks), str(s.clears), seqs,
-                      f"{s.gaps} ({s.missing_seqs})", str(s.resets), ",".join(str(e) for e in s.epochs) or "-")
+            t.add_row(
+                name,
+                ",".join(sorted(s.endpoints)),
+                str(s.records),
+                str(s.events),
+                str(s.heartbeats),
+                str(s.stored_blocks),
+                str(s.removed_blocks),
+                str(s.clears),
+                seqs,
+                f"{s.gaps} ({s.missing_seqs})",
+                str(s.resets),
+                ",".join(str(e) for e in s.epochs) or "-",
+            )
         c.print(t)
     for g in st.gaps[:MAX_SHOWN]:
-        c.print(f"[yellow]gap[/] record {g['record']} {g['source']} rank {g['dp_rank']}: seq {g['after']} -> "
-                f"{g['seq']} ({g['missing']} missing)")
+        c.print(
+            f"[yellow]gap[/] record {g['record']} {g['source']} rank {g['dp_rank']}: seq {g['after']} -> "
+            f"{g['seq']} ({g['missing']} missing)"
+        )
     for g in st.seq_anomalies[:MAX_SHOWN]:
         c.print(f"[yellow]{g['what']} seq[/] record {g['record']} {g['source']}: {g['after']} -> {g['seq']}")
     for g in st.epoch_changes[:MAX_SHOWN]:
-        c.print(f"[yellow]epoch change[/] record {g['record']} {g['source']}: now {g['epoch']} (seq {g['after']} -> {g['seq']})")
+        c.print(
+            f"[yellow]epoch change[/] record {g['record']} {g['source']}: now {g['epoch']} (seq {g['after']} -> {g['seq']})"
+        )
     for g in st.resets[:MAX_SHOWN]:
         c.print(f"reset record {g['record']} {g['source']} rank {g['dp_rank']}: {g['reason']}")
     for d in st.damage:
@@ -131,8 +171,10 @@ def _render_verify(rep: VerifyReport) -> None:
         c.print(f"violation {v}", markup=False, highlight=False)
     skipped = _skipped(rep.damage)
     if rep.ok and skipped:
-        c.print(f"[yellow]verify: no contract violation in the records read, but {skipped} were skipped "
-                "unchecked (see the damage warnings)[/]")
+        c.print(
+            f"[yellow]verify: no contract violation in the records read, but {skipped} were skipped "
+            "unchecked (see the damage warnings)[/]"
+        )
     elif rep.ok:
         c.print("[green]verify: OK, no contract violation[/]")
     else:
@@ -145,7 +187,9 @@ def _skipped(damage: list) -> str:
     for kind, label in (("corrupt", "corrupt region"), ("torn", "torn tail")):
         ds = [d for d in damage if d.kind == kind]
         if ds:
-            where = ", ".join(f"{d.length} bytes at offset {d.offset}" for d in ds[:3]) + (", ..." if len(ds) > 3 else "")
+            where = ", ".join(f"{d.length} bytes at offset {d.offset}" for d in ds[:3]) + (
+                ", ..." if len(ds) > 3 else ""
+            )
             parts.append(f"{len(ds)} {label}{'s' if len(ds) > 1 else ''} ({where})")
     return " and ".join(parts)
 
@@ -163,8 +207,10 @@ def repair_cmd(
     if res.header_damaged:
         c.print(f"{file}: damaged file header " + ("would be rewritten" if dry_run else "rewritten"))
     if res.torn_bytes:
-        c.print(f"{file}: {verb} a torn tail of {res.torn_bytes} bytes; {res.records} valid records kept "
-                f"({res.size_before} -> {res.size_after} bytes)")
+        c.print(
+            f"{file}: {verb} a torn tail of {res.torn_bytes} bytes; {res.records} valid records kept "
+            f"({res.size_before} -> {res.size_after} bytes)"
+        )
     for d in res.corrupt:
         what = "dropped" if res.rewritten else "kept (readers skip it; --drop-corrupt rewrites)"
         c.print(f"{file}: corrupt region of {d.length} bytes at offset {d.offset}: {what}")
@@ -175,7 +221,9 @@ def repair_cmd(
 @log_app.command("export")
 def export_cmd(
     file: str = typer.Argument(..., help="Record log file."),
-    jsonl: bool = typer.Option(True, "--jsonl", help="One JSON object per record: the only format so far, and the default."),
+    jsonl: bool = typer.Option(
+        True, "--jsonl", help="One JSON object per record: the only format so far, and the default."
+    ),
     payload: bool = typer.Option(False, "--payload", help="Include the exact payload bytes as base64."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
 ) -> None:
@@ -201,26 +249,40 @@ def index_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Rebuild a BlockIndex offline from a log (resets applied) and print what it holds."""
-    from consumers.indexer import BlockIndex
+    from kvevents.consumers.indexer import BlockIndex
 
     index = BlockIndex()
     res = apply_log(file, index.apply, lambda src, rank: index.drop_source(src, rank), on_damage=warn_damage)
     n, resets, bad, el = res.records, res.resets, res.decode_errors, res.seconds
     summary = {
-        "file": file, "records": n, "resets": resets, "decode_errors": bad, "seconds": round(el, 4),
-        "copies": len(index), "entries": index.distinct_hashes, "workers": index.block_counts(),
-        "media": index.medium_counts(), "counters": index.stats(),
+        "file": file,
+        "records": n,
+        "resets": resets,
+        "decode_errors": bad,
+        "seconds": round(el, 4),
+        "copies": len(index),
+        "entries": index.distinct_hashes,
+        "workers": index.block_counts(),
+        "media": index.medium_counts(),
+        "counters": index.stats(),
     }
     if as_json:
         sys.stdout.write(json.dumps(summary) + "\n")
         return
     c = out_console()
-    c.print(f"rebuilt a BlockIndex from {file}: {n} records ({resets} resets, {bad} undecodable) in {el:.3f}s",
-            highlight=False)
-    c.print(f"{len(index)} block copies, {index.distinct_hashes} distinct hashes, media: "
-            + (", ".join(f"{m} {k}" for m, k in sorted(index.medium_counts().items())) or "-"), highlight=False)
+    c.print(
+        f"rebuilt a BlockIndex from {file}: {n} records ({resets} resets, {bad} undecodable) in {el:.3f}s",
+        highlight=False,
+    )
+    c.print(
+        f"{len(index)} block copies, {index.distinct_hashes} distinct hashes, media: "
+        + (", ".join(f"{m} {k}" for m, k in sorted(index.medium_counts().items())) or "-"),
+        highlight=False,
+    )
     for label, per in index.block_counts().items():
-        c.print(f"  {label}: " + (", ".join(f"{m} {k}" for m, k in sorted(per.items())) or "no blocks"), highlight=False)
+        c.print(
+            f"  {label}: " + (", ".join(f"{m} {k}" for m, k in sorted(per.items())) or "no blocks"), highlight=False
+        )
     odd = {k: v for k, v in index.stats().items() if k not in ("copies", "entries", "workers", "batches") and v}
     if odd:
         c.print("counters: " + ", ".join(f"{k} {v}" for k, v in sorted(odd.items())), highlight=False)

@@ -19,8 +19,14 @@ from kvevents.cli.keys import CLIENT_CERT_HELP, SERVER_KEYS_HELP, with_curve
 from kvevents.cli.logtools_common import log_to_stderr, print_checks
 
 
-def nats_options(url: str, creds: Optional[str] = None, tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
-                 tls_key: Optional[str] = None, name: str = "kvevents"):  # -> NatsOptions
+def nats_options(
+    url: str,
+    creds: Optional[str] = None,
+    tls_ca: Optional[str] = None,
+    tls_cert: Optional[str] = None,
+    tls_key: Optional[str] = None,
+    name: str = "kvevents",
+):  # -> NatsOptions
     """NatsOptions from the command line; a malformed URL or a missing file is a user error (exit 2).
 
     Credentials and TLS files not given as flags come from KVEVENTS_NATS_CREDS, KVEVENTS_NATS_TLS_CA,
@@ -62,11 +68,15 @@ GIVE_UP_HELP = "Exit 2 if NATS is still unreachable after S seconds (default: re
 
 @app.command("bridge")
 def bridge_cmd(
-    publisher: list[str] = typer.Option(..., "--publisher", help="NAME=ENDPOINT[,REPLAY_ENDPOINT]; repeat for every engine."),
+    publisher: list[str] = typer.Option(
+        ..., "--publisher", help="NAME=ENDPOINT[,REPLAY_ENDPOINT]; repeat for every engine."
+    ),
     nats_url: str = typer.Option("nats://127.0.0.1:4222", "--nats", help="NATS server URL(s), comma-separated."),
     stream: str = typer.Option("kvevents", "--stream", help="JetStream stream name (subjects kvevents.<stream>.>)."),
     snapshot_every: float = typer.Option(30.0, "--snapshot-every", help="Seconds between snapshots stored per engine."),
-    max_age: float = typer.Option(3600.0, "--max-age", help="Seconds live batches are kept (when creating the stream)."),
+    max_age: float = typer.Option(
+        3600.0, "--max-age", help="Seconds live batches are kept (when creating the stream)."
+    ),
     max_bytes: Optional[int] = typer.Option(None, "--max-bytes", help="Stream size cap in bytes (when creating it)."),
     replicas: int = typer.Option(1, "--replicas", help="Stream replicas in a NATS cluster (when creating it)."),
     storage: str = typer.Option("file", "--storage", help="file or memory (when creating the stream)."),
@@ -93,8 +103,10 @@ def bridge_cmd(
     if snapshot_every <= 0:
         user_error(f"--snapshot-every must be > 0, got {snapshot_every:g}")
     if snapshot_every >= max_age:
-        user_error(f"--snapshot-every ({snapshot_every:g}s) must be below --max-age ({max_age:g}s): "
-                   "otherwise a cold start can find no snapshot")
+        user_error(
+            f"--snapshot-every ({snapshot_every:g}s) must be below --max-age ({max_age:g}s): "
+            "otherwise a cold start can find no snapshot"
+        )
     if storage not in ("file", "memory"):
         user_error(f"--storage must be file or memory, got {storage!r}")
     if replicas < 1:
@@ -103,9 +115,16 @@ def bridge_cmd(
     with_curve(sources, curve_server_key, curve_client_cert)  # engines' CURVE keys (live, replay, snapshots)
     opts = nats_options(nats_url, creds, tls_ca, tls_cert, tls_key, name="kvevents-bridge")
     log_to_stderr()
-    bridge = Bridge(sources, stream, opts, snapshot_every_s=snapshot_every,
-                    stream_options=StreamOptions(max_age, max_bytes, replicas, storage), create_stream=create,
-                    on_unreachable=lambda m: say("bridge", m), give_up_after_s=give_up_after)
+    bridge = Bridge(
+        sources,
+        stream,
+        opts,
+        snapshot_every_s=snapshot_every,
+        stream_options=StreamOptions(max_age, max_bytes, replicas, storage),
+        create_stream=create,
+        on_unreachable=lambda m: say("bridge", m),
+        give_up_after_s=give_up_after,
+    )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -120,15 +139,21 @@ def bridge_cmd(
                 break
             if not announced and bridge.wait_connected(0):
                 announced = True
-                say("bridge", f"{len(sources)} engine(s) -> {opts.redacted()} stream {stream} "
-                              f"(snapshots every {snapshot_every:g}s); Ctrl-C to stop")
+                say(
+                    "bridge",
+                    f"{len(sources)} engine(s) -> {opts.redacted()} stream {stream} "
+                    f"(snapshots every {snapshot_every:g}s); Ctrl-C to stop",
+                )
             if status_every > 0 and now >= next_status and announced:
                 next_status = now + status_every
                 c = bridge.counters()
-                say("bridge", f"published {c.get('live_published', 0)} batches ({c.get('duplicates_dropped', 0)} "
-                              f"already stored), snapshots {c.get('snapshots_stored', 0)}, publish retries "
-                              f"{c.get('publish_retries', 0)}, engine gaps repaired {c.get('subscriber_replayed', 0)}, "
-                              f"losses {c.get('subscriber_losses', 0)}")
+                say(
+                    "bridge",
+                    f"published {c.get('live_published', 0)} batches ({c.get('duplicates_dropped', 0)} "
+                    f"already stored), snapshots {c.get('snapshots_stored', 0)}, publish retries "
+                    f"{c.get('publish_retries', 0)}, engine gaps repaired {c.get('subscriber_replayed', 0)}, "
+                    f"losses {c.get('subscriber_losses', 0)}",
+                )
             if duration is not None and now - t0 >= duration:
                 break
     finally:
@@ -138,6 +163,7 @@ def bridge_cmd(
 
 
 # ---------------------------------------------------------------- faces for the other commands
+
 
 def jetstream_source(url: str, stream: str, prog: str, **options: object):  # -> JetStreamSource
     """A JetStreamSource for `route --nats` / `record --nats` (one-line notice while NATS is unreachable)."""
@@ -163,8 +189,15 @@ def record_positions(path: str) -> dict:
     return positions_from_records(select_records(path, on_damage=lambda d: None))
 
 
-def replay_from_nats(url: str, stream: str, since_s: float | None, output: str | None, into_index: bool,
-                     as_json: bool, timeout: float = 30.0) -> None:
+def replay_from_nats(
+    url: str,
+    stream: str,
+    since_s: float | None,
+    output: str | None,
+    into_index: bool,
+    as_json: bool,
+    timeout: float = 30.0,
+) -> None:
     """`fetch --nats`: what the stream holds, as a cold router reads it (snapshot + tail) or,
     with --since, the live batches stored in the last N seconds; into a record log (-o) or an index."""
     import json
@@ -177,7 +210,7 @@ def replay_from_nats(url: str, stream: str, since_s: float | None, output: str |
         user_error(f"--back (seconds) must be > 0, got {since_s:g}")
     index = writer = rec = None
     if into_index:
-        from consumers.indexer import BlockIndex
+        from kvevents.consumers.indexer import BlockIndex
 
         index = BlockIndex()
     if output is not None:
@@ -185,8 +218,9 @@ def replay_from_nats(url: str, stream: str, since_s: float | None, output: str |
 
         writer = RecordWriter(output, durability="buffered")
         rec = Recorder(writer)
-    src = jetstream_source(url, stream, "replay", start_time=None if since_s is None else time.time() - since_s,
-                           give_up_after_s=timeout)
+    src = jetstream_source(
+        url, stream, "replay", start_time=None if since_s is None else time.time() - since_s, give_up_after_s=timeout
+    )
     n = resets = 0
     t0 = time.monotonic()
     try:
@@ -223,9 +257,12 @@ def replay_from_nats(url: str, stream: str, since_s: float | None, output: str |
     if as_json:
         sys.stdout.write(json.dumps(summary) + "\n")
     else:
-        sys.stdout.write(f"read {n} batches ({resets} resets) from stream {stream} in {summary['seconds']:g}s"
-                         + (f" -> {output}" if output else "")
-                         + (f"; index: {len(index)} block copies" if index is not None else "") + "\n")
+        sys.stdout.write(
+            f"read {n} batches ({resets} resets) from stream {stream} in {summary['seconds']:g}s"
+            + (f" -> {output}" if output else "")
+            + (f"; index: {len(index)} block copies" if index is not None else "")
+            + "\n"
+        )
 
 
 def doctor_nats(url: str, stream: str, timeout: float, as_json: bool) -> None:

@@ -34,8 +34,9 @@ def _out(line: str) -> None:
 def serve(
     endpoint: str = typer.Option("tcp://127.0.0.1:5557", help="Live PUB endpoint of worker 0 (worker i: port + i)."),
     replay_endpoint: Optional[str] = typer.Option(
-        None, help="Replay ROUTER endpoint of worker 0 (worker i: port + i); default: the port after the last "
-        "live port (5558 for one worker); '' for none."
+        None,
+        help="Replay ROUTER endpoint of worker 0 (worker i: port + i); default: the port after the last "
+        "live port (5558 for one worker); '' for none.",
     ),
     topic: str = typer.Option("", help="Topic frame of every message."),
     workers: int = typer.Option(1, min=1, max=64, help="Simulated workers, one publisher each (as DP ranks)."),
@@ -46,14 +47,24 @@ def serve(
     capacity_pages: int = typer.Option(4096, min=1, help="Device pages per worker (eviction beyond)."),
     heartbeat: float = typer.Option(1.0, min=0.0, help="Heartbeat interval in seconds (0: none)."),
     bind: bool = typer.Option(True, help="Bind the live endpoint (the project default: loopback, bound)."),
-    metrics_port: Optional[int] = typer.Option(None, help="Serve Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed)."),
-    engine: str = typer.Option("contract", "--engine", help="contract: emit by the kvevents contract; vllm: what a vLLM "
-                               "0.33 worker emits (its hash chain as uint64, extra_keys, group_idx, one removal per hash; "
-                               "no snapshots, no heartbeats)."),
-    hash_algo: str = typer.Option("sha256", "--hash-algo", help="--engine vllm: vLLM's prefix-caching hash, sha256 | sha256_cbor."),
+    metrics_port: Optional[int] = typer.Option(
+        None, help="Serve Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed)."
+    ),
+    engine: str = typer.Option(
+        "contract",
+        "--engine",
+        help="contract: emit by the kvevents contract; vllm: what a vLLM "
+        "0.33 worker emits (its hash chain as uint64, extra_keys, group_idx, one removal per hash; "
+        "no snapshots, no heartbeats).",
+    ),
+    hash_algo: str = typer.Option(
+        "sha256", "--hash-algo", help="--engine vllm: vLLM's prefix-caching hash, sha256 | sha256_cbor."
+    ),
     epoch_in_batch: bool = typer.Option(
-        False, "--epoch-in-batch", help="Add the epoch as a 4th batch element (only tolerant decoders read it; "
-        "vLLM-, SGLang- and Dynamo-style strict decoders reject it). Default: the strict 3-element batch."
+        False,
+        "--epoch-in-batch",
+        help="Add the epoch as a 4th batch element (only tolerant decoders read it; "
+        "vLLM-, SGLang- and Dynamo-style strict decoders reject it). Default: the strict 3-element batch.",
     ),
     curve_secret: Optional[str] = typer.Option(None, "--curve-secret", help=SECRET_HELP),
     curve_allow: Optional[str] = typer.Option(None, "--curve-allow", help=ALLOW_HELP),
@@ -72,7 +83,9 @@ def serve(
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
         user_error(f"--metrics-port must be in 0..65535 (0: a free port), got {metrics_port}")
     if engine not in ENGINES or hash_algo not in ("sha256", "sha256_cbor"):
-        user_error(f"--engine must be one of {', '.join(ENGINES)} and --hash-algo sha256 or sha256_cbor, got {engine!r} / {hash_algo!r}")
+        user_error(
+            f"--engine must be one of {', '.join(ENGINES)} and --hash-algo sha256 or sha256_cbor, got {engine!r} / {hash_algo!r}"
+        )
     try:
         check_endpoint(endpoint)
     except ValueError as exc:
@@ -86,16 +99,23 @@ def serve(
         lives = [offset_endpoint(endpoint, i) for i in range(workers)]
         replays = [offset_endpoint(replay_endpoint, i) for i in range(workers)] if replay_endpoint else []
     except ValueError as exc:  # a port past 65535 (the default replay port, or a rank's offset port)
-        what = "--replay-endpoint (default: the port after the last live port)" if default_replay else (
-            f"with {workers} workers (rank r uses port + r)")
+        what = (
+            "--replay-endpoint (default: the port after the last live port)"
+            if default_replay
+            else (f"with {workers} workers (rank r uses port + r)")
+        )
         user_error(f"{what}: {exc}")
     clash = sorted(set(lives) & set(replays) - {e for e in lives if e.endswith(":*") or e.endswith(":0")})
     if len(set(lives)) < workers and not endpoint.endswith((":*", ":0")):
-        user_error(f"--endpoint {endpoint!r} gives every worker the same address: use tcp://HOST:PORT or inproc:// "
-                   "(ranks offset the port / suffix the name) or one worker")
+        user_error(
+            f"--endpoint {endpoint!r} gives every worker the same address: use tcp://HOST:PORT or inproc:// "
+            "(ranks offset the port / suffix the name) or one worker"
+        )
     if clash:
-        user_error(f"live and replay endpoints collide on {clash[0]} with {workers} workers (rank r uses port + r): "
-                   f"give --replay-endpoint a port >= live port + {workers}")
+        user_error(
+            f"live and replay endpoints collide on {clash[0]} with {workers} workers (rank r uses port + r): "
+            f"give --replay-endpoint a port >= live port + {workers}"
+        )
     curve_server(curve_secret, curve_allow)  # bad key files: one line, exit 2
     show_plain_bind_once()
     sims, pubs, loads = [], [], []
@@ -117,7 +137,11 @@ def serve(
                 )
             )
             metrics_port = pubs[0].metrics_port  # 0 picked a free port: the other ranks share it
-            sims.append(make_worker(engine, f"w{i}", page_size=page_size, capacity_pages=capacity_pages, hash_algo=hash_algo, dp_rank=i))
+            sims.append(
+                make_worker(
+                    engine, f"w{i}", page_size=page_size, capacity_pages=capacity_pages, hash_algo=hash_algo, dp_rank=i
+                )
+            )
             loads.append(iter(Workload(seed + i, page_size=page_size)))
     except BaseException:
         for p in pubs:
@@ -125,8 +149,10 @@ def serve(
         raise
     for i, p in enumerate(pubs):
         metrics = f" metrics http://127.0.0.1:{p.metrics_port}/metrics" if p.metrics_port is not None else ""
-        _out(f"{_STARTED} worker w{i} dp_rank {i} live {p.endpoint} replay {p.replay_endpoint or '-'} "
-             f"epoch {p.epoch}{metrics}")
+        _out(
+            f"{_STARTED} worker w{i} dp_rank {i} live {p.endpoint} replay {p.replay_endpoint or '-'} "
+            f"epoch {p.epoch}{metrics}"
+        )
     lock, web = threading.Lock(), None  # --http: its thread and the loop below take turns on the workers
     if http is not None:
         from kvevents.sim_http import BASE_MODEL, serve_http
@@ -234,8 +260,10 @@ def _notice_detail(key: str, seen: int, replay: Optional[str]) -> str:
 
 def _silence_hint(endpoint: str, replay: Optional[str], waited: float) -> str:
     doctor = f"kvevents doctor {endpoint}" + (f" --replay {replay}" if replay else "")
-    return (f"kvevents tail: nothing from {endpoint} after {waited:.0f}s: is a publisher running and bound there, "
-            f"with topic prefix matching? `{doctor}` checks the address, topic, batches and heartbeats")
+    return (
+        f"kvevents tail: nothing from {endpoint} after {waited:.0f}s: is a publisher running and bound there, "
+        f"with topic prefix matching? `{doctor}` checks the address, topic, batches and heartbeats"
+    )
 
 
 @app.command()
@@ -243,10 +271,13 @@ def tail(
     endpoint: str = typer.Argument(..., help="Live PUB endpoint to connect to."),
     replay: Optional[str] = typer.Option(None, "--replay", help="Replay ROUTER endpoint (gap repair, snapshots)."),
     topic: str = typer.Option("", help="Topic prefix to subscribe to."),
-    as_json: bool = typer.Option(False, "--json", help="One JSON object per line (notices too); else notices go to stderr."),
+    as_json: bool = typer.Option(
+        False, "--json", help="One JSON object per line (notices too); else notices go to stderr."
+    ),
     count: Optional[int] = typer.Option(None, min=1, help="Exit after this many batches."),
     duration: Optional[float] = typer.Option(
-        None, min=0.0, help="Exit after this many seconds; exit 1 if nothing at all was received."),
+        None, min=0.0, help="Exit after this many seconds; exit 1 if nothing at all was received."
+    ),
     stale_after: float = typer.Option(5.0, help="Report the publisher stale after this much silence (s, > 0)."),
     curve_server_key: Optional[str] = typer.Option(None, "--curve-server-key", help=SERVER_KEY_HELP),
     curve_client_cert: Optional[str] = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
@@ -274,8 +305,11 @@ def tail(
     # this command prints its own stale notice: the subscriber's log line would say it twice
     logging.getLogger("kvevents.subscriber").setLevel(logging.ERROR)
     sub = Subscriber([source], topic=topic, stale_after_s=stale_after)
-    _note(f"kvevents tail: connecting to {endpoint}" + (f" (replay {replay})" if replay else " (no --replay: "
-          "batches missed are not repaired)") + (f" topic prefix {topic!r}" if topic else ""))
+    _note(
+        f"kvevents tail: connecting to {endpoint}"
+        + (f" (replay {replay})" if replay else " (no --replay: batches missed are not repaired)")
+        + (f" topic prefix {topic!r}" if topic else "")
+    )
     seen = 0
     last = sub.counters()
     was_stale = hinted = False
@@ -297,8 +331,10 @@ def tail(
             for key in ("gaps", "replays_requested", "unrecoverable_gaps", "restarts", "bad_payloads", "losses"):
                 if now[key] > last[key]:
                     detail = _notice_detail(key, seen, replay)
-                    notice({"type": "notice", "what": key, "count": now[key], "detail": detail},
-                           f"! {key.replace('_', ' ')} (total {now[key]})" + (f": {detail}" if detail else ""))
+                    notice(
+                        {"type": "notice", "what": key, "count": now[key], "detail": detail},
+                        f"! {key.replace('_', ' ')} (total {now[key]})" + (f": {detail}" if detail else ""),
+                    )
             last = now
             for it in items:
                 if not isinstance(it, Delivery):
@@ -316,8 +352,14 @@ def tail(
                 else:
                     emit(
                         {
-                            "type": "batch", "seq": it.seq, "kind": it.kind, "ts": b.ts, "dp_rank": it.dp_rank,
-                            "epoch": it.epoch, "topic": it.topic, "events": [event_to_dict(e) for e in b.events],
+                            "type": "batch",
+                            "seq": it.seq,
+                            "kind": it.kind,
+                            "ts": b.ts,
+                            "dp_rank": it.dp_rank,
+                            "epoch": it.epoch,
+                            "topic": it.topic,
+                            "events": [event_to_dict(e) for e in b.events],
                         },
                         f"seq={it.seq} {it.kind} rank={it.dp_rank} {_summary(b)}",
                     )
@@ -338,8 +380,10 @@ def tail(
     finally:
         sub.stop()
     if seen == 0:
-        raise CheckFailed(f"tail: nothing received from {endpoint} in {time.monotonic() - t0:.1f}s"
-                          + ("" if hinted else f" (`kvevents doctor {endpoint}` says why)"))
+        raise CheckFailed(
+            f"tail: nothing received from {endpoint} in {time.monotonic() - t0:.1f}s"
+            + ("" if hinted else f" (`kvevents doctor {endpoint}` says why)")
+        )
 
 
 def _note(line: str) -> None:

@@ -20,8 +20,14 @@ from kvevents.sim import Request, ServeResult, SimWorker
 from kvevents.sim_vllm import VllmSimWorker
 
 __all__ = [
-    "Cluster", "PolicyStats", "BoundedLoad", "random_policy", "round_robin_policy", "VllmClusterWorker",
-    "fleet_engines", "FLEETS",
+    "Cluster",
+    "PolicyStats",
+    "BoundedLoad",
+    "random_policy",
+    "round_robin_policy",
+    "VllmClusterWorker",
+    "fleet_engines",
+    "FLEETS",
 ]
 
 #: `kvevents demo --fleet`: contract (every worker emits by the contract) or mixed (half vLLM).
@@ -45,7 +51,9 @@ class VllmClusterWorker:
         self.name = name
         self.page_size = page_size
         self.hash_algo = hash_algo
-        self.sim = VllmSimWorker(name, block_size=page_size, capacity_blocks=capacity_pages, hash_algo=hash_algo, dp_rank=0)
+        self.sim = VllmSimWorker(
+            name, block_size=page_size, capacity_blocks=capacity_pages, hash_algo=hash_algo, dp_rank=0
+        )
         self.content_errors = 0  # no storage tier: nothing can be served across namespaces
 
     def serve(self, request: Request) -> ServeResult:
@@ -119,9 +127,13 @@ class Cluster:
         for i, engine in enumerate(self.engines):
             if engine == "vllm":  # alternate vLLM's two reproducible algos
                 algo = "sha256" if self.engines[:i].count("vllm") % 2 == 0 else "sha256_cbor"
-                self.workers.append(VllmClusterWorker(f"vllm-{i}", page_size=page_size, capacity_pages=capacity_pages, hash_algo=algo))
+                self.workers.append(
+                    VllmClusterWorker(f"vllm-{i}", page_size=page_size, capacity_pages=capacity_pages, hash_algo=algo)
+                )
             else:
-                self.workers.append(SimWorker(f"worker-{i}", page_size=page_size, capacity_pages=capacity_pages, store=self.store))
+                self.workers.append(
+                    SimWorker(f"worker-{i}", page_size=page_size, capacity_pages=capacity_pages, store=self.store)
+                )
         self.stats = PolicyStats()
 
     def serve(self, i: int, request: Request) -> ServeResult:

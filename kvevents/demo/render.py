@@ -15,7 +15,11 @@ from rich.table import Table
 __all__ = ["DemoProgress", "render_result", "check_details", "check_meanings", "verdict"]
 
 WIDTH = 80  # the summary fits a standard terminal; a wider console keeps the same layout
-_POLICY_LABELS = {"prefix": "prefix router (served)", "random": "random (shadow)", "round_robin": "round-robin (shadow)"}
+_POLICY_LABELS = {
+    "prefix": "prefix router (served)",
+    "random": "random (shadow)",
+    "round_robin": "round-robin (shadow)",
+}
 
 #: What each live check shows, one line each (the summary and the HTML report).
 _MEANINGS = {
@@ -66,8 +70,10 @@ class DemoProgress:
 
     def __call__(self, elapsed: float, figures: dict[str, Any]) -> None:
         done = float(figures.get("fraction", elapsed / self.duration if self.duration else 0.0))
-        info = (f"{figures['requests']:,} req  device cache hit: prefix {figures['prefix']:.0%} "
-                f"random {figures['random']:.0%} rr {figures['round_robin']:.0%}")
+        info = (
+            f"{figures['requests']:,} req  device cache hit: prefix {figures['prefix']:.0%} "
+            f"random {figures['random']:.0%} rr {figures['round_robin']:.0%}"
+        )
         if self.live:
             self.progress.update(self.task, completed=min(done, 1.0), info=info)
         elif int(done * 4) > self._quarter and done < 1.0:
@@ -86,23 +92,32 @@ def headline(result: dict[str, Any]) -> str:
     n_vllm = sum(1 for e in engines.values() if e == "vllm")
     n = result["workers"]
     fleet = f" ({n - n_vllm} contract + {n_vllm} vLLM)" if n_vllm else ""
-    return (f"kvevents demo: {_plural(n, 'worker')}{fleet}, {_plural(result['requests'], 'request')} in "
-            f"{result['duration_s']:.1f} s, seed {result['seed']}")
+    return (
+        f"kvevents demo: {_plural(n, 'worker')}{fleet}, {_plural(result['requests'], 'request')} in "
+        f"{result['duration_s']:.1f} s, seed {result['seed']}"
+    )
 
 
 def render_result(result: dict[str, Any], console: Console) -> None:
     """The summary: what was run, transport, routing policies, the checks, one verdict line."""
     _say(console, headline(result), "bold")
     if result.get("interrupted"):
-        _say(console, "Interrupted (Ctrl-C): the figures cover the traffic up to then; the router still "
-             "caught up and the checks ran on what was published.", "yellow")
+        _say(
+            console,
+            "Interrupted (Ctrl-C): the figures cover the traffic up to then; the router still "
+            "caught up and the checks ran on what was published.",
+            "yellow",
+        )
     console.print(_transport_table(result))
     t = result["transport"]
     diff = t["events_applied"] - t["events_published"]
     if diff:
-        _say(console, f"The router applied {diff:+,} events vs published: a restarted worker's snapshot "
-             "re-delivers the blocks it holds, and replaces batches of the old epoch (and the new epoch's "
-             "first clear) that the router had not applied.")
+        _say(
+            console,
+            f"The router applied {diff:+,} events vs published: a restarted worker's snapshot "
+            "re-delivers the blocks it holds, and replaces batches of the old epoch (and the new epoch's "
+            "first clear) that the router had not applied.",
+        )
     console.print(_policy_table(result))
     for line in _policy_story(result):
         _say(console, line)
@@ -114,21 +129,35 @@ def render_result(result: dict[str, Any], console: Console) -> None:
 
 def _transport_table(result: dict[str, Any]) -> Table:
     t, faults = result["transport"], result["faults"]
-    table = Table(title="transport: what the router received and repaired", box=box.SIMPLE, title_justify="left",
-                  show_header=False)
+    table = Table(
+        title="transport: what the router received and repaired",
+        box=box.SIMPLE,
+        title_justify="left",
+        show_header=False,
+    )
     table.add_column("", no_wrap=True)
     table.add_column("value", justify="right", no_wrap=True)
     applied = t["batches_applied"]
     rows = [
         ("events published / applied by the router", f"{t['events_published']:,} / {t['events_applied']:,}"),
         ("batches published (heartbeats incl.)", f"{t['batches_published']:,}"),
-        ("batches applied live / replay / snapshot", " / ".join(f"{applied.get(k, 0):,}" for k in ("live", "replay", "snapshot"))),
-        (f"live frames dropped on {faults['drop_worker']} (injected)" if faults["drop_worker"]
-         else "live frames dropped (not injected yet)", str(faults["dropped_live"])),
+        (
+            "batches applied live / replay / snapshot",
+            " / ".join(f"{applied.get(k, 0):,}" for k in ("live", "replay", "snapshot")),
+        ),
+        (
+            f"live frames dropped on {faults['drop_worker']} (injected)"
+            if faults["drop_worker"]
+            else "live frames dropped (not injected yet)",
+            str(faults["dropped_live"]),
+        ),
         ("gaps detected / healed by replay", f"{t['gaps_detected']} / {t['gaps_healed_by_replay']}"),
-        (f"restart of {faults['restart_worker']}: injected / detected" if faults["restart_worker"]
-         else "restarts: injected / detected",
-         f"{1 if faults['restart_worker'] else 0} / {t['restarts_detected']}"),
+        (
+            f"restart of {faults['restart_worker']}: injected / detected"
+            if faults["restart_worker"]
+            else "restarts: injected / detected",
+            f"{1 if faults['restart_worker'] else 0} / {t['restarts_detected']}",
+        ),
         ("resyncs by snapshot", str(t["resyncs_by_snapshot"])),
         ("state losses (nothing could repair them)", str(t["losses"])),
         ("router caught up after the traffic in", f"{t['settle_s']:.2f} s"),
@@ -139,8 +168,9 @@ def _transport_table(result: dict[str, Any]) -> Table:
 
 
 def _policy_table(result: dict[str, Any]) -> Table:
-    table = Table(title="routing policies: the same requests, each on its own cluster", box=box.SIMPLE_HEAD,
-                  title_justify="left")
+    table = Table(
+        title="routing policies: the same requests, each on its own cluster", box=box.SIMPLE_HEAD, title_justify="left"
+    )
     table.add_column("policy", no_wrap=True)
     for col in ("device\nhits", "storage\nloads", "prefill\nrecomputed", "load\nmax/mean"):
         table.add_column(col, justify="right", no_wrap=True)
@@ -159,16 +189,22 @@ def _policy_table(result: dict[str, Any]) -> Table:
 def _policy_story(result: dict[str, Any]) -> list[str]:
     """What the policy table shows, in a sentence or two."""
     pol = result["policies"]
-    lines = ["device hits: prompt tokens already on the chosen worker's GPU; storage loads: pages "
-             "fetched from the shared tier instead; recomputed: prompt tokens prefilled from scratch."]
+    lines = [
+        "device hits: prompt tokens already on the chosen worker's GPU; storage loads: pages "
+        "fetched from the shared tier instead; recomputed: prompt tokens prefilled from scratch."
+    ]
     if {"prefix", "random", "round_robin"} <= set(pol):
         dev = {k: pol[k]["device_hit_rate"] for k in ("prefix", "random", "round_robin")}
-        story = (f"Prefix routing found {dev['prefix']:.0%} of prompt tokens on the chosen GPU, "
-                 f"random {dev['random']:.0%}, round-robin {dev['round_robin']:.0%}.")
+        story = (
+            f"Prefix routing found {dev['prefix']:.0%} of prompt tokens on the chosen GPU, "
+            f"random {dev['random']:.0%}, round-robin {dev['round_robin']:.0%}."
+        )
         rec = [pol[k].get("prefill_tokens_recomputed") for k in ("prefix", "random", "round_robin")]
         if rec[0] is not None and rec[0] == rec[1] == rec[2]:
-            story += (" All three recompute the same tokens because the shared tier keeps every page: "
-                      "routing decides whether a reused page is already on the GPU or has to be loaded.")
+            story += (
+                " All three recompute the same tokens because the shared tier keeps every page: "
+                "routing decides whether a reused page is already on the GPU or has to be loaded."
+            )
         lines.append(story)
     return lines
 
@@ -229,6 +265,8 @@ def verdict(result: dict[str, Any]) -> str:
 
 def _reproducibility(result: dict[str, Any]) -> str:
     if result.get("reproducible"):
-        return (f"Reproducible: --seed {result['seed']} --requests {result['requests_asked']} gives the same requests, "
-                "policy figures, contract counts and events published; timings, batch counts and replays vary.")
-    return ("A time-bound run: its figures vary from run to run; --requests N gives a reproducible one.")
+        return (
+            f"Reproducible: --seed {result['seed']} --requests {result['requests_asked']} gives the same requests, "
+            "policy figures, contract counts and events published; timings, batch counts and replays vary."
+        )
+    return "A time-bound run: its figures vary from run to run; --requests N gives a reproducible one."

@@ -66,17 +66,21 @@ def line_chart(
     out = [f'<svg viewBox="0 0 {W} {H}" role="img" aria-label="{_e(y_label)}" class="chart">']
     for t in _ticks(top):
         label = f"{t:.0%}" if percent else (f"{t:g}" if t < 1000 else f"{t:,.0f}")
-        out.append(f'<line class="grid" x1="{PAD_L}" x2="{W - PAD_R}" y1="{py(t):.1f}" y2="{py(t):.1f}"/>'
-                   f'<text class="yt" x="{PAD_L - 6}" y="{py(t) + 4:.1f}">{label}</text>')
+        out.append(
+            f'<line class="grid" x1="{PAD_L}" x2="{W - PAD_R}" y1="{py(t):.1f}" y2="{py(t):.1f}"/>'
+            f'<text class="yt" x="{PAD_L - 6}" y="{py(t) + 4:.1f}">{label}</text>'
+        )
     for t in _ticks(x_max, 8):
         out.append(f'<text class="xt" x="{px(t):.1f}" y="{H - PAD_B + 16}">{t:g}s</text>')
     out.append(f'<text class="axis" x="{PAD_L}" y="{H - 4}">seconds since the traffic started</text>')
     for m in marks:
         x = px(m["t"])
         color = MARK_COLORS.get(m["kind"], "#555")
-        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{PAD_T}" y2="{H - PAD_B}" stroke="{color}" '
-                   f'stroke-dasharray="4 3" stroke-width="1.5"/>'
-                   f'<text class="mark" x="{x + 4:.1f}" y="{PAD_T + 10}" fill="{color}">{_e(m["kind"])} {_e(m["worker"] or "")}</text>')
+        out.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{PAD_T}" y2="{H - PAD_B}" stroke="{color}" '
+            f'stroke-dasharray="4 3" stroke-width="1.5"/>'
+            f'<text class="mark" x="{x + 4:.1f}" y="{PAD_T + 10}" fill="{color}">{_e(m["kind"])} {_e(m["worker"] or "")}</text>'
+        )
     for name, pts in series.items():
         path, pen = [], "M"
         prev_y: float | None = None
@@ -88,11 +92,14 @@ def line_chart(
                 path.append(f"L{px(x):.1f},{py(prev_y):.1f}")
             path.append(f"{pen}{px(x):.1f},{py(y):.1f}")
             pen, prev_y = "L", y
-        out.append(f'<path d="{" ".join(path)}" fill="none" stroke="{colors.get(name, "#333")}" stroke-width="2" '
-                   f'data-series="{_e(name)}"/>')
+        out.append(
+            f'<path d="{" ".join(path)}" fill="none" stroke="{colors.get(name, "#333")}" stroke-width="2" '
+            f'data-series="{_e(name)}"/>'
+        )
     out.append("</svg>")
-    legend = "".join(f'<span><i style="background:{colors.get(n, "#333")}"></i>{_e(LABELS.get(n, n))}</span>'
-                     for n in series)
+    legend = "".join(
+        f'<span><i style="background:{colors.get(n, "#333")}"></i>{_e(LABELS.get(n, n))}</span>' for n in series
+    )
     return f'<figure>{"".join(out)}<figcaption>{_e(y_label)}<span class="legend">{legend}</span></figcaption></figure>'
 
 
@@ -123,21 +130,48 @@ def render_report(result: dict[str, Any]) -> str:
     x_max = max([s["t"] for s in samples] + [result.get("duration_s", 0.0), 1.0])
     t, f, c = result["transport"], result["faults"], result["contract"]
 
-    hit = line_chart(_hit_series(samples), x_max=x_max, y_max=1.0, percent=True, marks=marks, colors=COLORS,
-                     y_label="device cache hit rate per routing policy (sliding window)")
-    behind = line_chart({"behind": [(s["t"], s["behind"]) for s in samples]}, x_max=x_max, marks=marks,
-                        colors={"behind": "#2f5fb3"}, y_label="batches published but not yet applied by the router",
-                        step=True)
-    lag = line_chart({"lag": [(s["t"], s["lag_ms"]) for s in samples]}, x_max=x_max, marks=marks,
-                     colors={"lag": "#1c7c4d"}, y_label="router lag, ms (receive time minus batch time, last live batch)")
+    hit = line_chart(
+        _hit_series(samples),
+        x_max=x_max,
+        y_max=1.0,
+        percent=True,
+        marks=marks,
+        colors=COLORS,
+        y_label="device cache hit rate per routing policy (sliding window)",
+    )
+    behind = line_chart(
+        {"behind": [(s["t"], s["behind"]) for s in samples]},
+        x_max=x_max,
+        marks=marks,
+        colors={"behind": "#2f5fb3"},
+        y_label="batches published but not yet applied by the router",
+        step=True,
+    )
+    lag = line_chart(
+        {"lag": [(s["t"], s["lag_ms"]) for s in samples]},
+        x_max=x_max,
+        marks=marks,
+        colors={"lag": "#1c7c4d"},
+        y_label="router lag, ms (receive time minus batch time, last live batch)",
+    )
     rep_colors = {"replayed": "#2f5fb3", "gaps": "#8e6c00", "restarts": "#b3261e", "snapshots_applied": "#6a3fb3"}
-    repairs = line_chart({k: [(s["t"], s["repairs"][k]) for s in samples] for k in rep_colors}, x_max=x_max,
-                         marks=marks, colors=rep_colors, step=True,
-                         y_label="router's repairs (cumulative): replayed batches, gaps, restarts, snapshots")
+    repairs = line_chart(
+        {k: [(s["t"], s["repairs"][k]) for s in samples] for k in rep_colors},
+        x_max=x_max,
+        marks=marks,
+        colors=rep_colors,
+        step=True,
+        y_label="router's repairs (cumulative): replayed batches, gaps, restarts, snapshots",
+    )
 
     pol_rows = [
-        [_e(LABELS.get(n, n)), f"{p['device_hit_rate']:.1%}", f"{p['storage_hit_rate']:.1%}",
-         f"{p['prefill_tokens_saved']:,} / {p['prompt_tokens']:,}", f"{p['load_max_over_mean']:.2f}"]
+        [
+            _e(LABELS.get(n, n)),
+            f"{p['device_hit_rate']:.1%}",
+            f"{p['storage_hit_rate']:.1%}",
+            f"{p['prefill_tokens_saved']:,} / {p['prompt_tokens']:,}",
+            f"{p['load_max_over_mean']:.2f}",
+        ]
         for n, p in result["policies"].items()
     ]
     tr_rows = [
@@ -152,7 +186,11 @@ def render_report(result: dict[str, Any]) -> str:
     ]
     details = check_details(result)
     chk_rows = [
-        [f'<span class="{"pass" if ok else "fail"}">{"PASS" if ok else "FAIL"}</span>', _e(name), _e(details.get(name, ""))]
+        [
+            f'<span class="{"pass" if ok else "fail"}">{"PASS" if ok else "FAIL"}</span>',
+            _e(name),
+            _e(details.get(name, "")),
+        ]
         for name, ok in result["checks"].items()
     ]
     mark_rows = [[f"{m['t']:.2f} s", _e(m["kind"]), _e(m["worker"]), _e(m["detail"])] for m in marks]
@@ -160,8 +198,10 @@ def render_report(result: dict[str, Any]) -> str:
     engines = result.get("engines", {})
     n_vllm = sum(1 for e in engines.values() if e == "vllm")
     fleet = f" ({result['workers'] - n_vllm} contract + {n_vllm} vLLM)" if n_vllm else ""
-    title = (f"kvevents demo: {result['workers']} workers{fleet}, {result['requests']:,} requests in "
-             f"{result['duration_s']:.1f} s, seed {result['seed']}")
+    title = (
+        f"kvevents demo: {result['workers']} workers{fleet}, {result['requests']:,} requests in "
+        f"{result['duration_s']:.1f} s, seed {result['seed']}"
+    )
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{_e(title)}</title>

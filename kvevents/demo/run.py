@@ -10,7 +10,7 @@ caught up and its index must equal the union of the live workers' caches.
 
 A mixed fleet (`fleet="mixed"`, the default) runs half of the workers as vLLM 0.33 workers
 (VllmClusterWorker: vLLM's hashes and events, published as vLLM encodes them); the router keys
-every source automatically (contract or token-derived keys, consumers.keying) and routes all of
+every source automatically (contract or token-derived keys, kvevents.consumers.keying) and routes all of
 them. Extra live checks: each source got the right key mode, and a prefix cached on a vLLM
 worker is found exactly as the same prefix cached on a contract worker.
 
@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from consumers.service import RouterService
+from kvevents.consumers.service import RouterService
 from kvevents.demo.cluster import (
     BoundedLoad,
     Cluster,
@@ -54,8 +54,16 @@ LOOPBACK = "tcp://127.0.0.1:*"
 ProgressFn = Callable[[float, dict[str, Any]], None]
 #: With --requests N and one seed, these figures repeat exactly (JSON paths); timings and batch counts
 #: (heartbeats, replayed batches, settle time) do not.
-REPRODUCIBLE = ("requests", "policies", "contract", "checks", "key_modes", "vllm_probe", "faults",
-                "transport.events_published")
+REPRODUCIBLE = (
+    "requests",
+    "policies",
+    "contract",
+    "checks",
+    "key_modes",
+    "vllm_probe",
+    "faults",
+    "transport.events_published",
+)
 
 
 @dataclass
@@ -110,8 +118,9 @@ def check_stored_hashes(request: Request, events: list[Event], page_size: int) -
 
 def _publisher(cfg: DemoConfig, endpoint: str = LOOPBACK, replay: str = LOOPBACK, *, vllm: bool = False) -> Publisher:
     # a vLLM worker has replay but no snapshots (vLLM's feature set): its payloads go out as encoded
-    return Publisher(endpoint=endpoint, replay_endpoint=replay, bind=True, heartbeat_interval_s=cfg.heartbeat_s,
-                     snapshots=not vllm)
+    return Publisher(
+        endpoint=endpoint, replay_endpoint=replay, bind=True, heartbeat_interval_s=cfg.heartbeat_s, snapshots=not vllm
+    )
 
 
 def _recreate(cfg: DemoConfig, old: Publisher, *, vllm: bool = False) -> Publisher:
@@ -189,8 +198,13 @@ def _run(cfg: DemoConfig, on_progress: ProgressFn | None, interrupt: _Interrupt)
         for engine in engines:
             pubs.append(_publisher(cfg, vllm=engine == "vllm"))
         sources = [Source(p.endpoint, p.replay_endpoint, name) for p, name in zip(pubs, names)]
-        service = RouterService(sources, page_size=cfg.page_size, seed=cfg.seed, stale_after_s=max(2.0, 10 * cfg.heartbeat_s),
-                                default_key_mode="auto")
+        service = RouterService(
+            sources,
+            page_size=cfg.page_size,
+            seed=cfg.seed,
+            stale_after_s=max(2.0, 10 * cfg.heartbeat_s),
+            default_key_mode="auto",
+        )
         service.start()
         for w, p in zip(live.workers, pubs):  # the construction-time AllBlocksCleared (vLLM: nothing)
             if not _publish_step(p, w):
@@ -200,8 +214,11 @@ def _run(cfg: DemoConfig, on_progress: ProgressFn | None, interrupt: _Interrupt)
         _wait_applied(service, names, pubs, cfg.settle_timeout_s, nudge=True)
         balance = BoundedLoad(names, window=16 * n)
         drop_at, restart_at = 0.4, 0.6  # shares of the run (time, or requests with cfg.requests)
-        phase(f"router follows every publisher; routing {_plural(cfg.requests, 'request')}" if cfg.requests
-              else f"router follows every publisher; routing requests for {cfg.duration:g} s")
+        phase(
+            f"router follows every publisher; routing {_plural(cfg.requests, 'request')}"
+            if cfg.requests
+            else f"router follows every publisher; routing requests for {cfg.duration:g} s"
+        )
         drop_victim = rng.randrange(n)
         restart_victim = (drop_victim + 1) % n if n > 1 else 0
         while engines[restart_victim] == "vllm":  # vLLM has no snapshots: the restart hits a contract worker
@@ -223,7 +240,9 @@ def _run(cfg: DemoConfig, on_progress: ProgressFn | None, interrupt: _Interrupt)
             if done >= 1.0:
                 break
             if faults["drop_worker"] is None and done >= drop_at:
-                phase(f"t={elapsed:.1f}s: dropping {cfg.drop_burst} live frames of {names[drop_victim]} (replay must heal them)")
+                phase(
+                    f"t={elapsed:.1f}s: dropping {cfg.drop_burst} live frames of {names[drop_victim]} (replay must heal them)"
+                )
                 drop_mark = pubs[drop_victim].stats()["batches_published"]
                 pubs[drop_victim].drop_live(cfg.drop_burst)
                 faults.update(dropped_live=cfg.drop_burst, drop_worker=names[drop_victim])
@@ -268,8 +287,10 @@ def _run(cfg: DemoConfig, on_progress: ProgressFn | None, interrupt: _Interrupt)
         run_s = time.monotonic() - start
         timeline.tick(run_s, force=True)
         interrupted = interrupt.hit.is_set()
-        phase(("interrupted (Ctrl-C)" if interrupted else "traffic done") + f" after {run_s:.1f}s and "
-              f"{_plural(live.stats.requests, 'request')}; waiting for the router to catch up, then checking")
+        phase(
+            ("interrupted (Ctrl-C)" if interrupted else "traffic done") + f" after {run_s:.1f}s and "
+            f"{_plural(live.stats.requests, 'request')}; waiting for the router to catch up, then checking"
+        )
         if faults["drop_worker"] is not None and not flushed:
             _flush_drops(pubs[drop_victim], cfg.drop_burst, drop_mark)
         probe = probe_vllm_prefix(cfg, service, live, pubs, names, rng) if "vllm" in engines else None
@@ -288,8 +309,10 @@ def _run(cfg: DemoConfig, on_progress: ProgressFn | None, interrupt: _Interrupt)
     policies.update({name: c.stats.summary(n) for name, (c, _) in shadows.items()})
     for name, st in [("prefix", live.stats)] + [(k, c.stats) for k, (c, _) in shadows.items()]:
         policies[name].update(  # per policy: reused on the device, loaded from the shared tier, prefilled again
-            device_tokens_reused=st.device_hit_tokens, storage_tokens_loaded=st.storage_hit_tokens,
-            prefill_tokens_recomputed=st.tokens - st.device_hit_tokens - st.storage_hit_tokens)
+            device_tokens_reused=st.device_hit_tokens,
+            storage_tokens_loaded=st.storage_hit_tokens,
+            prefill_tokens_recomputed=st.tokens - st.device_hit_tokens - st.storage_hit_tokens,
+        )
     transport = {
         "events_published": sum(s["events_published"] for s in pub_stats),
         "batches_published": sum(s["batches_published"] for s in pub_stats),
@@ -315,7 +338,8 @@ def _run(cfg: DemoConfig, on_progress: ProgressFn | None, interrupt: _Interrupt)
         del checks["injected_faults_observed"]
     if probe is not None:
         checks["key_mode_detected_per_source"] = all(
-            key_modes[name] == ("tokens" if e == "vllm" else "contract") for name, e in zip(names, engines))
+            key_modes[name] == ("tokens" if e == "vllm" else "contract") for name, e in zip(names, engines)
+        )
         checks["vllm_prefix_found_as_on_contract_worker"] = probe["ok"]
     return {
         "workers": n,
@@ -377,7 +401,12 @@ def _flush_drops(pub: Publisher, burst: int, mark: int) -> None:
 
 
 def _wait_applied(
-    service: RouterService, names: list[str], pubs: list[Publisher], timeout_s: float, *, nudge: bool = False,
+    service: RouterService,
+    names: list[str],
+    pubs: list[Publisher],
+    timeout_s: float,
+    *,
+    nudge: bool = False,
     poll_s: float = 0.01,
 ) -> bool:
     """Wait (bounded) until the router applied every seq these publishers published, replayed ones too.
@@ -449,7 +478,6 @@ def _progress_figures(live: Cluster, shadows: dict, service: RouterService) -> d
         out[name] = stats.device_hit_tokens / max(1, stats.tokens)
     out["events_applied"] = service.events_applied
     return out
-
 
 
 def probe_vllm_prefix(

@@ -21,8 +21,14 @@ class Timeline:
 
     REPAIRS = ("gaps", "replayed", "restarts", "snapshots_applied", "resets")
 
-    def __init__(self, service: Any, names: Sequence[str], pubs: Sequence[Any], policies: Mapping[str, Any],
-                 interval_s: float = 0.25) -> None:
+    def __init__(
+        self,
+        service: Any,
+        names: Sequence[str],
+        pubs: Sequence[Any],
+        policies: Mapping[str, Any],
+        interval_s: float = 0.25,
+    ) -> None:
         if not interval_s > 0:
             raise ValueError(f"Timeline: interval_s must be > 0, got {interval_s!r}")
         self.service = service
@@ -47,13 +53,15 @@ class Timeline:
         sources = self.service.metrics_snapshot()["sources"]
         lags = [s["lag_s"] for s in sources.values() if s.get("lag_s") is not None]
         counters = self.service.feed.counters()
-        self.samples.append({
-            "t": round(t, 3),
-            "hits": {k: [st.device_hit_tokens, st.tokens] for k, st in self.policies.items()},
-            "behind": behind,
-            "lag_ms": round(1000 * max(lags), 3) if lags else None,
-            "repairs": {k: int(counters.get(k, 0)) for k in self.REPAIRS},
-        })
+        self.samples.append(
+            {
+                "t": round(t, 3),
+                "hits": {k: [st.device_hit_tokens, st.tokens] for k, st in self.policies.items()},
+                "behind": behind,
+                "lag_ms": round(1000 * max(lags), 3) if lags else None,
+                "repairs": {k: int(counters.get(k, 0)) for k in self.REPAIRS},
+            }
+        )
 
     def mark(self, t: float, kind: str, worker: str | None, detail: str = "") -> None:
         """A fault at demo time `t`: kind "drop" or "restart"."""

@@ -163,7 +163,7 @@ def tagged_extra_keys(
         keys: list[Any] = []
         if lora_name is not None:
             keys.append(("lora", lora_name, lora_path))
-        for ident, offset in (mm_per_block[i] if mm_per_block is not None else ()):
+        for ident, offset in mm_per_block[i] if mm_per_block is not None else ():
             keys.append(("mm", ident, offset))
         if cache_salt is not None and i == 0:
             keys.append(("cache_salt", cache_salt))

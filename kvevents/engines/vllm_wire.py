@@ -33,9 +33,21 @@ __all__ = [
 
 #: BlockStored fields in vLLM 0.33's order (the first seven are required keys, even when nil).
 STORED_FIELDS: tuple[str, ...] = (
-    "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
-    "extra_keys", "group_idx", "kv_cache_spec_kind", "kv_cache_spec_sliding_window", "locality",
-    "ownership", "session_id", "lookahead_token_ids",
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
+    "locality",
+    "ownership",
+    "session_id",
+    "lookahead_token_ids",
 )
 #: BlockRemoved fields in vLLM 0.33's order (the first two required).
 REMOVED_FIELDS: tuple[str, ...] = ("block_hashes", "medium", "group_idx", "locality", "ownership")
@@ -124,7 +136,11 @@ def _generic_event(raw: Any, where: str) -> VllmEvent:
         ev = _positional(raw, where)
     elif isinstance(raw, dict):
         kind = raw.get("type")
-        cls = {"BlockStored": VllmBlockStored, "BlockRemoved": VllmBlockRemoved, "AllBlocksCleared": VllmAllBlocksCleared}.get(kind)  # type: ignore[arg-type]
+        cls = {
+            "BlockStored": VllmBlockStored,
+            "BlockRemoved": VllmBlockRemoved,
+            "AllBlocksCleared": VllmAllBlocksCleared,
+        }.get(kind)  # type: ignore[arg-type]
         if cls is None:
             raise DecodeError(f"{where}: unknown event type {kind!r}")
         names = cls.__struct_fields__

@@ -19,7 +19,7 @@ from kvevents.engines.vllm_wire import (
     encode_vllm_batch,
     stored_event,
 )
-from kvevents.events import decode_batch
+from kvevents.events import BlockStored, decode_batch
 from kvevents.golden.sglang import Item
 
 __all__ = ["check_vllm_golden", "is_vllm_golden"]
@@ -46,7 +46,9 @@ def _case(case: dict[str, Any]) -> Item:
     def run() -> None:
         algo, seed, size = case["algo"], case["PYTHONHASHSEED"], case["block_size"]
         item.expect("none_hash", none_hash(algo, seed).hex(), case["none_hash"])
-        digests = vllm_block_hashes(case["tokens"], size, hash_algo=algo, extra_keys_per_block=case["hash_extra_keys"], seed=seed)
+        digests = vllm_block_hashes(
+            case["tokens"], size, hash_algo=algo, extra_keys_per_block=case["hash_extra_keys"], seed=seed
+        )
         item.expect("digests", [d.hex() for d in digests], case["digests"])
         ints = [to_event_hash(d) for d in digests]
         item.expect("event_block_hashes", ints, case["event_block_hashes"])
@@ -59,7 +61,10 @@ def _case(case: dict[str, Any]) -> Item:
         item.expect("vllm wire hashes", ev.block_hashes, case["event_block_hashes"])  # type: ignore[union-attr]
         item.expect("vllm wire extra_keys", _jsonable(ev.extra_keys), untagged)  # type: ignore[union-attr]
         ours = decode_batch(payload).events[0]
-        item.expect("contract decoder (same 64 bits)", [h % 2**64 for h in ours.block_hashes], case["event_block_hashes"])  # type: ignore[union-attr]
+        assert isinstance(ours, BlockStored)
+        item.expect(
+            "contract decoder (same 64 bits)", [h % 2**64 for h in ours.block_hashes], case["event_block_hashes"]
+        )
 
     item.run("case", run)
     return item

@@ -138,7 +138,9 @@ def check_header(data: bytes, where: str, record_follows: Callable[[], bool] | N
         if version != VERSION:
             raise RecordLogError(f"{where}: record log version {version} is not supported (this build reads {VERSION})")
         return True
-    if _flips(data[:HEADER_SIZE], HEADER_BYTES) <= MAX_HEADER_FLIPS or (record_follows is not None and record_follows()):
+    if _flips(data[:HEADER_SIZE], HEADER_BYTES) <= MAX_HEADER_FLIPS or (
+        record_follows is not None and record_follows()
+    ):
         return False
     if magic != MAGIC:
         raise RecordLogError(f"{where}: wrong magic, not a kvevents record log")

@@ -74,8 +74,9 @@ class Recorder:
         if self.skip_reason is None:
             self.skip_reason = str(exc)
 
-    def begin_with_snapshot(self, source: str, payloads: Sequence[bytes], seq: int | None, *,
-                            endpoint: str = "", topic: str = "") -> int:
+    def begin_with_snapshot(
+        self, source: str, payloads: Sequence[bytes], seq: int | None, *, endpoint: str = "", topic: str = ""
+    ) -> int:
         """Start `source` with a reset marker and its publisher's KVE/SNAPSHOT batches (reflecting seqs
         <= `seq`); its later deliveries with seq <= `seq` are left out. The snapshot is written just
         before the first delivery kept (or at stop()); if the subscriber resyncs `source` first (a
@@ -104,12 +105,14 @@ class Recorder:
             return
         payloads, metas, seq, endpoint, topic = held
         try:
-            self.writer.write_reset(source=source, reason="first", endpoint=endpoint,
-                                    dp_rank=metas[0][1] if metas else None)
+            self.writer.write_reset(
+                source=source, reason="first", endpoint=endpoint, dp_rank=metas[0][1] if metas else None
+            )
             self.resets += 1
             for p, (e, r) in zip(payloads, metas):
-                self.writer.write(p, source=source, endpoint=endpoint, topic=topic, seq=seq, epoch=e,
-                                  dp_rank=r, kind="snapshot")
+                self.writer.write(
+                    p, source=source, endpoint=endpoint, topic=topic, seq=seq, epoch=e, dp_rank=r, kind="snapshot"
+                )
                 self.snapshot_batches += 1
         except BadRecordError as exc:
             self._skip(exc)
@@ -128,8 +131,12 @@ class Recorder:
             return False
         seq, snap_epoch = after
         d_seq = getattr(d, "seq", None)
-        if kind == "snapshot" or (epoch is not None and snap_epoch is not None and epoch != snap_epoch) \
-                or d_seq is None or d_seq > seq:
+        if (
+            kind == "snapshot"
+            or (epoch is not None and snap_epoch is not None and epoch != snap_epoch)
+            or d_seq is None
+            or d_seq > seq
+        ):
             del self._after[source]  # past the snapshot (or another epoch): keep everything from here
             self._write_pending(source)
             return False

@@ -47,8 +47,9 @@ def repair_log(path: str | os.PathLike[str], *, drop_corrupt: bool = False, dry_
         reader.close()
     torn = sum(d.length for d in found if d.kind == "torn")
     corrupt = [d for d in found if d.kind == "corrupt"]
-    res = RepairResult(reader.path, reader.records, reader.size, reader.size, torn, corrupt,
-                       header_damaged=not reader.header_ok)
+    res = RepairResult(
+        reader.path, reader.records, reader.size, reader.size, torn, corrupt, header_damaged=not reader.header_ok
+    )
     if dry_run:
         res.size_after = reader.valid_end
         return res

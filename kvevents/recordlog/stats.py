@@ -129,7 +129,7 @@ class LogStats:
 
     @property
     def rate_clock(self) -> str:
-        """"batch_ts" when the batches' timestamps span time, else "recv_time"."""
+        """ "batch_ts" when the batches' timestamps span time, else "recv_time"."""
         return "batch_ts" if self.batch_span_s > 0 else "recv_time"
 
     def rates(self) -> dict[str, float]:

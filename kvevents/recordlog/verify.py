@@ -175,8 +175,12 @@ class ContractVerifier:
                     del self._live[h]
                     self._full.pop(h, None)  # a later child of it cannot be valid anyway
             elif st.known:
-                self._violate(rec, i, "remove-not-live",
-                              f"BlockRemoved of {h} on {ev.medium} but no live copy of it is stored there")
+                self._violate(
+                    rec,
+                    i,
+                    "remove-not-live",
+                    f"BlockRemoved of {h} on {ev.medium} but no live copy of it is stored there",
+                )
             else:
                 self.report.removes_unchecked += 1
 
@@ -187,9 +191,12 @@ class ContractVerifier:
         if parent is not None:
             if st.any.get(parent, 0) <= 0:
                 if st.known:
-                    self._violate(rec, i, "parent-missing",
-                                  f"parent {parent} of block {hashes[0] if hashes else '?'} has no live copy "
-                                  f"stored before it")
+                    self._violate(
+                        rec,
+                        i,
+                        "parent-missing",
+                        f"parent {parent} of block {hashes[0] if hashes else '?'} has no live copy stored before it",
+                    )
                 else:
                     rep.parents_unchecked += 1
         live = self._live
@@ -215,9 +222,13 @@ class ContractVerifier:
             return
         step = ps * 4
         if len(data) != step * len(hashes):
-            self._violate(rec, i, "token-count",
-                          f"{len(ev.token_ids)} token ids for {len(hashes)} blocks of page size {ps} "
-                          f"(expected {len(hashes) * ps})")
+            self._violate(
+                rec,
+                i,
+                "token-count",
+                f"{len(ev.token_ids)} token ids for {len(hashes)} blocks of page size {ps} "
+                f"(expected {len(hashes) * ps})",
+            )
             rep.blocks_unverifiable += len(hashes)
             return
         sha = hashlib.sha256
@@ -238,10 +249,14 @@ class ContractVerifier:
                     break
             if chosen is None:
                 tried = ", ".join(n for n, _ in heads)
-                self._violate(rec, i, "hash-mismatch",
-                              f"head block {hashes[0]} matches no allowed chain head ({tried}); were the "
-                              f"published hashes computed with extra_key mixed in (storage hashes), or is "
-                              f"the page size or salt wrong?")
+                self._violate(
+                    rec,
+                    i,
+                    "hash-mismatch",
+                    f"head block {hashes[0]} matches no allowed chain head ({tried}); were the "
+                    f"published hashes computed with extra_key mixed in (storage hashes), or is "
+                    f"the page size or salt wrong?",
+                )
                 rep.blocks_unverifiable += len(hashes) - 1
                 return
             rep.heads[chosen] += 1
@@ -257,9 +272,13 @@ class ContractVerifier:
             digest = h.digest()
             got = int.from_bytes(digest[:8], "big", signed=True)
             if got != hashes[k]:
-                self._violate(rec, i, "hash-mismatch",
-                              f"block {k} published {hashes[k]} but token_ids give {got} "
-                              f"(chained from {'the parent' if k or ev.parent_block_hash is not None else 'the head seed'})")
+                self._violate(
+                    rec,
+                    i,
+                    "hash-mismatch",
+                    f"block {k} published {hashes[k]} but token_ids give {got} "
+                    f"(chained from {'the parent' if k or ev.parent_block_hash is not None else 'the head seed'})",
+                )
                 rep.blocks_unverifiable += len(hashes) - k - 1
                 return
             full[got] = digest
@@ -280,7 +299,6 @@ def verify_log(
     return v.report
 
 
-
 def make_verifier(
     profile: str, page_size: int | None, salts: Iterable[str] = (), lora_paths: Iterable[str] = ()
 ) -> Any:
@@ -293,5 +311,9 @@ def make_verifier(
         return ContractVerifier(page_size, salts)
     from kvevents.recordlog.verify_vllm import VllmVerifier, parse_lora_paths
 
-    return VllmVerifier(profile, hash_seed=os.environ.get("PYTHONHASHSEED"), lora_paths=parse_lora_paths(lora_paths),
-                        page_size=page_size)
+    return VllmVerifier(
+        profile,
+        hash_seed=os.environ.get("PYTHONHASHSEED"),
+        lora_paths=parse_lora_paths(lora_paths),
+        page_size=page_size,
+    )

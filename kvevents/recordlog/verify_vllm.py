@@ -53,8 +53,14 @@ class _Group:
 class VllmVerifier:
     """Feed records in log order with `feed`; read `report` (a VerifyReport) at the end."""
 
-    def __init__(self, profile: str = "vllm", *, hash_seed: str | None = None, lora_paths: Mapping[str, str] | None = None,
-                 page_size: int | None = None) -> None:
+    def __init__(
+        self,
+        profile: str = "vllm",
+        *,
+        hash_seed: str | None = None,
+        lora_paths: Mapping[str, str] | None = None,
+        page_size: int | None = None,
+    ) -> None:
         if profile not in VLLM_PROFILES:
             raise ValueError(f"profile must be one of {', '.join(VLLM_PROFILES)}, got {profile!r}")
         self.profile = profile
@@ -77,7 +83,7 @@ class VllmVerifier:
                 grp.known = known
                 grp.copies.clear()
                 grp.any.clear()
-        for (s, r) in list(self._digests):
+        for s, r in list(self._digests):
             if s == source and (rank is None or r == rank):
                 del self._digests[(s, r)]
 
@@ -132,7 +138,12 @@ class VllmVerifier:
                     del g.any[k]
                     self._drop_digest(rec.source, rank, k)
             elif g.known:
-                self._violate(rec, i, "remove-not-live", f"BlockRemoved of {h!r} (group {ev.group_idx}) but no live copy on {ev.medium}")
+                self._violate(
+                    rec,
+                    i,
+                    "remove-not-live",
+                    f"BlockRemoved of {h!r} (group {ev.group_idx}) but no live copy on {ev.medium}",
+                )
             else:
                 self.report.removes_unchecked += 1
 
@@ -156,7 +167,9 @@ class VllmVerifier:
             self._violate(rec, i, "block-size", f"block_size {bs} but --page-size is {self.page_size}")
         if not rep.page_size:
             rep.page_size = bs  # reported as the stream's block size when --page-size was not given
-        spans_nulls = len(tokens) > n * bs and len(tokens) % bs == 0 and ev.kv_cache_spec_kind not in (None, "full_attention")
+        spans_nulls = (
+            len(tokens) > n * bs and len(tokens) % bs == 0 and ev.kv_cache_spec_kind not in (None, "full_attention")
+        )
         if len(tokens) != n * bs and not spans_nulls:
             self._violate(rec, i, "token-count", f"{len(tokens)} token ids for {n} blocks of {bs}")
             rep.blocks_unverifiable += n
@@ -171,7 +184,12 @@ class VllmVerifier:
                 self._violate(rec, i, "bad-hash", f"parent_block_hash {ev.parent_block_hash!r} is not a hash")
             elif g.any.get(parent, 0) <= 0:
                 if g.known and ev.kv_cache_spec_kind in (None, "full_attention"):  # other groups skip null blocks
-                    self._violate(rec, i, "parent-missing", f"parent {ev.parent_block_hash!r} (group {ev.group_idx}) has no live copy")
+                    self._violate(
+                        rec,
+                        i,
+                        "parent-missing",
+                        f"parent {ev.parent_block_hash!r} (group {ev.group_idx}) has no live copy",
+                    )
                 else:
                     rep.parents_unchecked += 1
         for k in keys:
@@ -219,7 +237,9 @@ class VllmVerifier:
         bs, tokens, extras = ev.block_size, ev.token_ids, ev.extra_keys
         for k, h in enumerate(keys):
             try:
-                tagged = self._tagged(extras[k] if extras is not None else None, ev.lora_name, parent is None and k == 0)
+                tagged = self._tagged(
+                    extras[k] if extras is not None else None, ev.lora_name, parent is None and k == 0
+                )
             except ValueError as exc:
                 if "LoRA" not in str(exc):
                     self._violate(rec, i, "extra-keys", str(exc))
@@ -228,8 +248,13 @@ class VllmVerifier:
             digest = fn((prior, tuple(tokens[k * bs : (k + 1) * bs]), tagged))
             want = digest if isinstance(h, bytes) else to_event_hash(digest)
             if want != h:
-                self._violate(rec, i, "hash-mismatch", f"block {k} published {h!r} but vLLM's {self.algo} chain gives {want!r} "
-                              "(another hash algo, PYTHONHASHSEED, or an older vLLM's extra keys?)")
+                self._violate(
+                    rec,
+                    i,
+                    "hash-mismatch",
+                    f"block {k} published {h!r} but vLLM's {self.algo} chain gives {want!r} "
+                    "(another hash algo, PYTHONHASHSEED, or an older vLLM's extra keys?)",
+                )
                 rep.blocks_unverifiable += len(keys) - k - 1
                 return
             digests[h] = digest

@@ -44,8 +44,12 @@ class RecordWriter:
         self._durability = durability
         self.records = 0
         self.bytes_written = 0
-        exists = not exclusive and os.path.exists(self.path) and not os.path.isdir(self.path) \
+        exists = (
+            not exclusive
+            and os.path.exists(self.path)
+            and not os.path.isdir(self.path)
             and os.path.getsize(self.path) > 0
+        )
         if append and exists:
             reader = RecordReader(self.path, on_damage=on_damage)
             try:
@@ -108,16 +112,33 @@ class RecordWriter:
         self.records += 1
         return self.records - 1
 
-    def write_reset(self, *, source: str, reason: str, endpoint: str = "", dp_rank: int | None = None,
-                    recv_time: float | None = None) -> int:
+    def write_reset(
+        self,
+        *,
+        source: str,
+        reason: str,
+        endpoint: str = "",
+        dp_rank: int | None = None,
+        recv_time: float | None = None,
+    ) -> int:
         """Append a reset marker: consumers must drop `source` (rank) state here; a snapshot follows."""
-        return self.write(reason.encode("utf-8"), source=source, endpoint=endpoint, dp_rank=dp_rank,
-                          kind="reset", recv_time=recv_time)
+        return self.write(
+            reason.encode("utf-8"), source=source, endpoint=endpoint, dp_rank=dp_rank, kind="reset", recv_time=recv_time
+        )
 
     def write_record(self, rec: Record) -> int:
         """Append a copy of a record read from another log."""
-        return self.write(rec.payload, source=rec.source, endpoint=rec.endpoint, topic=rec.topic, seq=rec.seq,
-                          epoch=rec.epoch, dp_rank=rec.dp_rank, kind=rec.kind, recv_time=rec.recv_time)
+        return self.write(
+            rec.payload,
+            source=rec.source,
+            endpoint=rec.endpoint,
+            topic=rec.topic,
+            seq=rec.seq,
+            epoch=rec.epoch,
+            dp_rank=rec.dp_rank,
+            kind=rec.kind,
+            recv_time=rec.recv_time,
+        )
 
     def flush(self) -> None:
         self._f.flush()
@@ -139,7 +160,6 @@ class RecordWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
 
 
 def _create(path: str, exclusive: bool, buffer_size: int) -> BinaryIO:

@@ -65,7 +65,9 @@ def describe(endpoint: str, *, timeout: float = 2.0, context: zmq.Context | None
         sock.close(0)
 
 
-def snapshot(endpoint: str, *, timeout: float = 3.0, context: zmq.Context | None = None) -> tuple[list[bytes], int | None]:
+def snapshot(
+    endpoint: str, *, timeout: float = 3.0, context: zmq.Context | None = None
+) -> tuple[list[bytes], int | None]:
     """KVE/SNAPSHOT: the snapshot batch payloads, and the seq S they cover (None: nothing published yet).
 
     `timeout` applies to each reply message, so a large snapshot may take longer in all.

@@ -110,8 +110,9 @@ def stream_report(nats: NatsOptions, stream: str, *, timeout: float = 5.0) -> St
         except NotFoundError:
             return StreamReport(stream, False)
         st = info.state
-        rep = StreamReport(stream, True, int(st.messages), int(st.bytes), int(st.first_seq), int(st.last_seq),
-                           info.config.max_age)
+        rep = StreamReport(
+            stream, True, int(st.messages), int(st.bytes), int(st.first_seq), int(st.last_seq), info.config.max_age
+        )
         now = time.time()
         keys = sorted({(p[0], p[1]) for p in map(parse_subject, st.subjects or {}) if p is not None})
         for source, rank in keys:
@@ -144,4 +145,3 @@ def stream_report(nats: NatsOptions, stream: str, *, timeout: float = 5.0) -> St
         return _run(_with_js(nats, timeout, fn), timeout + 5.0)
     except asyncio.TimeoutError:
         raise NatsUnavailable(f"NATS at {nats.redacted()} did not answer within {timeout:g}s") from None
-

@@ -181,18 +181,29 @@ class Bridge:
         out = {}
         for name, st in self._sub.status().items():
             last = self._last_snap.get(name)
-            out[name] = {"next_seq": st.next_seq, "epoch": self._epochs.get(name, st.epoch), "stale": st.stale,
-                         "snapshot_age_s": None if last is None else now - last}
+            out[name] = {
+                "next_seq": st.next_seq,
+                "epoch": self._epochs.get(name, st.epoch),
+                "stale": st.stale,
+                "snapshot_age_s": None if last is None else now - last,
+            }
         return out
 
     # ------------------------------------------------------------------ the loop
     async def _main(self) -> None:
         try:
-            self._nc = await connect(self.nats, on_unreachable=self.on_unreachable,
-                                     give_up_after_s=self.give_up_after_s, stop=self._stop.is_set)
+            self._nc = await connect(
+                self.nats,
+                on_unreachable=self.on_unreachable,
+                give_up_after_s=self.give_up_after_s,
+                stop=self._stop.is_set,
+            )
             self._js = self._nc.jetstream(timeout=self.publish_timeout_s)
-            info = await retry(lambda: ensure_stream(self._js, self.stream, self.stream_options, create=self.create_stream),
-                               f"stream {self.stream} set-up", stop=self._stop.is_set)
+            info = await retry(
+                lambda: ensure_stream(self._js, self.stream, self.stream_options, create=self.create_stream),
+                f"stream {self.stream} set-up",
+                stop=self._stop.is_set,
+            )
             self._max_ack = int(info.state.last_seq or 0)
             self._connected.set()
             await self._forward_loop()
@@ -233,8 +244,13 @@ class Bridge:
         wait = self.request_timeout_s if timeout is None else timeout
         try:
             return await loop.run_in_executor(
-                self._req_exec, lambda: request_describe(src.replay_endpoint, timeout=wait,  # type: ignore[arg-type]
-                                                         context=client_context(src.curve)))
+                self._req_exec,
+                lambda: request_describe(
+                    src.replay_endpoint,  # type: ignore[arg-type]
+                    timeout=wait,
+                    context=client_context(src.curve),
+                ),
+            )
         except (EngineRequestError, OSError) as exc:
             self._counters["describe_failures"] += 1
             log.info("source %s: KVE/DESCRIBE failed: %s", name, exc)
@@ -277,7 +293,11 @@ class Bridge:
             rank = _rank(it.dp_rank)
             epoch = it.epoch if it.epoch is not None else await self._epoch_of(it.source)
             headers = {
-                H_SOURCE: it.source, H_SEQ: str(it.seq), H_EPOCH: epoch_text(epoch), H_RANK: str(rank), H_KIND: "live",
+                H_SOURCE: it.source,
+                H_SEQ: str(it.seq),
+                H_EPOCH: epoch_text(epoch),
+                H_RANK: str(rank),
+                H_KIND: "live",
                 "Nats-Msg-Id": msg_id(it.source, rank, it.seq, epoch, it.payload),
             }
             out.append((live_subject(self.stream, it.source, rank), it.payload, headers))
@@ -296,7 +316,7 @@ class Bridge:
                 raise
             except Exception as exc:  # noqa: BLE001 - NATS away: this and the rest go the slow, sure way
                 self._note_publish_failure("live", exc, 0)
-                rest = [x for _, x, _ in self._inflight] + msgs[msgs.index(m):]
+                rest = [x for _, x, _ in self._inflight] + msgs[msgs.index(m) :]
                 self._drop_inflight()
                 await self._publish_all(rest)
                 return
@@ -317,7 +337,9 @@ class Bridge:
         q = self._inflight
         if wait and q and not q[0][0].done():
             try:
-                await asyncio.wait_for(asyncio.shield(q[0][0]), min(0.02, max(0.0, q[0][2] + self.publish_timeout_s - time.monotonic())))
+                await asyncio.wait_for(
+                    asyncio.shield(q[0][0]), min(0.02, max(0.0, q[0][2] + self.publish_timeout_s - time.monotonic()))
+                )
             except (asyncio.TimeoutError, Exception):  # noqa: BLE001 - judged below
                 pass
         now = time.monotonic()
@@ -400,8 +422,13 @@ class Bridge:
             start = max(int(info.state.last_seq or 0), self._max_ack) + 1  # S+1 is stored after this
             before = await self._describe(name)
             payloads, covered = await loop.run_in_executor(
-                self._req_exec, lambda: request_snapshot(src.replay_endpoint, timeout=self.request_timeout_s,  # type: ignore[arg-type]
-                                                         context=client_context(src.curve)))
+                self._req_exec,
+                lambda: request_snapshot(
+                    src.replay_endpoint,  # type: ignore[arg-type]
+                    timeout=self.request_timeout_s,
+                    context=client_context(src.curve),
+                ),
+            )
             after = await self._describe(name)
         except asyncio.CancelledError:
             raise
@@ -413,15 +440,25 @@ class Bridge:
         rank = _rank(before.get("dp_rank"))
         self._snap_n += 1
         sid = f"{self.bridge_id}-{self._snap_n}"
-        base = {H_SOURCE: name, H_SEQ: str(-1 if covered is None else covered), H_EPOCH: epoch_text(epoch),
-                H_RANK: str(rank), H_SNAP: sid, H_FROM: str(start)}
+        base = {
+            H_SOURCE: name,
+            H_SEQ: str(-1 if covered is None else covered),
+            H_EPOCH: epoch_text(epoch),
+            H_RANK: str(rank),
+            H_SNAP: sid,
+            H_FROM: str(start),
+        }
         subject = snap_subject(self.stream, name, rank)
         msgs = [(subject, p, {**base, H_KIND: "part", H_PART: str(i)}) for i, p in enumerate(payloads)]
         msgs.append((subject, b"", {**base, H_KIND: "end", H_PARTS: str(len(payloads))}))
         try:
             acked = await self._publish_all(msgs, "snapshot")
-            await retry(lambda: self._js.purge_stream(self.stream, subject=subject, seq=acked[0]),
-                        f"purging older snapshots of {subject}", attempts=5, stop=self._stop.is_set)
+            await retry(
+                lambda: self._js.purge_stream(self.stream, subject=subject, seq=acked[0]),
+                f"purging older snapshots of {subject}",
+                attempts=5,
+                stop=self._stop.is_set,
+            )
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - the snapshot is stored; an old one lingers until max age

@@ -138,8 +138,14 @@ class StreamOrder:
             self._restart(st, m.epoch)
         elif st.epoch is None and m.epoch is not None:
             st.epoch = m.epoch
-        elif (m.epoch is None and st.epoch is None and m.seq == 0 and st.next_seq is not None
-              and st.next_seq > 1 and 0 not in st.pending):
+        elif (
+            m.epoch is None
+            and st.epoch is None
+            and m.seq == 0
+            and st.next_seq is not None
+            and st.next_seq > 1
+            and 0 not in st.pending
+        ):
             self._restart(st, None)  # no epoch known: a stream starting over at 0 is a restart
         if st.next_seq is not None and m.seq < st.next_seq or m.seq in st.pending:
             self.counters["duplicates"] += 1
@@ -183,15 +189,30 @@ class StreamOrder:
         """Time-based rules: a gap that lasts becomes a Reset; a resync that never comes, a clean start."""
         now = self.clock()
         for st in self.streams.values():
-            if st.next_seq is not None and st.pending and st.gap_since is not None and now - st.gap_since >= self.reorder_wait_s:
+            if (
+                st.next_seq is not None
+                and st.pending
+                and st.gap_since is not None
+                and now - st.gap_since >= self.reorder_wait_s
+            ):
                 self.counters["gaps"] += 1
                 self._wait(st, "gap")
                 if st.spare is not None and self._fits(st, st.spare):
                     self._apply(st, st.spare)
-            elif st.next_seq is None and st.pending and st.waiting_since is not None and now - st.waiting_since >= self.resync_timeout_s:
+            elif (
+                st.next_seq is None
+                and st.pending
+                and st.waiting_since is not None
+                and now - st.waiting_since >= self.resync_timeout_s
+            ):
                 self.counters["losses"] += 1
-                log.warning("%s rank %d: no snapshot within %.0fs, starting clean at seq %d (state lost)",
-                            st.source, st.rank, self.resync_timeout_s, min(st.pending))
+                log.warning(
+                    "%s rank %d: no snapshot within %.0fs, starting clean at seq %d (state lost)",
+                    st.source,
+                    st.rank,
+                    self.resync_timeout_s,
+                    min(st.pending),
+                )
                 st.next_seq = min(st.pending)
                 self._drain(st)
 
@@ -266,8 +287,9 @@ class StreamOrder:
                 self.counters["bad_payloads"] += 1
                 log.warning("%s rank %d seq %d: undecodable payload: %s", st.source, st.rank, m.seq, exc)
             else:
-                self._out.append(Delivery(st.source, m.seq, batch, m.payload, "", "live", st.rank, m.epoch,
-                                          m.subject, m.received_at))
+                self._out.append(
+                    Delivery(st.source, m.seq, batch, m.payload, "", "live", st.rank, m.epoch, m.subject, m.received_at)
+                )
                 self.counters["heartbeats" if not batch.events else "live"] += 1
                 st.dirty = True
             st.next_seq += 1

@@ -60,8 +60,14 @@ def _meta(subject: str, headers: dict[str, str], stream_seq: int) -> dict[str, A
         seq = int(headers.get(H_SEQ, ""))
     except ValueError:
         return None
-    return {"source": source, "rank": rank, "seq": seq, "epoch": parse_epoch(headers.get(H_EPOCH)),
-            "start": int(headers.get(H_FROM) or 0), "stream_seq": stream_seq}
+    return {
+        "source": source,
+        "rank": rank,
+        "seq": seq,
+        "epoch": parse_epoch(headers.get(H_EPOCH)),
+        "start": int(headers.get(H_FROM) or 0),
+        "stream_seq": stream_seq,
+    }
 
 
 def pick_snapshots(msgs: Sequence[tuple[str, dict[str, str], bytes, int]]) -> dict[tuple[str, int], Snapshot]:
@@ -205,8 +211,11 @@ class JetStreamSource:
             if s is None:
                 heard = st.last_heard
                 s = out[source] = SourceStatus(
-                    name=source, endpoint=f"{self.nats.redacted()} {ROOT}.{self.stream}.{source}",
-                    next_seq=st.next_seq, epoch=st.epoch, last_heard=heard,
+                    name=source,
+                    endpoint=f"{self.nats.redacted()} {ROOT}.{self.stream}.{source}",
+                    next_seq=st.next_seq,
+                    epoch=st.epoch,
+                    last_heard=heard,
                     stale=now - (heard if heard is not None else self._started_at) > self.stale_after_s,
                 )
             s.ranks[rank] = st.next_seq
@@ -277,8 +286,9 @@ class JetStreamSource:
         elif self.only is None or meta["source"] in self.only:
             hk = headers.get(H_KIND, "live")
             if not parsed[2]:  # type: ignore[index]
-                self.order.live(LiveMsg(meta["source"], meta["rank"], meta["seq"], meta["epoch"], data, sseq,
-                                        self.clock(), subject))
+                self.order.live(
+                    LiveMsg(meta["source"], meta["rank"], meta["seq"], meta["epoch"], data, sseq, self.clock(), subject)
+                )
             elif hk == "part":
                 self._asm.add_part(headers.get(H_SNAP, ""), int(headers.get(H_PART, "-1")), data)
             elif hk == "end":
@@ -323,8 +333,12 @@ class JetStreamSource:
 
         nc = None
         try:
-            nc = await connect(self.nats, on_unreachable=self.on_unreachable, give_up_after_s=self.give_up_after_s,
-                               stop=self._stop.is_set)
+            nc = await connect(
+                self.nats,
+                on_unreachable=self.on_unreachable,
+                give_up_after_s=self.give_up_after_s,
+                stop=self._stop.is_set,
+            )
             js = nc.jetstream()
             waited = False
             while True:
@@ -354,8 +368,9 @@ class JetStreamSource:
 
                 when = dt.datetime.fromtimestamp(self.start_time, dt.timezone.utc)
                 self._q.put(("snapshots", {}, last, last == 0))
-                return await self._ordered(js, ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME,
-                                                              opt_start_time=when))
+                return await self._ordered(
+                    js, ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=when)
+                )
             if not resumed and any(s.endswith(".snap") for s in subjects):
                 chosen = await self._read_snapshots(js, subjects)
             live = {(p[0], p[1]) for p in map(parse_subject, subjects) if p is not None and not p[2]}
@@ -387,8 +402,15 @@ class JetStreamSource:
         async def on_msg(msg: Any) -> None:
             self._q.put(("msg", msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream, None))
 
-        sub = await js.subscribe(stream_filter(self.stream), cb=on_msg, ordered_consumer=True, config=cfg,
-                                 idle_heartbeat=1.0, pending_bytes_limit=1 << 30, pending_msgs_limit=1 << 22)
+        sub = await js.subscribe(
+            stream_filter(self.stream),
+            cb=on_msg,
+            ordered_consumer=True,
+            config=cfg,
+            idle_heartbeat=1.0,
+            pending_bytes_limit=1 << 30,
+            pending_msgs_limit=1 << 22,
+        )
         try:
             while not self._stop.is_set():
                 await asyncio.sleep(0.2)
@@ -418,8 +440,14 @@ class JetStreamSource:
         while not self._stop.is_set():
             try:
                 if psub is None:
-                    psub = await js.pull_subscribe(stream_filter(self.stream), durable=self.durable, stream=self.stream,
-                                                   config=cfg, pending_bytes_limit=1 << 30, pending_msgs_limit=1 << 22)
+                    psub = await js.pull_subscribe(
+                        stream_filter(self.stream),
+                        durable=self.durable,
+                        stream=self.stream,
+                        config=cfg,
+                        pending_bytes_limit=1 << 30,
+                        pending_msgs_limit=1 << 22,
+                    )
                 msgs = await psub.fetch(512, timeout=0.5)
             except (NatsTimeout, asyncio.TimeoutError):
                 continue
@@ -445,9 +473,15 @@ class JetStreamSource:
             if md.num_pending == 0:
                 done.set()
 
-        sub = await js.subscribe(f"{ROOT}.{self.stream}.*.*.snap", cb=on_msg, ordered_consumer=True,
-                                 deliver_policy=DeliverPolicy.ALL, idle_heartbeat=1.0,
-                                 pending_bytes_limit=1 << 30, pending_msgs_limit=1 << 22)
+        sub = await js.subscribe(
+            f"{ROOT}.{self.stream}.*.*.snap",
+            cb=on_msg,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+            idle_heartbeat=1.0,
+            pending_bytes_limit=1 << 30,
+            pending_msgs_limit=1 << 22,
+        )
         try:
             while not done.is_set() and not self._stop.is_set():
                 try:

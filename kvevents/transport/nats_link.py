@@ -20,9 +20,31 @@ from typing import Any, Awaitable, Callable, Coroutine, TypeVar
 from kvevents.errors import KVEventsError
 
 __all__ = [
-    "ROOT", "H_SEQ", "H_EPOCH", "H_RANK", "H_KIND", "H_SNAP", "H_PART", "H_PARTS", "H_FROM", "H_SOURCE",
-    "NatsOptions", "StreamOptions", "NatsUnavailable", "LoopThread", "check_token", "live_subject",
-    "snap_subject", "stream_filter", "parse_subject", "connect", "close", "ensure_stream", "retry", "epoch_text", "parse_epoch",
+    "ROOT",
+    "H_SEQ",
+    "H_EPOCH",
+    "H_RANK",
+    "H_KIND",
+    "H_SNAP",
+    "H_PART",
+    "H_PARTS",
+    "H_FROM",
+    "H_SOURCE",
+    "NatsOptions",
+    "StreamOptions",
+    "NatsUnavailable",
+    "LoopThread",
+    "check_token",
+    "live_subject",
+    "snap_subject",
+    "stream_filter",
+    "parse_subject",
+    "connect",
+    "close",
+    "ensure_stream",
+    "retry",
+    "epoch_text",
+    "parse_epoch",
 ]
 
 log = logging.getLogger("kvevents.nats")
@@ -114,7 +136,9 @@ class NatsOptions:
             raise ValueError("--nats: expected a URL such as nats://127.0.0.1:4222")
         for u in out:
             if "://" not in u:
-                raise ValueError(f"--nats {u!r}: expected a URL such as nats://127.0.0.1:4222 (schemes nats, tls, ws, wss)")
+                raise ValueError(
+                    f"--nats {u!r}: expected a URL such as nats://127.0.0.1:4222 (schemes nats, tls, ws, wss)"
+                )
         return out
 
     def redacted(self) -> str:
@@ -299,7 +323,9 @@ async def ensure_stream(js: Any, stream: str, opts: StreamOptions | None, *, cre
     return await js.add_stream(cfg)
 
 
-async def retry(op: Callable[[], Awaitable[T]], what: str, *, attempts: int | None = None, stop: Callable[[], bool] = lambda: False) -> T:
+async def retry(
+    op: Callable[[], Awaitable[T]], what: str, *, attempts: int | None = None, stop: Callable[[], bool] = lambda: False
+) -> T:
     """Run `op` until it succeeds, backing off 0.1 s doubling to 2 s (NATS down, stream leader moving).
 
     A ValueError (a mistake retrying cannot fix) is raised at once.

@@ -49,8 +49,18 @@ class NatsServer:
     def start(self, timeout: float = 10.0) -> NatsServer:
         ports_dir = self.workdir / f"ports-{time.monotonic_ns()}"
         ports_dir.mkdir(parents=True)
-        args = [self.binary, "-js", "-a", "127.0.0.1", "-p", str(self.port or -1), "-sd", str(self.store),
-                "--ports_file_dir", str(ports_dir)]
+        args = [
+            self.binary,
+            "-js",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(self.port or -1),
+            "-sd",
+            str(self.store),
+            "--ports_file_dir",
+            str(ports_dir),
+        ]
         log = open(self.workdir / "nats-server.log", "ab")
         try:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

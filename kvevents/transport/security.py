@@ -110,7 +110,9 @@ class CurveServer:
     allow_dir: str | None = None
 
     @classmethod
-    def from_files(cls, secret_file: str | os.PathLike[str], allow_dir: str | os.PathLike[str] | None = None) -> CurveServer:
+    def from_files(
+        cls, secret_file: str | os.PathLike[str], allow_dir: str | os.PathLike[str] | None = None
+    ) -> CurveServer:
         """Load the server's `.key_secret` and, if given, every `*.key` in `allow_dir` (read once, here)."""
         import zmq.auth
 
@@ -144,7 +146,9 @@ class CurveClient:
             object.__setattr__(self, "secret_key", secret)
 
     @classmethod
-    def from_files(cls, server_key_file: str | os.PathLike[str], client_cert: str | os.PathLike[str] | None = None) -> CurveClient:
+    def from_files(
+        cls, server_key_file: str | os.PathLike[str], client_cert: str | os.PathLike[str] | None = None
+    ) -> CurveClient:
         """The server's public certificate, and this client's `.key_secret` (None: a throwaway keypair)."""
         server = load_public_key(server_key_file)
         if client_cert is None:
@@ -274,7 +278,7 @@ def exposed_endpoints(*endpoints: str | None) -> list[str]:
     for ep in endpoints:
         if not ep or not ep.startswith("tcp://"):
             continue
-        host = ep[len("tcp://"):].rpartition(":")[0]
+        host = ep[len("tcp://") :].rpartition(":")[0]
         host = host.rpartition(";")[2]  # 'tcp://src;dst:port': the destination
         if not _loopback_host(host):
             out.append(ep)

@@ -179,7 +179,9 @@ class Sequencer:
         st = s.streams.get(rank)
         if st is None:
             if len(s.streams) >= self.max_ranks:
-                return self.bad(f"source {s.name}: more than {self.max_ranks} dp ranks", f"rank {rank}", "dropped_ranks")
+                return self.bad(
+                    f"source {s.name}: more than {self.max_ranks} dp ranks", f"rank {rank}", "dropped_ranks"
+                )
             # first contact: "now" takes the first live batch as the start, no loss counted
             st = s.streams[rank] = Stream(rank, clean_start=(s.source.start or self.start_mode) == "now")
         if not batch.events:
@@ -246,8 +248,15 @@ class Sequencer:
         self.counters[{"live": "live", "replay": "replayed", "snapshot": "snapshot_batches"}[kind]] += 1
         self._out.append(
             Delivery(
-                s.name, it.seq if seq is None else seq, it.batch, it.payload, it.topic.decode("utf-8", "replace"),
-                kind, st.rank, st.epoch if it.batch.epoch is None else it.batch.epoch, s.source.endpoint,
+                s.name,
+                it.seq if seq is None else seq,
+                it.batch,
+                it.payload,
+                it.topic.decode("utf-8", "replace"),
+                kind,
+                st.rank,
+                st.epoch if it.batch.epoch is None else it.batch.epoch,
+                s.source.endpoint,
                 it.received_at,
             )
         )
@@ -412,7 +421,9 @@ class Sequencer:
             s.active = None
             s.not_before = 0.0
             self.counters["restarts"] += 1
-            log.info("source %s rank %s: new epoch %s (was %s): the publisher restarted", s.name, st.rank, epoch, st.epoch)
+            log.info(
+                "source %s rank %s: new epoch %s (was %s): the publisher restarted", s.name, st.rank, epoch, st.epoch
+            )
             self._restart(s, st, epoch, "restart", 1)
             self._pump(s)
             return

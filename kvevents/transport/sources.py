@@ -17,6 +17,7 @@ __all__ = ["Source", "parse_source", "Delivery", "Reset", "SourceStatus", "Outpu
 # a counted clean start); now: the first live batch, without replay and without counting a loss.
 START_MODES: tuple[str, ...] = ("oldest", "snapshot", "now")
 
+
 @dataclass(slots=True)
 class Source:
     """One publisher: live endpoint, optional replay ROUTER endpoint, a name (default: the endpoint).
@@ -37,7 +38,9 @@ class Source:
         if not self.endpoint:
             raise ValueError("Source: endpoint must not be empty")
         if self.start is not None and self.start not in START_MODES:
-            raise ValueError(f"source {self.name or self.endpoint!r}: start must be one of {', '.join(START_MODES)}, got {self.start!r}")
+            raise ValueError(
+                f"source {self.name or self.endpoint!r}: start must be one of {', '.join(START_MODES)}, got {self.start!r}"
+            )
         if self.name is None:
             self.name = self.endpoint
         for what, ep in (("", self.endpoint), ("replay ", self.replay_endpoint)):

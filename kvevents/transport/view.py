@@ -244,7 +244,9 @@ def snapshot_batches(view: FrozenView, blocks_per_batch: int = 512) -> Iterator[
             if nblocks >= blocks_per_batch:
                 yield batch
                 batch, nblocks = [], 0
-            cur = BlockStored([h], parent, list(toks), bs, ev.lora_id, medium, ev.lora_name, ev.cache_salt, ev.session_id)
+            cur = BlockStored(
+                [h], parent, list(toks), bs, ev.lora_id, medium, ev.lora_name, ev.cache_salt, ev.session_id
+            )
             cur_key = key
             batch.append(cur)
         nblocks += 1
