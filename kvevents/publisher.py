@@ -1,4 +1,5 @@
-"""ZeroMQ publisher of KV-cache event batches, wire-compatible with vLLM >= 0.26 (SPEC 6-8).
+"""ZeroMQ publisher of KV-cache event batches, wire-compatible with vLLM >= 0.26 (schemas/README.md,
+"Wire format" and "Transport in one page").
 
 `publish()` encodes and sends on the caller's thread under a lock (a PUB send never blocks; see
 benchmarks/bench_publisher.py for why this beats a queue + sender thread). A service thread answers
@@ -52,7 +53,7 @@ class PublisherConfig(BaseModel):
     """Publisher settings, named as vLLM's KVEventsConfig / SGLang's publisher config.
 
     `snapshots` (our extension, default True) matters only with a `replay_endpoint`: True keeps
-    the live-block view that KVE/SNAPSHOT serves (SPEC 8), updated on every publish (about 3 us of
+    the live-block view that KVE/SNAPSHOT serves (schemas/README.md, Transport), updated on every publish (about 3 us of
     interpreter time per batch of 32 single-page events; see benchmarks/bench_publisher.py).
     False is vLLM's feature set: the replay ring and the ROUTER stay (replay and KVE/DESCRIBE are
     answered, DESCRIBE's page size is learned from the first BlockStored), but no view is kept and
@@ -94,7 +95,7 @@ class PublisherConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _default_binds_loopback(cls, data: Any) -> Any:
-        """SPEC 7: the project's default endpoint (loopback) is bound; an explicit endpoint with
+        """Transport rule: the project's default endpoint (loopback) is bound; an explicit endpoint with
         `bind` unset follows the vLLM rule."""
         if isinstance(data, dict) and data.get("endpoint") is None and data.get("bind") is None:
             data = {**data, "bind": True}

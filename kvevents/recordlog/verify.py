@@ -1,4 +1,5 @@
-"""`log inspect --verify`: check a recorded stream against the contract (SPEC sections 4, 5, 9).
+"""`log inspect --verify`: check a recorded stream against the contract (schemas/README.md: "Event hashes",
+"What the reference cache emits", the consumer rules under "Transport in one page").
 
 Checks, per (source, dp_rank): parents are stored before children; removes only remove live
 copies (ref-counted per source/rank/medium/hash); every published hash recomputes from token_ids.
