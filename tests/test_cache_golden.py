@@ -1,4 +1,4 @@
-"""The reference cache reproduces SGLang 0.5.20's golden events, event for event (SPEC section 5)."""
+"""The reference cache reproduces SGLang 0.5.20's golden events, event for event (the contract, "What the reference cache emits")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""LRU order, split timing, locks and event coalescing of the radix cache (SPEC section 5)."""
+"""LRU order, split timing, locks and event coalescing of the radix cache (the contract, "What the reference cache emits")."""
 
 from __future__ import annotations
 

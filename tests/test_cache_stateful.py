@@ -1,7 +1,7 @@
 """Stateful property test of the radix cache against an independent model built from its events.
 
 The model only sees the emitted events (plus the token paths they name) and recomputes every hash
-with kvevents.hashing, so it checks SPEC section 5 from the consumer's side: every published hash
+with kvevents.hashing, so it checks the contract, "What the reference cache emits" from the consumer's side: every published hash
 is event_hashes(full token path, salt), removes only remove live copies, and stored-minus-removed
 copies equal the tree's pages at every step.
 """

@@ -1,4 +1,4 @@
-"""Wire format (SPEC 6): structs, encoder, tolerant decoder, strict vLLM decoding, JSON Schema."""
+"""Wire format (the contract, "Wire format"): structs, encoder, tolerant decoder, strict vLLM decoding, JSON Schema."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The hash contract (SPEC 1-4): namespaces, chains, seeds, int64 form, inputs and properties."""
+"""The hash contract (the contract, schemas/README.md sections "Namespace" to "The published integer"): namespaces, chains, seeds, int64 form, inputs and properties."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ NAMESPACES = [
 
 
 def reference_chain(tokens: list[int], page_size: int, prior: bytes | None) -> list[str]:
-    """A second, deliberately naive implementation of SPEC section 2 (struct per token)."""
+    """A second, deliberately naive implementation of the contract, "The page hash" (struct per token)."""
     out = []
     for i in range(0, len(tokens), page_size):
         data = (prior or b"") + b"".join(struct.pack("<I", t) for t in tokens[i : i + page_size])

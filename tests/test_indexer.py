@@ -23,7 +23,7 @@ def stored(hashes, parent=None, medium="GPU", lora=None) -> BlockStored:
 
 
 def test_two_copies_under_two_extra_keys_survive_one_removal():
-    """The same tokens cached under two extra keys publish the same hashes twice (SPEC 5)."""
+    """The same tokens cached under two extra keys publish the same hashes twice (the contract, "What the reference cache emits")."""
     toks = list(range(64))
     w = SimWorker("w0", page_size=16, capacity_pages=None)
     w.serve(Request(toks, Namespace("adapter-1")))

@@ -33,7 +33,7 @@ def test_config_defaults_mirror_vllm():
         None,
         True,
         "",
-    )  # SPEC 7: the default binds loopback
+    )  # the contract, "Transport in one page": the default binds loopback
     assert (c.buffer_steps, c.hwm, c.max_queue_size, c.heartbeat_interval_s) == (10000, 100000, 100000, 1.0)
     assert (c.dp_rank, c.event_encoding, c.metrics_port) == (0, "map", None)
     with pytest.raises(ValueError):

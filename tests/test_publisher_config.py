@@ -1,4 +1,4 @@
-"""PublisherConfig defaults (SPEC section 7): the project's default binds loopback; explicit
+"""PublisherConfig defaults (the contract, "Transport in one page"): the project's default binds loopback; explicit
 endpoints with `bind` unset follow the vLLM rule."""
 
 from __future__ import annotations

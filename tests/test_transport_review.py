@@ -1,5 +1,5 @@
 """Review fixes of the transport: busy metrics ports, tcp port range, queue-mode close, metrics
-names and servers' lifetime, and SPEC 9's "a late replayed store never resurrects a removed block"."""
+names and servers' lifetime, and the contract, the consumer rules ("Transport in one page")'s "a late replayed store never resurrects a removed block"."""
 
 from __future__ import annotations
 
@@ -316,7 +316,7 @@ def test_subscriber_metrics_server_stops_with_the_subscriber():
     assert _can_listen(port)
 
 
-# ------------------------------------------------------------------ 6. SPEC 9: no resurrection
+# ------------------------------------------------------------------ 6. the contract, the consumer rules ("Transport in one page"): no resurrection
 
 
 def test_late_replayed_store_never_resurrects_a_block_a_live_remove_dropped():
