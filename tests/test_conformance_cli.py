@@ -21,9 +21,28 @@ BANNER = re.compile(r"live (\S+) replay (\S+)")
 
 def _serve(*extra: str) -> subprocess.Popen[str]:
     cmd = [EXE] if EXE else [sys.executable, "-m", "kvevents"]
-    return subprocess.Popen([*cmd, "serve", "--endpoint", "tcp://127.0.0.1:*", "--page-size", "4", "--rate", "100",
-                             "--duration", "30", "--capacity-pages", "200", "--heartbeat", "0.2", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [
+            *cmd,
+            "serve",
+            "--endpoint",
+            "tcp://127.0.0.1:*",
+            "--page-size",
+            "4",
+            "--rate",
+            "100",
+            "--duration",
+            "30",
+            "--capacity-pages",
+            "200",
+            "--heartbeat",
+            "0.2",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.fixture
@@ -47,8 +66,21 @@ def test_kvevents_serve_passes_every_rule(served: tuple[str, str]) -> None:
     report = json.loads(proc.stdout)
     assert report["ok"] and not report["failed"]
     assert {r["rule"]: r["status"] for r in report["rules"]} == dict.fromkeys(
-        ["live-frames", "batch-shape", "seq-increasing", "gaps-healed", "replay-protocol", "hash-recompute",
-         "parents-first", "removes-live", "all-cleared", "describe", "snapshot"], "pass")
+        [
+            "live-frames",
+            "batch-shape",
+            "seq-increasing",
+            "gaps-healed",
+            "replay-protocol",
+            "hash-recompute",
+            "parents-first",
+            "removes-live",
+            "all-cleared",
+            "describe",
+            "snapshot",
+        ],
+        "pass",
+    )
 
 
 def test_wrong_page_size_fails_with_exit_1(served: tuple[str, str]) -> None:
@@ -95,8 +127,9 @@ def test_opt_in_epoch_fails_batch_shape_unless_allowed(served: tuple[str, str]) 
     strict = kve("conformance", "stream", live, "--replay", replay, "--page-size", "4", "--duration", "0.5", "--json")
     assert strict.returncode == 1, strict.stdout
     assert json.loads(strict.stdout)["failed"] == ["batch-shape", "snapshot"]  # snapshot batches carry it too
-    tolerant = kve("conformance", "stream", live, "--replay", replay, "--page-size", "4", "--duration", "0.5",
-                   "--allow-epoch")
+    tolerant = kve(
+        "conformance", "stream", live, "--replay", replay, "--page-size", "4", "--duration", "0.5", "--allow-epoch"
+    )
     assert tolerant.returncode == 0, tolerant.stdout + tolerant.stderr
 
 
@@ -112,15 +145,33 @@ def test_drive_against_kvevents_serve_http() -> None:
         live, replay = BANNER.search(" ".join(lines)).groups()  # type: ignore[union-attr]
         m = re.search(r"http (http://\S+)/v1/completions", " ".join(lines))
         assert m, lines
-        out = kve("conformance", "drive", "--http", m.group(1), "--endpoint", live, "--replay", replay,
-                  "--page-size", "4", "--json")
+        out = kve(
+            "conformance",
+            "drive",
+            "--http",
+            m.group(1),
+            "--endpoint",
+            live,
+            "--replay",
+            replay,
+            "--page-size",
+            "4",
+            "--json",
+        )
     finally:
         proc.terminate()
         proc.wait(10)
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
     statuses = {r["rule"]: r["status"] for r in report["rules"]}
-    for rule in ("drive-events", "adapters-same-hash", "salts-differ", "hashes-profile", "hash-recompute", "batch-shape"):
+    for rule in (
+        "drive-events",
+        "adapters-same-hash",
+        "salts-differ",
+        "hashes-profile",
+        "hash-recompute",
+        "batch-shape",
+    ):
         assert statuses[rule] == "pass", out.stdout
 
 
@@ -128,8 +179,22 @@ def test_drive_against_kvevents_serve_http() -> None:
 @pytest.mark.parametrize("served", [("--engine", "vllm")], indirect=True)
 def test_kvevents_serve_vllm_engine_passes_under_the_vllm_profile(served: tuple[str, str]) -> None:
     live, replay = served
-    proc = kve("conformance", "stream", live, "--replay", replay, "--page-size", "4", "--duration", "1",
-               "--profile", "vllm-sha256", "--lora-path", "/adapters/{name}", "--json")
+    proc = kve(
+        "conformance",
+        "stream",
+        live,
+        "--replay",
+        replay,
+        "--page-size",
+        "4",
+        "--duration",
+        "1",
+        "--profile",
+        "vllm-sha256",
+        "--lora-path",
+        "/adapters/{name}",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     statuses = {r["rule"]: r["status"] for r in json.loads(proc.stdout)["rules"]}
     for rule in ("batch-shape", "hash-recompute", "parents-first", "removes-live"):

@@ -53,8 +53,13 @@ def test_contract_worker_passes_every_drive_and_stream_rule(publisher: Publisher
 
 def test_vllm_worker_under_its_profile(publisher: Publisher) -> None:
     sim = VllmSimWorker("v0", block_size=4, capacity_blocks=500, hash_algo="sha256_cbor")
-    report = _drive(publisher, lambda r: serve_and_publish(sim, publisher, r), page_size=4,
-                    profile="vllm-sha256_cbor", lora_path="/adapters/{name}")
+    report = _drive(
+        publisher,
+        lambda r: serve_and_publish(sim, publisher, r),
+        page_size=4,
+        profile="vllm-sha256_cbor",
+        lora_path="/adapters/{name}",
+    )
     assert report.ok, report.table()
     assert report.result("adapters-same-hash").status is Status.NOT_OFFERED  # vLLM hashes the adapter in
     for rule in ("salts-differ", "hashes-profile", "hash-recompute", "batch-shape"):
@@ -85,8 +90,9 @@ def test_completions_endpoint_speaks_openai(publisher: Publisher) -> None:
     with CompletionsServer("127.0.0.1:0", lambda r: serve_and_publish(sim, publisher, r)) as srv:
         body = {"model": "lora-a", "prompt": list(range(1, 13)), "max_tokens": 1, "cache_salt": "t"}
         for expect_cached in (0, 12):
-            req = urllib.request.Request(srv.url + "/v1/completions", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
+            req = urllib.request.Request(
+                srv.url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+            )
             with urllib.request.urlopen(req, timeout=5) as resp:
                 out = json.loads(resp.read())
             assert out["object"] == "text_completion" and out["model"] == "lora-a"
@@ -112,9 +118,25 @@ def test_drive_against_nothing_is_a_usage_error(publisher: Publisher) -> None:
 def _pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_engine_own.py").write_text("def test_own():\n    assert True\n")
     env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")  # the plugin is loaded explicitly (installed or not)
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "kvevents.conformance.pytest_plugin", "-q", "-rfs",
-                           "-p", "no:cacheprovider", *args], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=60)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "kvevents.conformance.pytest_plugin",
+            "-q",
+            "-rfs",
+            "-p",
+            "no:cacheprovider",
+            *args,
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_plugin_is_inert_without_options(tmp_path: Path) -> None:
@@ -141,8 +163,19 @@ def test_plugin_runs_the_rules_as_tests(tmp_path: Path, publisher: Publisher) ->
     th = threading.Thread(target=engine, daemon=True)
     th.start()
     try:
-        proc = _pytest(tmp_path, "--kvevents-endpoint", publisher.endpoint, "--kvevents-replay", publisher.replay_endpoint,
-                       "--kvevents-page-size", "4", "--kvevents-duration", "0.8", "--junitxml", str(tmp_path / "j.xml"))
+        proc = _pytest(
+            tmp_path,
+            "--kvevents-endpoint",
+            publisher.endpoint,
+            "--kvevents-replay",
+            publisher.replay_endpoint,
+            "--kvevents-page-size",
+            "4",
+            "--kvevents-duration",
+            "0.8",
+            "--junitxml",
+            str(tmp_path / "j.xml"),
+        )
     finally:
         stop.set()
         th.join(5)
@@ -167,7 +200,9 @@ def test_plugin_fails_the_broken_rule(tmp_path: Path) -> None:
     th = threading.Thread(target=send, daemon=True)
     th.start()
     try:
-        proc = _pytest(tmp_path, "--kvevents-endpoint", eng.endpoint, "--kvevents-page-size", "4", "--kvevents-duration", "0.5")
+        proc = _pytest(
+            tmp_path, "--kvevents-endpoint", eng.endpoint, "--kvevents-page-size", "4", "--kvevents-duration", "0.5"
+        )
     finally:
         stop.set()
         th.join(5)
@@ -181,8 +216,19 @@ def test_plugin_fails_the_broken_rule(tmp_path: Path) -> None:
 def test_plugin_runs_the_drive_checks_with_kvevents_http(tmp_path: Path, publisher: Publisher) -> None:
     sim = SimWorker("w0", page_size=4, capacity_pages=500)
     with CompletionsServer("127.0.0.1:0", lambda r: serve_and_publish(sim, publisher, r)) as srv:
-        proc = _pytest(tmp_path, "--kvevents-endpoint", publisher.endpoint, "--kvevents-replay", publisher.replay_endpoint,
-                       "--kvevents-page-size", "4", "--kvevents-http", srv.url, "--junitxml", str(tmp_path / "j.xml"))
+        proc = _pytest(
+            tmp_path,
+            "--kvevents-endpoint",
+            publisher.endpoint,
+            "--kvevents-replay",
+            publisher.replay_endpoint,
+            "--kvevents-page-size",
+            "4",
+            "--kvevents-http",
+            srv.url,
+            "--junitxml",
+            str(tmp_path / "j.xml"),
+        )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     xml = (tmp_path / "j.xml").read_text()
     for rule in DRIVE_RULES:

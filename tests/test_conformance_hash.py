@@ -39,23 +39,36 @@ def write(tmp_path: Path, name: str, code: str) -> str:
 def test_readme_adapter_passes_every_case(tmp_path: Path) -> None:
     report = run_adapter(write(tmp_path, "adapter.py", readme_adapter()), CASES, timeout=5)
     assert report.ok, report.table()
-    assert {r.rule for r in report.results} == {"hash-golden", "hash-direct", "hash-reject", "hash-property", "hash-chunked"}
+    assert {r.rule for r in report.results} == {
+        "hash-golden",
+        "hash-direct",
+        "hash-reject",
+        "hash-property",
+        "hash-chunked",
+    }
     assert report.figures["cases"] == len(CASES)
 
 
 def test_adapter_mixing_extra_key_into_the_event_chain_fails(tmp_path: Path) -> None:
     """The storage seed (extra_key + salt) used for the published chain: golden C04/C06 must catch it."""
-    mixed = readme_adapter().replace(
-        'hashlib.sha256(b"sglang-cache-salt-v1\\0" + salt.encode()).digest() if salt else b""',
-        'storage_seed(r["extra_key"], salt)',
-    ).replace("for line in sys.stdin:", '''def field(v):
+    mixed = (
+        readme_adapter()
+        .replace(
+            'hashlib.sha256(b"sglang-cache-salt-v1\\0" + salt.encode()).digest() if salt else b""',
+            'storage_seed(r["extra_key"], salt)',
+        )
+        .replace(
+            "for line in sys.stdin:",
+            """def field(v):
     return b"\\0" if v is None else b"\\1" + struct.pack("<Q", len(v.encode())) + v.encode()
 
 def storage_seed(ek, salt):
     salt = salt or None
     return b"" if ek is None and salt is None else hashlib.sha256(b"sglang-cache-namespace-v1" + field(ek) + field(salt)).digest()
 
-for line in sys.stdin:''')
+for line in sys.stdin:""",
+        )
+    )
     assert "storage_seed(r" in mixed
     report = run_adapter(write(tmp_path, "mixed.py", mixed), CASES, timeout=5)
     assert not report.ok
@@ -66,8 +79,10 @@ for line in sys.stdin:''')
 
 
 def test_crashing_adapter_is_a_clear_failure(tmp_path: Path) -> None:
-    code = readme_adapter().replace("for line in sys.stdin:", "for n, line in enumerate(sys.stdin):\n    if n == 3:\n"
-                                    "        sys.exit('engine blew up')")
+    code = readme_adapter().replace(
+        "for line in sys.stdin:",
+        "for n, line in enumerate(sys.stdin):\n    if n == 3:\n        sys.exit('engine blew up')",
+    )
     report = run_adapter(write(tmp_path, "crash.py", code), CASES, timeout=5)
     golden = report.result("hash-golden")
     assert golden.status is Status.FAIL
@@ -104,13 +119,17 @@ def test_cli_exit_codes(tmp_path: Path) -> None:
     assert_user_error(kve("conformance", "hash", "--cmd", "no-such-adapter-binary"), 2, "cannot be started")
 
 
-@pytest.mark.parametrize("args", [["conformance", "stream", "nonsense://x", "--page-size", "4"],
-                                  ["conformance", "stream", "tcp://127.0.0.1:1", "--page-size", "4", "--profile", "nope"],
-                                  ["conformance", "drive", "--http", "ftp://x", "--endpoint", "tcp://127.0.0.1:1", "--page-size", "4"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["conformance", "stream", "nonsense://x", "--page-size", "4"],
+        ["conformance", "stream", "tcp://127.0.0.1:1", "--page-size", "4", "--profile", "nope"],
+        ["conformance", "drive", "--http", "ftp://x", "--endpoint", "tcp://127.0.0.1:1", "--page-size", "4"],
+    ],
+)
 def test_cli_usage_errors(args: list[str]) -> None:
     proc = kve(*args)
     assert_user_error(proc, 2)
-
 
 
 def test_unresponsive_adapter_is_given_up_after_a_few_cases(tmp_path: Path) -> None:
@@ -118,7 +137,9 @@ def test_unresponsive_adapter_is_given_up_after_a_few_cases(tmp_path: Path) -> N
     report = run_adapter(write(tmp_path, "silent.py", code), CASES, timeout=0.1)
     assert report.figures["seconds"] < 5
     assert report.result("hash-golden").examples[0].endswith("no answer within 0.1 s")
-    assert any("not run: adapter gave no answer to 3 cases in a row" in ex for ex in report.result("hash-property").examples)
+    assert any(
+        "not run: adapter gave no answer to 3 cases in a row" in ex for ex in report.result("hash-property").examples
+    )
 
 
 VLLM_ADAPTER = """

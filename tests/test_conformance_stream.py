@@ -163,8 +163,12 @@ def test_reference_to_a_cleared_block_fails_all_cleared() -> None:
     head = cache.take_events()
     stored = _stored(cache, [1, 2, 3, 4])
     gone = BlockRemoved([stored[0].block_hashes[0]], "GPU")
-    script = [(0, payload(head), True), (1, payload(stored), True), (2, payload([AllBlocksCleared()]), True),
-              (3, payload([gone]), True)]
+    script = [
+        (0, payload(head), True),
+        (1, payload(stored), True),
+        (2, payload([AllBlocksCleared()]), True),
+        (3, payload([gone]), True),
+    ]
     eng = FakeEngine()
     try:
         report = observe_fake(eng, script)
@@ -215,8 +219,9 @@ def test_live_vllm_stream_passes_under_its_profile() -> None:
     payloads = _vllm_payloads("sha256")
     pub = Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0)
     try:
-        opts = StreamOptions(pub.endpoint, pub.replay_endpoint, 4, profile="vllm-sha256", lora_path="/adapters/{name}",
-                             reply_timeout=1.0)
+        opts = StreamOptions(
+            pub.endpoint, pub.replay_endpoint, 4, profile="vllm-sha256", lora_path="/adapters/{name}", reply_timeout=1.0
+        )
         with StreamObserver(opts) as obs:
             for i, p in enumerate(payloads):
                 pub.publish_payload(p)

@@ -132,8 +132,16 @@ def _rule(name: str, problems: list[str], checked: int, ok_detail: str) -> RuleR
 
 def drive(opts: DriveOptions) -> Report:
     """Run the drive checks; the stream rules judged over the same window come after them."""
-    sopts = StreamOptions(opts.endpoint, opts.replay, opts.page_size, duration=0.0, profile=opts.profile,
-                          reply_timeout=min(opts.timeout, 2.0), hash_seed=opts.hash_seed, lora_path=opts.lora_path)
+    sopts = StreamOptions(
+        opts.endpoint,
+        opts.replay,
+        opts.page_size,
+        duration=0.0,
+        profile=opts.profile,
+        reply_timeout=min(opts.timeout, 2.0),
+        hash_seed=opts.hash_seed,
+        lora_path=opts.lora_path,
+    )
     with StreamObserver(sopts) as obs:
         d = _Driver(opts, obs)
         profile = obs.checker.profile
@@ -144,12 +152,23 @@ def drive(opts: DriveOptions) -> Report:
             if all(h is not None for h in d.send(d.prompt())):
                 joined = True
                 break
-        results.append(_rule("drive-events", [] if joined else [
-            f"no BlockStored with the pages of 3 warm-up prompts on {opts.endpoint} (the worker behind {opts.http}?)"],
-            1, "the stream carries each prompt's pages"))
+        results.append(
+            _rule(
+                "drive-events",
+                []
+                if joined
+                else [
+                    f"no BlockStored with the pages of 3 warm-up prompts on {opts.endpoint} (the worker behind {opts.http}?)"
+                ],
+                1,
+                "the stream carries each prompt's pages",
+            )
+        )
         if not joined:
-            results.extend(RuleResult(r, Status.NOT_CHECKABLE, "no events seen for the warm-up prompts")
-                           for r in ("adapters-same-hash", "salts-differ", "hashes-profile"))
+            results.extend(
+                RuleResult(r, Status.NOT_CHECKABLE, "no events seen for the warm-up prompts")
+                for r in ("adapters-same-hash", "salts-differ", "hashes-profile")
+            )
             stream = obs.finish()
             return Report("conformance drive", results + stream.results, dict(stream.figures))
         a, b = opts.adapters
@@ -158,12 +177,22 @@ def drive(opts: DriveOptions) -> Report:
         problems = [p for p in (_missing(ha, f"adapter {a}"), _missing(hb, f"adapter {b}")) if p]
         if not problems and ha != hb and profile.adapter_invariant:
             page = next(i for i, (p, q) in enumerate(zip(ha, hb)) if p != q)
-            problems.append(f"page {page}: {ha[page]} under {a}, {hb[page]} under {b} (extra_key moved a published hash)")
+            problems.append(
+                f"page {page}: {ha[page]} under {a}, {hb[page]} under {b} (extra_key moved a published hash)"
+            )
         if profile.adapter_invariant:
-            results.append(_rule("adapters-same-hash", problems, len(ha), f"{len(ha)} pages, same hashes under {a} and {b}"))
+            results.append(
+                _rule("adapters-same-hash", problems, len(ha), f"{len(ha)} pages, same hashes under {a} and {b}")
+            )
         else:
-            results.append(RuleResult("adapters-same-hash", Status.NOT_OFFERED, f"the {profile.name} profile hashes the "
-                                      "adapter into every block: adapters publish different hashes (hashes-profile checks them)"))
+            results.append(
+                RuleResult(
+                    "adapters-same-hash",
+                    Status.NOT_OFFERED,
+                    f"the {profile.name} profile hashes the "
+                    "adapter into every block: adapters publish different hashes (hashes-profile checks them)",
+                )
+            )
         s1, s2 = opts.salts
         y = d.prompt()
         h1, h2 = d.send(y, salt=s1), d.send(y, salt=s2)
@@ -171,7 +200,9 @@ def drive(opts: DriveOptions) -> Report:
         same = [i for i, (p, q) in enumerate(zip(h1, h2)) if p is not None and p == q]
         if not problems and same:
             problems.append(f"pages {same}: the same hashes under salts {s1} and {s2}")
-        results.append(_rule("salts-differ", problems, len(h1), f"{len(h1)} pages, different hashes under {s1} and {s2}"))
+        results.append(
+            _rule("salts-differ", problems, len(h1), f"{len(h1)} pages, different hashes under {s1} and {s2}")
+        )
         problems = []
         for tokens, got, salt, lora in ((x, ha, None, a), (x, hb, None, b), (y, h1, s1, None), (y, h2, s2, None)):
             lost = _missing(got, f"lora={lora} salt={salt}")

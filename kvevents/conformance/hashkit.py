@@ -27,6 +27,7 @@ from kvevents.hashing import Namespace, event_hashes, to_int64
 
 __all__ = ["GOLDEN_PATH", "HashCase", "all_cases", "check_answer", "golden_cases", "property_cases", "run_adapter"]
 
+
 def _golden_dir() -> Path:
     """The golden vectors shipped with the package (kvevents/schemas/golden), else the checkout's."""
     shipped = Path(__file__).resolve().parents[1] / "schemas" / "golden"
@@ -83,27 +84,73 @@ def golden_cases(path: Path | str = GOLDEN_PATH) -> list[HashCase]:
         ps, ek, salt = inp["page_size"], inp["extra_key"], inp["cache_salt"]
         parent_tokens, parent_hex = inp.get("parent_tokens"), ev.get("parent_event_hashes_hex")
         if parent_tokens:
-            out.append(HashCase(f"{case['id']}/parent", "golden", list(parent_tokens), ps, ek, salt, None, list(parent_hex)))
-            out.append(HashCase(f"{case['id']}/child", "golden", list(inp["tokens"]), ps, ek, salt, parent_hex[-1], list(ev["event_hashes_hex"])))
-            out.append(HashCase(f"{case['id']}/whole", "golden", list(parent_tokens) + list(inp["tokens"]), ps, ek, salt,
-                                None, list(parent_hex) + list(ev["event_hashes_hex"])))
+            out.append(
+                HashCase(f"{case['id']}/parent", "golden", list(parent_tokens), ps, ek, salt, None, list(parent_hex))
+            )
+            out.append(
+                HashCase(
+                    f"{case['id']}/child",
+                    "golden",
+                    list(inp["tokens"]),
+                    ps,
+                    ek,
+                    salt,
+                    parent_hex[-1],
+                    list(ev["event_hashes_hex"]),
+                )
+            )
+            out.append(
+                HashCase(
+                    f"{case['id']}/whole",
+                    "golden",
+                    list(parent_tokens) + list(inp["tokens"]),
+                    ps,
+                    ek,
+                    salt,
+                    None,
+                    list(parent_hex) + list(ev["event_hashes_hex"]),
+                )
+            )
         else:
-            out.append(HashCase(case["id"], "golden", list(inp["tokens"]), ps, ek, salt, None, list(ev["event_hashes_hex"])))
+            out.append(
+                HashCase(case["id"], "golden", list(inp["tokens"]), ps, ek, salt, None, list(ev["event_hashes_hex"]))
+            )
     d = data.get("direct", {})
     if "get_hash_str_[1,2,3]_page_size_4" in d:
-        out.append(HashCase("direct/[1,2,3]_ps4", "direct", [1, 2, 3], 4, expected=list(d["get_hash_str_[1,2,3]_page_size_4"])))
+        out.append(
+            HashCase("direct/[1,2,3]_ps4", "direct", [1, 2, 3], 4, expected=list(d["get_hash_str_[1,2,3]_page_size_4"]))
+        )
     if "get_hash_str_empty_page_size_4" in d:
         out.append(HashCase("direct/empty_ps4", "direct", [], 4, expected=list(d["get_hash_str_empty_page_size_4"])))
     if "partial_page_plain_ps4_tokens_5..10" in d:
-        out.append(HashCase("direct/partial_ps4_5..10", "direct", list(range(5, 11)), 4,
-                            expected=list(d["partial_page_plain_ps4_tokens_5..10"])))
+        out.append(
+            HashCase(
+                "direct/partial_ps4_5..10",
+                "direct",
+                list(range(5, 11)),
+                4,
+                expected=list(d["partial_page_plain_ps4_tokens_5..10"]),
+            )
+        )
     ep = d.get("explicit_prior")
     if ep:
         ek, salt = ep["namespace"]
-        out.append(HashCase("direct/explicit_prior", "direct", list(ep["tokens"]), 4, ek, salt, ep["prior_hex"],
-                            list(ep["get_hash_str_with_prior"])))
+        out.append(
+            HashCase(
+                "direct/explicit_prior",
+                "direct",
+                list(ep["tokens"]),
+                4,
+                ek,
+                salt,
+                ep["prior_hex"],
+                list(ep["get_hash_str_with_prior"]),
+            )
+        )
     if "token_u32_max" in d:
-        out.append(HashCase("direct/token_u32_max", "direct", [2**32 - 1], 4, expected=list(d["token_u32_max"]["list"])))
+        out.append(
+            HashCase("direct/token_u32_max", "direct", [2**32 - 1], 4, expected=list(d["token_u32_max"]["list"]))
+        )
     out.append(HashCase("reject/token_u32_max_plus_1", "reject", [1, 2**32], 4))
     out.append(HashCase("reject/token_negative", "reject", [1, -1], 4))
     return out
@@ -130,8 +177,18 @@ def property_cases(seed: int = 20, n: int = 120) -> list[HashCase]:
         if full >= 2:  # chunked continuation: a head chunk, then the rest from its last hash
             cut = rng.randint(1, full - 1) * ps
             head = event_hashes(toks[:cut], ps, ns)
-            out.append(HashCase(f"chunked/{i:03d}", "chunked", toks[cut:], ps, ek, salt, head[-1],
-                                event_hashes(toks[cut:], ps, ns, prior=head[-1])))
+            out.append(
+                HashCase(
+                    f"chunked/{i:03d}",
+                    "chunked",
+                    toks[cut:],
+                    ps,
+                    ek,
+                    salt,
+                    head[-1],
+                    event_hashes(toks[cut:], ps, ns, prior=head[-1]),
+                )
+            )
     return out
 
 
@@ -180,8 +237,14 @@ class _Adapter:
             raise ValueError("--cmd is empty")
         try:
             self.proc = subprocess.Popen(
-                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, encoding="utf-8", bufsize=1, cwd=cwd,
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                encoding="utf-8",
+                bufsize=1,
+                cwd=cwd,
             )
         except OSError as exc:
             raise ValueError(f"--cmd {command!r} cannot be started: {exc}") from None
@@ -316,7 +379,9 @@ def run_adapter(
         adapter.close()
     for rule in groups.values():
         bad = len(rule.examples)
-        rule.detail = f"{rule.checked - bad}/{rule.checked} cases right" + (f"; first: {rule.examples[0]}" if bad else "")
+        rule.detail = f"{rule.checked - bad}/{rule.checked} cases right" + (
+            f"; first: {rule.examples[0]}" if bad else ""
+        )
     report = Report("conformance hash", list(groups.values()))
     report.figures = {"cases": len(cases), "failed": failed, "seconds": round(time.monotonic() - t0, 2)}
     return report

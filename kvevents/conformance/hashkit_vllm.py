@@ -34,10 +34,27 @@ def _tuples(value: Any) -> Any:
     return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
-def _case(cid: str, group: str, algo: str, tokens: list[int], bs: int, keys: Any, seed: str | None,
-          prior: str | None, expected: list[str]) -> HashCase:
-    return HashCase(cid, group, tokens, bs, prior=prior, expected=expected, int_form="uint64-last8",
-                    extra={"hash_algo": algo, "seed": seed, "hash_extra_keys": keys})
+def _case(
+    cid: str,
+    group: str,
+    algo: str,
+    tokens: list[int],
+    bs: int,
+    keys: Any,
+    seed: str | None,
+    prior: str | None,
+    expected: list[str],
+) -> HashCase:
+    return HashCase(
+        cid,
+        group,
+        tokens,
+        bs,
+        prior=prior,
+        expected=expected,
+        int_form="uint64-last8",
+        extra={"hash_algo": algo, "seed": seed, "hash_extra_keys": keys},
+    )
 
 
 def vllm_cases(algo: str, seed: int = 20, n: int = 60, golden: Path | str = VLLM_GOLDEN_PATH) -> list[HashCase]:
@@ -50,8 +67,19 @@ def vllm_cases(algo: str, seed: int = 20, n: int = 60, golden: Path | str = VLLM
         raise ValueError(f"golden file {golden}: {exc}") from None
     for c in data.get("cases", []):
         if c.get("algo") == algo:
-            out.append(_case(c["name"], "golden", algo, list(c["tokens"]), c["block_size"], c["hash_extra_keys"],
-                             c["PYTHONHASHSEED"], None, list(c["digests"])))
+            out.append(
+                _case(
+                    c["name"],
+                    "golden",
+                    algo,
+                    list(c["tokens"]),
+                    c["block_size"],
+                    c["hash_extra_keys"],
+                    c["PYTHONHASHSEED"],
+                    None,
+                    list(c["digests"]),
+                )
+            )
     rng = random.Random(seed)
     for i in range(n):
         bs = rng.choice((1, 2, 4, 16))
@@ -60,18 +88,41 @@ def vllm_cases(algo: str, seed: int = 20, n: int = 60, golden: Path | str = VLLM
         lora = rng.choice((None, None, "lora-a", "ünï"))
         salt = rng.choice((None, None, "tenant-a"))
         hseed = rng.choice((None, None, "0", "42"))
-        tagged = vllm.tagged_extra_keys(nblocks, lora_name=lora, lora_path=None if lora is None else f"/a/{lora}",
-                                        cache_salt=salt)
+        tagged = vllm.tagged_extra_keys(
+            nblocks, lora_name=lora, lora_path=None if lora is None else f"/a/{lora}", cache_salt=salt
+        )
         keys = tagged if any(t is not None for t in tagged) else None
         digests = vllm.vllm_block_hashes(tokens, bs, hash_algo=algo, extra_keys_per_block=keys, seed=hseed)
         json_keys = None if keys is None else [None if t is None else [list(k) for k in t] for t in keys]
-        out.append(_case(f"vllm-property/{i:03d}", "property", algo, tokens, bs, json_keys, hseed, None,
-                         [d.hex() for d in digests]))
+        out.append(
+            _case(
+                f"vllm-property/{i:03d}",
+                "property",
+                algo,
+                tokens,
+                bs,
+                json_keys,
+                hseed,
+                None,
+                [d.hex() for d in digests],
+            )
+        )
         if nblocks >= 2:  # a continuation: the blocks after a cut, from the digest before it
             cut = rng.randint(1, nblocks - 1)
             rest = json_keys[cut:] if json_keys is not None else None
-            out.append(_case(f"vllm-chunked/{i:03d}", "chunked", algo, tokens[cut * bs :], bs, rest, hseed,
-                             digests[cut - 1].hex(), [d.hex() for d in digests[cut:]]))
+            out.append(
+                _case(
+                    f"vllm-chunked/{i:03d}",
+                    "chunked",
+                    algo,
+                    tokens[cut * bs :],
+                    bs,
+                    rest,
+                    hseed,
+                    digests[cut - 1].hex(),
+                    [d.hex() for d in digests[cut:]],
+                )
+            )
     return out
 
 

@@ -50,6 +50,7 @@ def judge_describe(c: StreamChecker, reply: list[bytes] | None) -> None:
     if c.last_live is not None and (not isinstance(newest, int) or newest < c.last_live):
         t.fail(f"newest_seq {newest!r} is older than seq {c.last_live} already seen live")
 
+
 def judge_snapshot(c: StreamChecker, replies: list[list[bytes]] | None, ended: bool) -> int | None:
     """Shape-check a snapshot reply; returns S (the seq it reflects) to compare at, or None."""
     t = c.t["snapshot"]
@@ -85,6 +86,7 @@ def judge_snapshot(c: StreamChecker, replies: list[list[bytes]] | None, ended: b
     c.snapshot_copies = snap
     return unpack_seq(end[3])
 
+
 def compare_snapshot(c: StreamChecker, s: int) -> None:
     """After applying every batch <= S: the snapshot's blocks must equal the live ones."""
     t = c.t["snapshot"]
@@ -96,6 +98,8 @@ def compare_snapshot(c: StreamChecker, s: int) -> None:
     live = Counter(c.live)
     if snap != live:
         extra, lost = snap - live, live - snap
-        return t.fail(f"at seq {s}: {sum(extra.values())} copies not live, {sum(lost.values())} live copies missing "
-                      f"(e.g. {next(iter(extra or lost))})")
+        return t.fail(
+            f"at seq {s}: {sum(extra.values())} copies not live, {sum(lost.values())} live copies missing "
+            f"(e.g. {next(iter(extra or lost))})"
+        )
     t.ok()

@@ -46,7 +46,9 @@ class Profile(Protocol):
 
     def published(self, digests: Sequence[bytes], fields: dict[str, Any] | None = None) -> list[int]: ...
 
-    def prompt_hashes(self, tokens: Sequence[int], page_size: int, *, salt: str | None, lora: str | None) -> list[int]: ...
+    def prompt_hashes(
+        self, tokens: Sequence[int], page_size: int, *, salt: str | None, lora: str | None
+    ) -> list[int]: ...
 
 
 class ContractProfile:
@@ -104,7 +106,9 @@ class VllmProfile:
             except ImportError as exc:
                 raise ProfileUnavailable(f"profile {self.name} not available: kvevents.engines.vllm ({exc})") from None
             if not callable(getattr(mod, "vllm_block_hashes", None)):
-                raise ProfileUnavailable(f"profile {self.name} not available: kvevents.engines.vllm has no vllm_block_hashes")
+                raise ProfileUnavailable(
+                    f"profile {self.name} not available: kvevents.engines.vllm has no vllm_block_hashes"
+                )
             self._mod = mod
         return self._mod
 
@@ -117,7 +121,9 @@ class VllmProfile:
 
     def _lora_key(self, name: str) -> tuple[str, str, str]:
         if self.lora_path is None:
-            raise NotCheckable("a LoRA block's hash includes the adapter path, which events do not carry (give --lora-path)")
+            raise NotCheckable(
+                "a LoRA block's hash includes the adapter path, which events do not carry (give --lora-path)"
+            )
         return ("lora", name, self.lora_path.replace("{name}", name))
 
     def _tagged(self, fields: dict[str, Any], n: int) -> list[Any] | None:
@@ -157,8 +163,11 @@ class VllmProfile:
         if fields.get("lora_name") and fields.get("extra_keys") is None:
             self._lora_key(fields["lora_name"])  # not checkable without the path
         tagged = self._tagged(fields, n)
-        return list(mod.vllm_block_hashes(tokens, bs, hash_algo=self.hash_algo, extra_keys_per_block=tagged,
-                                          seed=self.seed, parent=prior))
+        return list(
+            mod.vllm_block_hashes(
+                tokens, bs, hash_algo=self.hash_algo, extra_keys_per_block=tagged, seed=self.seed, parent=prior
+            )
+        )
 
     def published(self, digests: Sequence[bytes], fields: dict[str, Any] | None = None) -> list[int]:
         """uint64 of the last 8 bytes (vLLM's default); raw digest bytes on the wire (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0)
@@ -175,8 +184,11 @@ class VllmProfile:
         path = None if lora is None else self._lora_key(lora)[2]
         tagged = mod.tagged_extra_keys(n, lora_name=lora, lora_path=path, cache_salt=salt)
         keys = tagged if any(t is not None for t in tagged) else None
-        return self.published(mod.vllm_block_hashes(list(tokens), page_size, hash_algo=self.hash_algo,
-                                                    extra_keys_per_block=keys, seed=self.seed))
+        return self.published(
+            mod.vllm_block_hashes(
+                list(tokens), page_size, hash_algo=self.hash_algo, extra_keys_per_block=keys, seed=self.seed
+            )
+        )
 
 
 PROFILES: dict[str, Callable[..., Profile]] = {

@@ -66,12 +66,28 @@ class ConformanceRun(pytest.Collector):
         if opt("kvevents_http"):
             from kvevents.conformance.drive import DriveOptions, drive
 
-            return drive(DriveOptions(opt("kvevents_http"), opt("kvevents_endpoint"), opt("kvevents_replay"),
-                                      opt("kvevents_page_size"), opt("kvevents_profile"), opt("kvevents_model")))
+            return drive(
+                DriveOptions(
+                    opt("kvevents_http"),
+                    opt("kvevents_endpoint"),
+                    opt("kvevents_replay"),
+                    opt("kvevents_page_size"),
+                    opt("kvevents_profile"),
+                    opt("kvevents_model"),
+                )
+            )
         from kvevents.conformance.stream import StreamOptions, observe
 
-        return observe(StreamOptions(opt("kvevents_endpoint"), opt("kvevents_replay"), opt("kvevents_page_size"),
-                                     opt("kvevents_duration"), opt("kvevents_profile"), opt("kvevents_allow_epoch")))
+        return observe(
+            StreamOptions(
+                opt("kvevents_endpoint"),
+                opt("kvevents_replay"),
+                opt("kvevents_page_size"),
+                opt("kvevents_duration"),
+                opt("kvevents_profile"),
+                opt("kvevents_allow_epoch"),
+            )
+        )
 
 
 class RuleItem(pytest.Item):
@@ -87,7 +103,9 @@ class RuleItem(pytest.Item):
         assert isinstance(self.parent, ConformanceRun)
         result = self.parent.report().result(self.rule)
         if result.status is Status.FAIL:
-            raise ConformanceFailure("\n".join([f"{self.rule}: {result.detail}", *[f"  - {e}" for e in result.examples[:8]]]))
+            raise ConformanceFailure(
+                "\n".join([f"{self.rule}: {result.detail}", *[f"  - {e}" for e in result.examples[:8]]])
+            )
         if result.status is not Status.PASS:
             pytest.skip(f"{self.rule}: {result.status.value}: {result.detail}")
 

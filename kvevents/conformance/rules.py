@@ -179,7 +179,9 @@ class StreamChecker:
                 self.complete = seq == 0
             elif seq > self.expected:
                 if heal:
-                    self.t["gaps-healed"].fail(f"replay from {start} began at seq {seq}: {self.expected}..{seq - 1} lost")
+                    self.t["gaps-healed"].fail(
+                        f"replay from {start} began at seq {seq}: {self.expected}..{seq - 1} lost"
+                    )
                     self._gap_reported = upto
                 self.complete = False
             if self.expected is None or seq >= self.expected:
@@ -227,7 +229,9 @@ class StreamChecker:
     def _stored(self, seq: int, ev: BlockStored, fields: dict[str, Any]) -> None:
         self.pages += len(ev.block_hashes)
         if self.page_size is not None and ev.block_size != self.page_size:
-            self.t["hash-recompute"].fail(f"seq {seq}: block_size {ev.block_size}, expected --page-size {self.page_size}")
+            self.t["hash-recompute"].fail(
+                f"seq {seq}: block_size {ev.block_size}, expected --page-size {self.page_size}"
+            )
         self._parent(seq, ev.parent_block_hash)
         self._media.add(ev.medium)
         live, copies, m = self.live, self._copies, ev.medium
@@ -251,7 +255,9 @@ class StreamChecker:
         if self._copies.get(parent, 0) > 0:
             return t.ok()
         if parent in self.cleared:
-            self.t["all-cleared"].fail(f"seq {seq}: parent {parent} was cleared by AllBlocksCleared at seq {self.cleared[parent]}")
+            self.t["all-cleared"].fail(
+                f"seq {seq}: parent {parent} was cleared by AllBlocksCleared at seq {self.cleared[parent]}"
+            )
             return
         self.pending.setdefault(parent, []).append((seq, self.complete))
 
@@ -273,7 +279,9 @@ class StreamChecker:
                     del self._copies[h]
                 t.ok()
             elif h in self.cleared:
-                self.t["all-cleared"].fail(f"seq {seq}: removes {h}, cleared by AllBlocksCleared at seq {self.cleared[h]}")
+                self.t["all-cleared"].fail(
+                    f"seq {seq}: removes {h}, cleared by AllBlocksCleared at seq {self.cleared[h]}"
+                )
             elif self.complete:
                 t.fail(f"seq {seq}: removes {h} on {ev.medium}, which is not live (never stored, or already removed)")
             else:
@@ -288,8 +296,13 @@ class StreamChecker:
             if prior is None:
                 t.unknown += 1
                 return
-        fields = {**fields, "token_ids": ev.token_ids, "block_size": ev.block_size, "block_hashes": ev.block_hashes,
-                  "raw_block_hashes": fields.get("block_hashes")}
+        fields = {
+            **fields,
+            "token_ids": ev.token_ids,
+            "block_size": ev.block_size,
+            "block_hashes": ev.block_hashes,
+            "raw_block_hashes": fields.get("block_hashes"),
+        }
         try:
             digests = self.profile.digests(fields, prior)
             want = self.profile.published(digests, fields)
@@ -351,7 +364,8 @@ class StreamChecker:
             elif t.checked or (name == "gaps-healed" and self.batches):
                 status = Status.PASS
                 detail = (f"{t.checked} checked" if t.checked else f"no gaps in {self.batches} batches") + (
-                    f", {t.unknown} not checkable" if t.unknown else "")
+                    f", {t.unknown} not checkable" if t.unknown else ""
+                )
             else:
                 status = Status.NOT_CHECKABLE
                 detail = t.note or (f"{t.unknown} references before the window" if t.unknown else "nothing to check")

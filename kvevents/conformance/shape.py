@@ -15,10 +15,21 @@ from kvevents.errors import DecodeError
 from kvevents.events import KVEventBatch, decode_batch
 from kvevents.transport.wire import END_SEQ
 
-__all__ = ["EVENT_TYPES", "batch_problem", "decode", "inspect_batch", "is_end_marker", "live_frames_problem", "raw_events"]
+__all__ = [
+    "EVENT_TYPES",
+    "batch_problem",
+    "decode",
+    "inspect_batch",
+    "is_end_marker",
+    "live_frames_problem",
+    "raw_events",
+]
 
 EVENT_TYPES = ("BlockStored", "BlockRemoved", "AllBlocksCleared")
-_REQUIRED = {"BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size"), "BlockRemoved": ("block_hashes",)}
+_REQUIRED = {
+    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size"),
+    "BlockRemoved": ("block_hashes",),
+}
 _raw = msgspec.msgpack.Decoder()
 
 

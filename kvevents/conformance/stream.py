@@ -58,7 +58,11 @@ class StreamObserver:
     def __init__(self, opts: StreamOptions, context: zmq.Context | None = None) -> None:
         opts.validate()
         self.opts = opts
-        self.checker = StreamChecker(get_profile(opts.profile, seed=opts.hash_seed, lora_path=opts.lora_path), opts.page_size, allow_epoch=opts.allow_epoch)
+        self.checker = StreamChecker(
+            get_profile(opts.profile, seed=opts.hash_seed, lora_path=opts.lora_path),
+            opts.page_size,
+            allow_epoch=opts.allow_epoch,
+        )
         self.checker.replay_offered = bool(opts.replay)
         self._own_ctx = context is None
         self.ctx = context or zmq.Context()
@@ -138,8 +142,10 @@ class StreamObserver:
             pass
         c = self.checker
         if not self.received:
-            c.t["live-frames"].fail(f"no live message in {self.opts.duration:g} s: is {self.opts.endpoint} right? "
-                                    "(an idle engine publishes nothing: send it requests while the kit observes)")
+            c.t["live-frames"].fail(
+                f"no live message in {self.opts.duration:g} s: is {self.opts.endpoint} right? "
+                "(an idle engine publishes nothing: send it requests while the kit observes)"
+            )
         if self.opts.replay and self.opts.probes:
             self._replay(0, None, heal=False)  # a start older than the ring: answered from the oldest kept
             newest = c.last_live if c.last_live is not None else 0
