@@ -9,6 +9,9 @@ page). Callers reserve room in the table before storing.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterator
+
 import numpy as np
 
 from kvevents import speedups
@@ -167,3 +170,49 @@ def clear_bits(t: HashTable, slots: np.ndarray, col: int, bit: np.uint64) -> Non
     gone = slots[~t.masks.take(slots, axis=0).any(1)]
     if len(gone):
         t.delete(gone)
+
+
+def iter_copies(
+    views: list[HashTable], cols: dict[tuple[int, int], int], extra: Extra, wi: int | None, mi_only: int | None
+) -> Iterator[tuple[int, int, int]]:
+    """(worker index, hash, copies) for every held (worker, medium, view, hash); one worker (`wi`)
+    and one medium index (`mi_only`) when given."""
+    for vid, t in enumerate(views):
+        live = t.live_slots()
+        keys = t.keys[live]
+        for (mi, word), col in cols.items():
+            if (mi_only is not None and mi != mi_only) or (wi is not None and wi // WORD != word):
+                continue
+            colv = t.masks[live, col]
+            present = int(np.bitwise_or.reduce(colv)) if len(colv) else 0
+            for b in set_bits(present):
+                i = word * WORD + b
+                if wi is not None and i != wi:
+                    continue
+                for h in keys[((colv >> np.uint64(b)) & np.uint64(1)) != 0].tolist():
+                    yield i, h, 1 + extra.get((vid, mi, i, h), 0)
+
+
+def view_tally(views: list[HashTable], cols: dict[tuple[int, int], int], extra: Extra) -> Counter[tuple[int, int]]:
+    """(view, worker index) -> copies held: one bit count per mask column and view, plus extras."""
+    tally: Counter[tuple[int, int]] = Counter()
+    for vid, t in enumerate(views):
+        live = t.live_slots()
+        if not len(live):
+            continue
+        for (_, word), col in cols.items():
+            colv = t.masks[live, col]
+            present = int(np.bitwise_or.reduce(colv)) if len(colv) else 0
+            for b in set_bits(present):
+                tally[(vid, word * WORD + b)] += int(np.count_nonzero(colv & np.uint64(1 << b)))
+    for (vid, _, wi, _), n in extra.items():
+        tally[(vid, wi)] += n
+    return tally
+
+
+def set_bits(mask: int) -> Iterator[int]:
+    """Positions of the set bits of a non-negative int, lowest first."""
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low

@@ -14,13 +14,24 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from kvevents import speedups
-from kvevents.consumers.copies import WORD, Extra, clear_bits, remove_each, remove_many, store_each, store_many
-from kvevents.consumers.lookup import PrefixMatch, WordLayout, walk_plan
+from kvevents.consumers.copies import (
+    WORD,
+    Extra,
+    clear_bits,
+    iter_copies,
+    remove_each,
+    remove_many,
+    set_bits,
+    store_each,
+    store_many,
+    view_tally,
+)
+from kvevents.consumers.lookup import PrefixMatch, WordLayout, make_plan, walk_plan
 from kvevents.consumers.table import HAS_PARENT, HashTable, as_hashes
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, rank_of
 
@@ -377,7 +388,7 @@ class BlockIndex:
         for row in self._rows(block_hash):
             for (m, word), col in self._cols.items():
                 if mi is None or m == mi:
-                    out.update(self._by_index[word * WORD + b].label for b in _bits(int(row[col])))
+                    out.update(self._by_index[word * WORD + b].label for b in set_bits(int(row[col])))
         return out
 
     def parent_of(self, block_hash: int) -> int | None:
@@ -397,24 +408,8 @@ class BlockIndex:
 
     def _iter_copies(self, wi: int | None = None, medium: str | None = None) -> Iterator[tuple[int, int, int]]:
         """Yield (worker index, hash, copies) for every held (worker, medium, lora, hash)."""
-        extra = self._extra
         mi_only = None if medium is None else self._medium_ix.get(medium, -1)
-        for vid, t in enumerate(self._views):
-            live = t.live_slots()
-            keys = t.keys[live]
-            for (mi, word), col in self._cols.items():
-                if mi_only is not None and mi != mi_only:
-                    continue
-                if wi is not None and wi // WORD != word:
-                    continue
-                colv = t.masks[live, col]
-                present = int(np.bitwise_or.reduce(colv)) if len(colv) else 0
-                for b in _bits(present):
-                    i = word * WORD + b
-                    if wi is not None and i != wi:
-                        continue
-                    for h in keys[((colv >> np.uint64(b)) & np.uint64(1)) != 0].tolist():
-                        yield i, h, 1 + extra.get((vid, mi, i, h), 0)
+        return iter_copies(self._views, self._cols, self._extra, wi, mi_only)
 
     def copies(self, source: str | None = None, medium: str | None = None, dp_rank: int | None = None) -> Counter[int]:
         """hash -> number of copies held (by one source, or by everyone), optionally on one medium.
@@ -462,19 +457,7 @@ class BlockIndex:
         """Per worker label: adapter (lora_name; "" for the base model) -> copies held. O(index),
         for status pages (one bit count per mask column and view)."""
         out: dict[str, dict[str, int]] = {w.label: {} for w in self._workers.values()}
-        tally: Counter[tuple[int, int]] = Counter()  # (view, worker index) -> copies
-        for vid, t in enumerate(self._views):
-            live = t.live_slots()
-            if not len(live):
-                continue
-            for (_, word), col in self._cols.items():
-                colv = t.masks[live, col]
-                present = int(np.bitwise_or.reduce(colv)) if len(colv) else 0
-                for b in _bits(present):
-                    tally[(vid, word * WORD + b)] += int(np.count_nonzero(colv & np.uint64(1 << b)))
-        for (vid, _, wi, _), n in self._extra.items():
-            tally[(vid, wi)] += n
-        for (vid, wi), n in tally.items():
+        for (vid, wi), n in view_tally(self._views, self._cols, self._extra).items():
             w = self._by_index.get(wi)
             if w is not None and n:
                 name = self._loras[vid] or ""
@@ -569,20 +552,8 @@ class BlockIndex:
         return plan
 
     def _make_plan(self, lora_name: str | None, strict: bool) -> list[tuple[HashTable, np.ndarray | None]]:
-        if not strict:
-            return [(t, None) for t in self._views]
-        plan: list[tuple[HashTable, np.ndarray | None]] = []
-        vid = self._lora_ix.get(lora_name)
-        if vid is not None:
-            plan.append((self._views[vid], None))
-        if lora_name is not None:
-            blind = [w.index for w in self._workers.values() if w.index not in self._lora_sources]
-            if blind:
-                filt = np.zeros(len(self._cols), np.uint64)
-                for (_, word), col in self._cols.items():
-                    filt[col] = sum(1 << (wi % WORD) for wi in blind if wi // WORD == word)
-                plan.append((self._views[0], filt))
-        return plan
+        blind = [w.index for w in self._workers.values() if w.index not in self._lora_sources]
+        return make_plan(self._views, self._lora_ix.get(lora_name), lora_name is not None, blind, self._cols, strict)
 
 
 def _all_int64(hashes: list[int], prev: int | None) -> bool:
@@ -593,11 +564,3 @@ def _all_int64(hashes: list[int], prev: int | None) -> bool:
         if type(h) is not int or not _I64_MIN <= h <= _I64_MAX:
             return False
     return prev is None or (type(prev) is int and _I64_MIN <= prev <= _I64_MAX)
-
-
-def _bits(mask: int) -> Iterable[int]:
-    """Positions of the set bits of a non-negative int, lowest first."""
-    while mask:
-        low = mask & -mask
-        yield low.bit_length() - 1
-        mask ^= low

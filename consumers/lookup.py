@@ -146,3 +146,30 @@ def _bit_counts(words: np.ndarray) -> np.ndarray:
         return np.zeros(WORD, np.int64)
     octets = words.astype("<u8", copy=False).view(np.uint8).reshape(-1, 8)
     return np.unpackbits(octets, axis=1, bitorder="little").sum(0, dtype=np.int64)
+
+
+def make_plan(
+    views: list[HashTable],
+    vid: int | None,
+    named: bool,
+    blind: list[int],
+    cols: dict[tuple[int, int], int],
+    strict: bool,
+) -> list[tuple[HashTable, np.ndarray | None]]:
+    """(view, per-column worker filter or None) pairs whose OR gives a page's masks for a request.
+
+    Not strict: every view. Strict: the view of the request's lora name (`vid`), plus, for a named
+    request, the no-adapter view filtered to `blind` workers (those that never published a
+    lora_name: their events cannot tell adapters apart).
+    """
+    if not strict:
+        return [(t, None) for t in views]
+    plan: list[tuple[HashTable, np.ndarray | None]] = []
+    if vid is not None:
+        plan.append((views[vid], None))
+    if named and blind:
+        filt = np.zeros(len(cols), np.uint64)
+        for (_, word), col in cols.items():
+            filt[col] = sum(1 << (wi % WORD) for wi in blind if wi // WORD == word)
+        plan.append((views[0], filt))
+    return plan
