@@ -81,21 +81,25 @@ static int page_size_of(PyObject *o, Py_ssize_t max, Py_ssize_t *out) {
 
 
 
+/* A prior argument: None (0) or a 32-byte digest copied into `prev` (1); else ValueError (-1). */
+static int prior_of(PyObject *prior, uint8_t prev[32]) {
+    if (prior == Py_None) return 0;
+    if (!PyBytes_Check(prior) || PyBytes_GET_SIZE(prior) != 32) {
+        PyErr_SetString(PyExc_ValueError, "prior must be a 32-byte digest or None");
+        return -1;
+    }
+    memcpy(prev, PyBytes_AS_STRING(prior), 32);
+    return 1;
+}
+
 /* chain_pages(pages, prior) -> list[bytes]: digest i = sha256(digest i-1 + page i) (or of page 0
  * alone without a prior). The twin of kvevents.hashing._digests. */
 static PyObject *chain_pages(PyObject *self, PyObject *args) {
     PyObject *pages, *prior;
     if (!PyArg_ParseTuple(args, "OO", &pages, &prior)) return NULL;
     uint8_t prev[32];
-    int have = 0;
-    if (prior != Py_None) {
-        if (!PyBytes_Check(prior) || PyBytes_GET_SIZE(prior) != 32) {
-            PyErr_SetString(PyExc_ValueError, "prior must be a 32-byte digest or None");
-            return NULL;
-        }
-        memcpy(prev, PyBytes_AS_STRING(prior), 32);
-        have = 1;
-    }
+    int have = prior_of(prior, prev);
+    if (have < 0) return NULL;
     PyObject *seq = PySequence_Fast(pages, "pages must be a sequence of bytes");
     if (!seq) {
         PyErr_Clear();
@@ -137,15 +141,8 @@ static PyObject *chain_packed(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOO", &data, &pso, &prior)) return NULL;
     if (page_size_of(pso, (Py_ssize_t)1 << 40, &page_size) < 0) return NULL;
     uint8_t prev[32];
-    int have = 0;
-    if (prior != Py_None) {
-        if (!PyBytes_Check(prior) || PyBytes_GET_SIZE(prior) != 32) {
-            PyErr_SetString(PyExc_ValueError, "prior must be a 32-byte digest or None");
-            return NULL;
-        }
-        memcpy(prev, PyBytes_AS_STRING(prior), 32);
-        have = 1;
-    }
+    int have = prior_of(prior, prev);
+    if (have < 0) return NULL;
     Py_buffer b;
     if (PyObject_GetBuffer(data, &b, PyBUF_SIMPLE) < 0) {
         PyErr_Clear();
@@ -267,15 +264,8 @@ static PyObject *chain_list(PyObject *self, PyObject *args) {
     if (page_size_of(pso, (Py_ssize_t)1 << 28, &page_size) < 0) return NULL;
     if (!PyList_Check(list)) Py_RETURN_NONE;
     uint8_t prev[32];
-    int have = 0;
-    if (prior != Py_None) {
-        if (!PyBytes_Check(prior) || PyBytes_GET_SIZE(prior) != 32) {
-            PyErr_SetString(PyExc_ValueError, "prior must be a 32-byte digest or None");
-            return NULL;
-        }
-        memcpy(prev, PyBytes_AS_STRING(prior), 32);
-        have = 1;
-    }
+    int have = prior_of(prior, prev);
+    if (have < 0) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(list);
     Py_ssize_t npages = n / page_size + (!whole && n % page_size ? 1 : 0);
     uint8_t *buf = PyMem_Malloc((size_t)page_size * 8);

@@ -22,7 +22,16 @@ from zmq.utils.monitor import recv_monitor_message
 
 from kvevents.transport.security import apply_client
 from kvevents.transport.sequencer import DropDealer, Send, Sequencer
-from kvevents.transport.sources import START_MODES, Delivery, Output, Reset, Source, SourceStatus, parse_source
+from kvevents.transport.sources import (
+    START_MODES,
+    Delivery,
+    Output,
+    Reset,
+    Source,
+    SourceStatus,
+    dispatch,
+    parse_source,
+)
 
 __all__ = ["Source", "parse_source", "Delivery", "Reset", "SourceStatus", "Subscriber", "START_MODES", "Output"]
 
@@ -222,15 +231,8 @@ class Subscriber:
                     log.exception("subscriber loop error (%d in a row, logged once per %d)", errors, self.log_every)
                 self._stop.wait(min(5.0, 0.05 * 2 ** min(errors - 1, 7)))  # back off: 50 ms .. 5 s
                 continue
-            for item in items:
-                try:
-                    if isinstance(item, Delivery):
-                        self.on_delivery(item)  # type: ignore[misc]
-                    elif self.on_reset is not None:
-                        self.on_reset(item)
-                except Exception:  # noqa: BLE001 - a consumer bug must not stop the feed
-                    self.sequencer.counters["callback_errors"] += 1
-                    log.exception("subscriber callback failed")
+            assert self.on_delivery is not None  # start() requires it
+            self.sequencer.counters["callback_errors"] += dispatch(items, self.on_delivery, self.on_reset)
         self._close()
 
     # ------------------------------------------------------------------ sockets

@@ -455,3 +455,25 @@ def test_staleness_and_request_deadlines_follow_the_injected_clock():
     finally:
         sub.stop()
         pub.close()
+
+
+def test_a_raising_callback_is_counted_and_the_feed_goes_on():
+    pub = _pub(heartbeat_interval_s=0)
+    got: list = []
+
+    def on_delivery(d):
+        got.append(d.seq)
+        if len(got) == 1:
+            raise RuntimeError("consumer bug")
+
+    sub = _sub(pub, on_delivery=on_delivery)
+    try:
+        sub.start()
+        deadline = time.monotonic() + 5
+        while len(got) < 3 and time.monotonic() < deadline:
+            pub.publish([stored(len(got) + 1)])
+            time.sleep(0.02)
+        assert len(got) >= 3 and sub.counters()["callback_errors"] == 1
+    finally:
+        sub.stop()
+        pub.close()

@@ -43,6 +43,7 @@ from kvevents.transport.nats_link import (
     parse_subject,
     stream_filter,
 )
+from kvevents.transport.sources import dispatch
 
 __all__ = ["JetStreamSource", "pick_snapshots", "positions_from_records"]
 
@@ -253,15 +254,10 @@ class JetStreamSource:
                 log.exception("jetstream source loop error")
                 self._stop.wait(min(5.0, 0.05 * 2 ** min(errors, 7)))
                 continue
-            for item in items:
-                try:
-                    if isinstance(item, Delivery):
-                        self.on_delivery(item)  # type: ignore[misc]
-                    elif self.on_reset is not None:
-                        self.on_reset(item)
-                except Exception:  # noqa: BLE001 - a consumer bug must not stop the feed
-                    self._counters_extra["callback_errors"] = self._counters_extra.get("callback_errors", 0) + 1
-                    log.exception("jetstream source callback failed")
+            assert self.on_delivery is not None  # start() requires it
+            failed = dispatch(items, self.on_delivery, self.on_reset)
+            if failed:
+                self._counters_extra["callback_errors"] = self._counters_extra.get("callback_errors", 0) + failed
 
     def _handle(self, item: tuple) -> None:
         kind = item[0]

@@ -3,14 +3,18 @@ delivers in per-(source, dp_rank) seq order (Delivery, Reset), plus per-source s
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, Union
+from typing import Union
 
 from kvevents.events import KVEventBatch
 from kvevents.transport.security import CurveClient
 from kvevents.transport.wire import check_endpoint
 
-__all__ = ["Source", "parse_source", "Delivery", "Reset", "SourceStatus", "Output", "START_MODES"]
+log = logging.getLogger("kvevents.subscriber")
+
+__all__ = ["Source", "parse_source", "Delivery", "Reset", "SourceStatus", "Output", "START_MODES", "dispatch"]
 
 # Where a stream begins on first contact. oldest: replay from seq 0 (the publisher's kept history);
 # snapshot: Reset("first") and the publisher's KVE/SNAPSHOT, then the batches after it (no snapshot:
@@ -117,3 +121,21 @@ class SourceStatus:
 
 
 Output = Union[Delivery, Reset]
+
+
+def dispatch(
+    items: list[Output], on_delivery: Callable[[Delivery], object], on_reset: Callable[[Reset], object] | None
+) -> int:
+    """Hand each output to its callback, in order; a callback that raises is logged and skipped
+    (a consumer bug must not stop the feed). Returns how many raised."""
+    errors = 0
+    for item in items:
+        try:
+            if isinstance(item, Delivery):
+                on_delivery(item)
+            elif on_reset is not None:
+                on_reset(item)
+        except Exception:  # noqa: BLE001 - see above
+            errors += 1
+            log.exception("event feed callback failed")
+    return errors
