@@ -481,6 +481,7 @@ class BlockIndex:
             entries=self.distinct_hashes,
             workers=len(self._workers),
             table_bytes=sum(t.nbytes() for t in self._views),
+            table_paged_bytes=sum(t.paged_bytes() for t in self._views),
         )
         return out
 
@@ -510,10 +511,14 @@ class BlockIndex:
         order) it holds for a request under `lora_name` (as in `holds`), scored by medium weight,
         with the pages credited per medium (each at the best-weighted medium holding it)."""
         n = len(hashes)
-        plan = self._lookup_plan(lora_name, strict)
+        plan = self._plans.get((lora_name, strict)) or self._lookup_plan(lora_name, strict)
         if not plan or not self._by_index or not n:
             return PrefixMatch(n)
-        weights, layout = self._layout(medium_weight)
+        cached = self._layout_cache  # (the common case inline: a lookup is a few us, a call ~0.1)
+        if cached is not None and cached[0] == self._layout_version and cached[1] is medium_weight:
+            weights, layout = cached[2], cached[3]
+        else:
+            weights, layout = self._layout(medium_weight)
         return walk_plan(hashes, plan, layout, self._media, weights)
 
     def labels(self) -> Mapping[int, str]:

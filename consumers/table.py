@@ -12,17 +12,21 @@ its home bucket is flagged in `overflow` (one byte per bucket, small enough to s
 the key's slot is noted in a small dict (`spill`, a few percent of the keys). So a lookup reads one
 64-byte line per key in one vectorised pass, and only misses in flagged buckets ask the dict.
 Deletes leave tombstones for inserts to reuse; the next rebuild drops them and the flags.
+The big arrays start on 2 MiB boundaries and ask for transparent huge pages (`zeros_paged`): with
+4 KiB pages nearly every probe of a multi-megabyte table also misses the TLB (2x the cold walk's
+time under a hypervisor, measured in benchmarks/README.md).
 """
 
 from __future__ import annotations
 
 import math
+import mmap
 
 import numpy as np
 
 from kvevents import speedups
 
-__all__ = ["HashTable", "EMPTY", "LIVE", "TOMB", "HAS_PARENT", "SLOTS", "as_hashes", "rebuild_buckets"]
+__all__ = ["HashTable", "EMPTY", "LIVE", "TOMB", "HAS_PARENT", "SLOTS", "as_hashes", "rebuild_buckets", "zeros_paged"]
 
 EMPTY, LIVE, TOMB, HAS_PARENT = 0, 1, 2, 4  # slot state bits (uint8)
 SLOTS = 8  # slots per bucket: 8 keys = one 64-byte cache line
@@ -48,6 +52,29 @@ _FAR = 2**40  # a slot past any table's end
 _SLOT_OR_FAR = np.full(256, _FAR, np.intp)  # the same, with absent keys far above the end
 _SLOT_OR_FAR[1 << np.arange(8)] = np.arange(8)
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+_HUGE = 1 << 21  # a transparent huge page (x86-64, most arm64 kernels)
+_MAP_PRIVATE_ANON = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+_CAN_HUGE = bool(getattr(mmap, "MAP_ANONYMOUS", 0)) and hasattr(mmap, "MADV_HUGEPAGE")
+
+
+def zeros_paged(shape: int | tuple[int, ...], dtype: type) -> np.ndarray:
+    """np.zeros, but an array of 2 MiB or more starts on a huge-page boundary and asks the kernel for
+    transparent huge pages (madvise): a lookup's random probes then miss the TLB far less (its keys
+    and masks span megabytes; with 4 KiB pages each probe is a page walk, costly under a hypervisor).
+    Where the platform has no such mmap, or the kernel says no, it is plain np.zeros."""
+    dt = np.dtype(dtype)
+    count = math.prod(shape) if isinstance(shape, tuple) else shape
+    nbytes = count * dt.itemsize
+    if not _CAN_HUGE or nbytes < _HUGE:
+        return np.zeros(shape, dt)
+    try:
+        region = mmap.mmap(-1, nbytes + _HUGE, flags=_MAP_PRIVATE_ANON)  # anonymous: zero-filled
+        region.madvise(mmap.MADV_HUGEPAGE)
+    except (OSError, ValueError):
+        return np.zeros(shape, dt)
+    raw = np.frombuffer(region, np.uint8)  # keeps `region` mapped while any view of it lives
+    start = -raw.ctypes.data % _HUGE
+    return raw[start : start + nbytes].view(dt).reshape(shape)
 
 
 def as_hashes(values: object) -> np.ndarray:
@@ -83,7 +110,7 @@ class HashTable:
 
     __slots__ = (
         "keys", "state", "parent", "masks", "overflow", "vacant", "live", "used", "spill", "limit", "nc",
-        "_bmask", "_shift", "_nshift", "_kv", "_sv", "_pv", "_mv", "_ov",
+        "_bmask", "_shift", "_nshift", "_kv", "_sv", "_pv", "_mv", "_ov", "_cview",
     )  # fmt: skip
 
     def __init__(self, ncols: int = 1, buckets: int = _MIN_BUCKETS) -> None:
@@ -95,11 +122,12 @@ class HashTable:
 
     def _alloc(self, buckets: int, ncols: int) -> None:
         n = buckets * SLOTS
-        self.keys = np.full(n, self.vacant, np.int64)
+        self.keys = zeros_paged(n, np.int64)
+        self.keys.fill(self.vacant)
         self.state = np.zeros(n, np.uint8)
-        self.parent = np.zeros(n, np.int64)
+        self.parent = zeros_paged(n, np.int64)
         # one extra all-zero row at index -1: `masks.take(find(q), axis=0)` gives 0 for absent keys
-        self.masks = np.zeros((n + 1, ncols), np.uint64)
+        self.masks = zeros_paged((n + 1, ncols), np.uint64)
         self.overflow = np.zeros(buckets, np.bool_)  # a key homed here lives in a later bucket
         self.limit = MAX_LOAD * n  # used slots past which the next reserve rebuilds
         self._bmask = buckets - 1
@@ -115,12 +143,26 @@ class HashTable:
         self._pv = self.parent.data
         self._mv = self.masks.reshape(-1).data  # row-major: slot * ncols + col
         self._ov = self.overflow.view(np.uint8).data
+        self._cview: tuple | None = None  # built on first use; dropped whenever its parts change
 
     def cview(self) -> tuple:
         """The arrays and bucket math as the compiled fast path reads them (kvevents.speedups):
         (keys, state, parent, masks flat, overflow bytes, nshift, vacant, spill, ncols), the arrays as
         memoryviews (cheaper for C to open than numpy arrays). Valid until the next rebuild or added column."""
-        return (self._kv, self._sv, self._pv, self._mv, self._ov, self._nshift, self.vacant, self.spill, self.nc)
+        c = self._cview
+        if c is None:
+            c = self._cview = (
+                self._kv,
+                self._sv,
+                self._pv,
+                self._mv,
+                self._ov,
+                self._nshift,
+                self.vacant,
+                self.spill,
+                self.nc,
+            )
+        return c
 
     def note_deleted(self, n: int) -> None:
         """Account for `n` rows the compiled remove loop deleted (tombstoned) through `cview`."""
@@ -136,7 +178,9 @@ class HashTable:
 
     def add_column(self) -> int:
         """Append an all-zero mask column; returns its index."""
-        self.masks = np.concatenate([self.masks, np.zeros((len(self.masks), 1), np.uint64)], axis=1)
+        grown = zeros_paged((len(self.masks), self.ncols + 1), np.uint64)
+        grown[:, :-1] = self.masks
+        self.masks = grown
         self._refresh()
         return self.ncols - 1
 
@@ -342,6 +386,7 @@ class HashTable:
             vacant = (vacant + 0x9E3779B97F4A7C15) % 2**64 - 2**63
         self.keys[self.state & LIVE == 0] = vacant
         self.vacant = vacant
+        self._cview = None
 
     def delete(self, slots: np.ndarray) -> None:
         """Drop the keys at `slots` (distinct live slots): tombstones, rows zeroed."""
@@ -364,6 +409,7 @@ class HashTable:
         self._alloc(buckets, self.ncols)
         self.live = self.used = 0
         self.spill = {}
+        self._cview = None
         slots = self.place(keys)
         self.state[slots] = state
         self.parent[slots] = parent
@@ -372,6 +418,18 @@ class HashTable:
     def nbytes(self) -> int:
         arrays = (self.keys, self.state, self.parent, self.masks, self.overflow)
         return sum(a.nbytes for a in arrays)
+
+    def paged_bytes(self) -> int:
+        """The part of `nbytes` in zeros_paged's own mappings (outside the Python allocator, so
+        tracemalloc does not see it)."""
+        return sum(a.nbytes for a in (self.keys, self.parent, self.masks) if _is_paged(a))
+
+
+def _is_paged(a: np.ndarray) -> bool:
+    base = a.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
 
 
 def rebuild_buckets(capacity: int, used: int, live: int, n: int) -> int:

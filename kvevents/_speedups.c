@@ -22,9 +22,13 @@
 
 #if defined(__GNUC__) || defined(__clang__)
 #define PREFETCH(p) __builtin_prefetch((p), 0, 3)
+#define HOT_INLINE inline __attribute__((always_inline))
+#define COLD __attribute__((noinline, cold))
 #define CTZ64(x) __builtin_ctzll(x)
 #else
 #define PREFETCH(p) ((void)0)
+#define HOT_INLINE inline
+#define COLD
 static int CTZ64(uint64_t x) { int n = 0; while (!(x & 1)) { x >>= 1; n++; } return n; }
 #endif
 
@@ -416,7 +420,7 @@ static inline Py_ssize_t home_of(const View *v, int64_t k) {
 }
 
 /* The slot of a key off its home bucket, from the spill dict; -1 absent, -2 error. */
-static Py_ssize_t probe_spill(const View *v, int64_t k) {
+static COLD Py_ssize_t probe_spill(const View *v, int64_t k) {
     PyObject *key = PyLong_FromLongLong(k);
     if (!key) return -2;
     PyObject *s = PyDict_GetItemWithError(v->spill, key);
@@ -432,7 +436,7 @@ static Py_ssize_t probe_spill(const View *v, int64_t k) {
 }
 
 /* The slot of key k in its home bucket (b), else via the spill dict, else -1 (-2 on error). */
-static inline Py_ssize_t probe(const View *v, int64_t k, Py_ssize_t b) {
+static HOT_INLINE Py_ssize_t probe(const View *v, int64_t k, Py_ssize_t b) {
     const int64_t *row = v->keys + b * SLOTS;
     unsigned hit = 0;
     for (int j = 0; j < SLOTS; j++) hit |= (unsigned)(row[j] == k) << j;  /* branch-free compare */
@@ -445,6 +449,9 @@ static inline Py_ssize_t probe(const View *v, int64_t k, Py_ssize_t b) {
 
 #define BLOCK 16
 #define MAX_VIEWS 64
+
+/* attribute names, interned once (a C-string attribute lookup builds a str per call) */
+static PyObject *s_cols, *s_word, *s_alive, *s_workers;
 
 /* walk(hashes, plan, layout, media, weights, PrefixMatch, WorkerMatch, builtin sum) -> PrefixMatch
  * plan: list of (cview, filter uint64[nc] or None); layout: list of WordLayout (word, cols, alive).
@@ -497,6 +504,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     int32_t *nend = NULL;
     Py_ssize_t *slots = NULL;
     double *wts = NULL;
+    void *scratch = NULL;
 
     if (nv > MAX_VIEWS) { PyErr_SetString(PyExc_ValueError, "too many views in the plan"); goto done; }
     if (PyList_GET_SIZE(weights) != nmedia) { PyErr_SetString(PyExc_ValueError, "weights and media differ in length"); goto done; }
@@ -513,7 +521,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         result = PyObject_CallFunction(pm_cls, "n", n);
     }
     if (!result) goto done;
-    workers = PyObject_GetAttrString(result, "workers");
+    workers = PyObject_GetAttr(result, s_workers);
     if (!workers || !PyDict_Check(workers)) {
         if (workers) PyErr_SetString(PyExc_ValueError, "PrefixMatch.workers must be a dict");
         goto fail;
@@ -552,19 +560,24 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     }
     /* the layout, flattened */
     Py_ssize_t ncolsall = 0;
-    wstart = PyMem_Calloc(nw + 1, sizeof(Py_ssize_t));
-    wword = PyMem_Calloc(nw, sizeof(int64_t));
-    walive = PyMem_Calloc(nw, sizeof(uint64_t));
-    acc = PyMem_Calloc(nw, sizeof(uint64_t));
-    nend = PyMem_Calloc(nw, sizeof(int32_t));
-    ends = PyMem_Calloc((size_t)nw * 64, sizeof(int32_t));
-    endorder = PyMem_Calloc((size_t)nw * 64, 1);
-    row = PyMem_Calloc(nc, sizeof(uint64_t));
-    slots = PyMem_Calloc((size_t)nv * 2 * BLOCK, sizeof(Py_ssize_t));
-    if (!wstart || !wword || !walive || !acc || !nend || !ends || !endorder || !row || !slots) { PyErr_NoMemory(); goto fail; }
+    /* one scratch block, 8-byte parts first: wstart, wword, walive, acc, row, slots, nend, ends, endorder
+     * (only nend must start at zero; `ends` is written before it is read) */
+    size_t n8 = (size_t)(nw + 1) + 3 * (size_t)nw + (size_t)nc + (size_t)nv * 2 * BLOCK;
+    scratch = PyMem_Malloc(n8 * 8 + (size_t)nw * 4 + (size_t)nw * 64 * 4 + (size_t)nw * 64 + 8);
+    if (!scratch) { PyErr_NoMemory(); goto fail; }
+    wstart = (Py_ssize_t *)scratch;
+    wword = (int64_t *)(wstart + nw + 1);
+    walive = (uint64_t *)(wword + nw);
+    acc = walive + nw;
+    row = acc + nw;
+    slots = (Py_ssize_t *)(row + nc);
+    nend = (int32_t *)(slots + (size_t)nv * 2 * BLOCK);
+    ends = nend + nw;
+    endorder = (uint8_t *)(ends + (size_t)nw * 64);
+    memset(nend, 0, (size_t)nw * sizeof(int32_t));
     for (Py_ssize_t w = 0; w < nw; w++) {
         PyObject *lay = PyList_GET_ITEM(layout, w);
-        PyObject *cols = PyObject_GetAttrString(lay, "cols");
+        PyObject *cols = PyObject_GetAttr(lay, s_cols);
         if (!cols) goto fail;
         if (!PyList_Check(cols) || PyList_GET_SIZE(cols) < 1) { Py_DECREF(cols); PyErr_SetString(PyExc_ValueError, "WordLayout.cols must be a non-empty list"); goto fail; }
         ncolsall += PyList_GET_SIZE(cols);
@@ -577,9 +590,9 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     int anymulti = 0;
     for (Py_ssize_t w = 0; w < nw; w++) {
         PyObject *lay = PyList_GET_ITEM(layout, w);
-        PyObject *cols = PyObject_GetAttrString(lay, "cols");
-        PyObject *word = PyObject_GetAttrString(lay, "word");
-        PyObject *alive = PyObject_GetAttrString(lay, "alive");
+        PyObject *cols = PyObject_GetAttr(lay, s_cols);
+        PyObject *word = PyObject_GetAttr(lay, s_word);
+        PyObject *alive = PyObject_GetAttr(lay, s_alive);
         int bad = !cols || !word || !alive;
         if (!bad) {
             if (as_i64(word, &wword[w], "WordLayout.word") < 0 || wword[w] < 0 || wword[w] > ((int64_t)1 << 40)) bad = 1;
@@ -757,9 +770,7 @@ done:
         if (nfilt_loaded[i]) PyBuffer_Release(&fb[i]);
     }
     PyBuffer_Release(&hb);
-    PyMem_Free(wcols); PyMem_Free(wmi); PyMem_Free(wstart); PyMem_Free(wword); PyMem_Free(walive);
-    PyMem_Free(acc); PyMem_Free(row); PyMem_Free(ends); PyMem_Free(credit); PyMem_Free(endorder);
-    PyMem_Free(nend); PyMem_Free(slots); PyMem_Free(wts);
+    PyMem_Free(wcols); PyMem_Free(wmi); PyMem_Free(scratch); PyMem_Free(credit); PyMem_Free(wts);
     return result;
 }
 
@@ -1009,5 +1020,8 @@ static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "kvevents._speedups",
 
 PyMODINIT_FUNC PyInit__speedups(void) {
     kv_sha256_select(1);
+    if (!(s_cols = PyUnicode_InternFromString("cols")) || !(s_word = PyUnicode_InternFromString("word")) ||
+        !(s_alive = PyUnicode_InternFromString("alive")) || !(s_workers = PyUnicode_InternFromString("workers")))
+        return NULL;
     return PyModule_Create(&moddef);
 }

@@ -119,6 +119,7 @@ def digests_int64(packed: bytes) -> bytes:
 
 
 _SLOTS: dict[type, tuple | None] = {}
+_WALK_EXTRA: dict[tuple[type, type], tuple] = {}  # (PrefixMatch, WorkerMatch) -> walk's trailing args
 
 
 def _slots_of(cls: type, want: tuple[str, ...] = ("pages", "score", "pages_by_medium")) -> tuple | None:
@@ -135,18 +136,14 @@ def _slots_of(cls: type, want: tuple[str, ...] = ("pages", "score", "pages_by_me
 def walk(hashes: Any, plan: list, layout: list, media: list, weights: list, prefix_cls: type, worker_cls: type) -> Any:
     """The index walk over table views (see kvevents.consumers.lookup.walk_plan); NotImplemented when the
     weights are not all floats (the Python twin then runs, keeping its result types)."""
-    return _c.walk(
-        hashes,
-        plan,
-        layout,
-        media,
-        weights,
-        prefix_cls,
-        worker_cls,
-        builtins.sum,
-        _slots_of(worker_cls),
-        _slots_of(prefix_cls, ("pages", "workers")),
-    )  # type: ignore[union-attr]
+    extra = _WALK_EXTRA.get((prefix_cls, worker_cls))
+    if extra is None:
+        extra = _WALK_EXTRA[prefix_cls, worker_cls] = (
+            builtins.sum,
+            _slots_of(worker_cls),
+            _slots_of(prefix_cls, ("pages", "workers")),
+        )
+    return _c.walk(hashes, plan, layout, media, weights, prefix_cls, worker_cls, *extra)  # type: ignore[union-attr]
 
 
 def set_bits_each(

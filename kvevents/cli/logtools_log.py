@@ -283,6 +283,7 @@ def index_cmd(
         c.print(
             f"  {label}: " + (", ".join(f"{m} {k}" for m, k in sorted(per.items())) or "no blocks"), highlight=False
         )
-    odd = {k: v for k, v in index.stats().items() if k not in ("copies", "entries", "workers", "batches") and v}
+    sizes = ("copies", "entries", "workers", "batches", "table_bytes", "table_paged_bytes")
+    odd = {k: v for k, v in index.stats().items() if k not in sizes and v}
     if odd:
         c.print("counters: " + ", ".join(f"{k} {v}" for k, v in sorted(odd.items())), highlight=False)
