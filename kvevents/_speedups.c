@@ -8,6 +8,11 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#ifndef Py_T_OBJECT_EX /* before 3.12 the member kinds live in structmember.h */
+#include <structmember.h>
+#define Py_T_OBJECT_EX T_OBJECT_EX
+#define Py_READONLY READONLY
+#endif
 #include <string.h>
 
 #include "_sha256.h"
@@ -458,6 +463,10 @@ static PyObject *s_cols, *s_word, *s_alive, *s_workers;
  * The twin of: masks = OR over the plan of t.rows(hashes) & filter; consumers.lookup.walk(masks, ...). */
 static PyObject *walk(PyObject *self, PyObject *args) {
     PyObject *hashes, *plan, *layout, *media, *weights, *pm_cls, *wm_cls, *sum_fn, *wm_fields = NULL, *pm_fields = NULL;
+    Py_ssize_t wm_off[3] = {0, 0, 0};
+    PyObject *last_pg = NULL, *last_score = NULL;  /* shared by consecutive workers with the same match */
+    long long last_pages = -1;
+    Py_ssize_t last_mi = -1;
     if (!PyArg_ParseTuple(args, "OO!O!O!O!OOO|OO", &hashes, &PyList_Type, &plan, &PyList_Type, &layout, &PyList_Type,
                           &media, &PyList_Type, &weights, &pm_cls, &wm_cls, &sum_fn, &wm_fields, &pm_fields))
         return NULL;
@@ -479,6 +488,12 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         for (int f = 0; ok && f < 3; f++) {
             PyObject *d = PyTuple_GET_ITEM(wm_fields, f);
             ok = Py_TYPE(d) == &PyMemberDescr_Type && PyDescr_TYPE(d) == (PyTypeObject *)wm_cls;
+            if (ok) {  /* a writable object slot: the result's fields are stored at its offset */
+                PyMemberDef *md = ((PyMemberDescrObject *)d)->d_member;
+                ok = md->type == Py_T_OBJECT_EX && !(md->flags & Py_READONLY) && md->offset >= (Py_ssize_t)sizeof(PyObject) &&
+                     md->offset + (Py_ssize_t)sizeof(PyObject *) <= ((PyTypeObject *)wm_cls)->tp_basicsize;
+                wm_off[f] = md->offset;
+            }
         }
         if (!ok) {
             PyErr_SetString(PyExc_ValueError, "wm_fields must be the 3 slot descriptors of the WorkerMatch class");
@@ -699,20 +714,39 @@ static PyObject *walk(PyObject *self, PyObject *args) {
         }
     }
     /* results, word by word in layout order, workers in the order their prefixes ended */
+    Py_ssize_t total = 0;
+    for (Py_ssize_t w = 0; w < nw; w++) total += nend[w];
+#if PY_VERSION_HEX < 0x030D0000
+    if (pm_fields && total > 5 && PyDict_GET_SIZE(workers) == 0) {  /* sized once, not grown 8 -> 16 -> 32 -> 64 */
+        PyObject *sized = _PyDict_NewPresized(total), *d1 = PyTuple_GET_ITEM(pm_fields, 1);
+        if (!sized || Py_TYPE(d1)->tp_descr_set(d1, result, sized) < 0) { Py_XDECREF(sized); goto fail; }
+        Py_SETREF(workers, sized);
+    }
+#endif
     for (Py_ssize_t w = 0; w < nw; w++) {
         int multi = wstart[w + 1] - wstart[w] > 1;
         for (int e = 0; e < nend[w]; e++) {
             int b = endorder[w * 64 + e];
             long long pages = ends[w * 64 + b];
-            PyObject *bym = PyDict_New(), *score = NULL, *wm = NULL, *wi = NULL;
+            PyObject *bym = PyDict_New(), *score = NULL, *pg = NULL, *wm = NULL, *wi = NULL;
             if (!bym) goto fail;
             if (!multi) {
                 Py_ssize_t mi = wmi[wstart[w]];
-                PyObject *k = PyLong_FromLongLong(pages);
-                int rc = k ? PyDict_SetItem(bym, PyList_GET_ITEM(media, mi), k) : -1;
-                Py_XDECREF(k);
-                if (rc < 0) { Py_DECREF(bym); goto fail; }
-                score = PyFloat_FromDouble((double)pages * wts[mi]);
+                if (!last_pg || pages != last_pages || mi != last_mi) {  /* ints and floats are immutable */
+                    Py_CLEAR(last_pg);
+                    Py_CLEAR(last_score);
+                    last_pg = PyLong_FromLongLong(pages);
+                    last_score = last_pg ? PyFloat_FromDouble((double)pages * wts[mi]) : NULL;
+                    if (!last_score) { Py_DECREF(bym); goto fail; }
+                    last_pages = pages;
+                    last_mi = mi;
+                }
+                pg = last_pg; score = last_score;
+                Py_INCREF(pg); Py_INCREF(score);
+                if (PyDict_SetItem(bym, PyList_GET_ITEM(media, mi), pg) < 0) {
+                    Py_DECREF(pg); Py_DECREF(score); Py_DECREF(bym);
+                    goto fail;
+                }
             } else {
                 /* media in first-appearance order of the word's columns, as the Python twin's dict */
                 PyObject *terms = PyList_New(0);
@@ -731,28 +765,25 @@ static PyObject *walk(PyObject *self, PyObject *args) {
                 }
                 if (ok) score = PyObject_CallOneArg(sum_fn, terms);
                 Py_DECREF(terms);
-                if (!score) { Py_DECREF(bym); goto fail; }
+                pg = score ? PyLong_FromLongLong(pages) : NULL;
+                if (!pg) { Py_XDECREF(score); Py_DECREF(bym); goto fail; }
             }
-            if (!score) { Py_DECREF(bym); goto fail; }
-            PyObject *pg = PyLong_FromLongLong(pages);
-            if (pg) {
-                PyObject *argv[3] = {pg, score, bym};
-                if (wm_fields) {  /* the dataclass's three slots set directly: no __init__ frame */
-                    wm = ((PyTypeObject *)wm_cls)->tp_alloc((PyTypeObject *)wm_cls, 0);
-                    for (int f = 0; wm && f < 3; f++) {
-                        PyObject *d = PyTuple_GET_ITEM(wm_fields, f);
-                        if (Py_TYPE(d)->tp_descr_set(d, wm, argv[f]) < 0) Py_CLEAR(wm);
-                    }
-                    /* it holds an int, a float and a dict of str -> int: it can be part of no cycle
-                     * unless a caller reassigns a field, so the cyclic GC need not track it (a lookup
-                     * then adds 2 tracked objects instead of ~20: fewer gen-0 collections inside
-                     * lookups, which showed in the p99) */
-                    if (wm && PyObject_IS_GC(wm) && PyObject_GC_IsTracked(wm)) PyObject_GC_UnTrack(wm);
-                } else {
-                    wm = PyObject_Vectorcall(wm_cls, argv, 3, NULL);
+            PyObject *argv[3] = {pg, score, bym};
+            if (wm_fields) {  /* the dataclass's three slots filled in place: no __init__ frame */
+                wm = ((PyTypeObject *)wm_cls)->tp_alloc((PyTypeObject *)wm_cls, 0);
+                for (int f = 0; wm && f < 3; f++) {  /* fresh and zeroed: no old value to drop */
+                    Py_INCREF(argv[f]);
+                    *(PyObject **)((char *)wm + wm_off[f]) = argv[f];
                 }
+                /* it holds an int, a float and a dict of str -> int: it can be part of no cycle
+                 * unless a caller reassigns a field, so the cyclic GC need not track it (a lookup
+                 * then adds 2 tracked objects instead of ~20: fewer gen-0 collections inside
+                 * lookups, which showed in the p99) */
+                if (wm && PyObject_IS_GC(wm) && PyObject_GC_IsTracked(wm)) PyObject_GC_UnTrack(wm);
+            } else {
+                wm = PyObject_Vectorcall(wm_cls, argv, 3, NULL);
             }
-            Py_XDECREF(pg); Py_DECREF(score); Py_DECREF(bym);
+            Py_DECREF(pg); Py_DECREF(score); Py_DECREF(bym);
             if (!wm) goto fail;
             wi = PyLong_FromLongLong(wword[w] * 64 + b);
             int rc = wi ? PyDict_SetItem(workers, wi, wm) : -1;
@@ -765,6 +796,8 @@ fail:
     Py_CLEAR(result);
 done:
     Py_XDECREF(workers);
+    Py_XDECREF(last_pg);
+    Py_XDECREF(last_score);
     for (int i = 0; i < nloaded; i++) {
         view_release(&views[i]);
         if (nfilt_loaded[i]) PyBuffer_Release(&fb[i]);

@@ -9,6 +9,7 @@ raise ValueError. Skipped where the extension is not built.
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -335,3 +336,36 @@ def test_walk_results_add_few_objects_to_the_cyclic_gc():
     got = idx.prefix_match(np.array([1, 2], np.int64))
     assert got == PrefixMatch(2, {0: WorkerMatch(2, 2.0, {"GPU": 2})})
     assert not gc.is_tracked(got.workers[0]) and not gc.is_tracked(got.workers[0].pages_by_medium)
+
+
+@settings(max_examples=15, derandomize=True, deadline=None)
+@given(st.integers(6, 130), st.randoms(use_true_random=False))
+def test_many_workers_on_one_chain_equal_the_python_walk(workers, rnd):
+    """Dozens of workers ending at the same and at different pages, on one medium or two, in one
+    word or two: the C walk sizes the result dict once and shares equal ints and floats between
+    workers; the results (and their order) must still be the Python walk's."""
+    chain = [rnd.randrange(-(2**63), 2**63) for _ in range(64)]
+    ops, two_media = [], rnd.random() < 0.5
+    for w in range(workers):
+        upto = rnd.choice([64, 64, 64, rnd.randrange(1, 65)])  # many end at the same page
+        main = "GPU" if w < 64 else "STORAGE"  # the second word's single column is another medium
+        ops.append((f"w{w}", BlockStored(chain[:upto], None, [], 16, None, main, None)))
+        if two_media and rnd.random() < 0.3:  # a second medium: that worker's word has two columns
+            ops.append(
+                (f"w{w}", BlockStored(chain[: rnd.randrange(1, upto + 1)], None, [], 16, None, "CPU_PINNED", None))
+            )
+    built = []
+    for path in ("c", "python"):
+        idx = BlockIndex()
+        with speedups.python_only() if path == "python" else nullcontext():
+            for src, ev in ops:
+                idx.apply(src, KVEventBatch(0.0, [ev], 0))
+        built.append(idx)
+    fast, slow = built
+    for q in (chain, chain[:17], chain[:1]):
+        for weight in (lambda m: 1.0, lambda m: WEIGHTS.get(m, 0.3)):
+            got = fast.prefix_match(np.array(q, np.int64), medium_weight=weight)
+            with speedups.python_only():
+                want = slow.prefix_match(np.array(q, np.int64), medium_weight=weight)
+            assert got == want and list(got.workers) == list(want.workers)
+            assert len(got.workers) == workers
