@@ -6,7 +6,7 @@ Index contents (the "shared" profile): documents of `pages` pages with real even
 cached by 1..16 random workers up to a random prefix length (shared prompts), plus 25% private
 chains, until `copies` block copies are indexed. The "unshared" profile (every copy a distinct
 hash on one worker) is the memory worst case, and worst of all right after the index dicts
-grow (measured too, at the last such point below `copies`). Memory is what tracemalloc sees retained after
+grow (measured too, at the last such point below `copies`). Memory is what tracemalloc sees retained (plus the index's table arrays in huge-page mappings) after
 decoding each payload and applying it (the batch freed), so the index's int keys are counted.
 Score phases, as `score()` runs them: hashing (`router.prefix_hashes`: the pages in chunks of 32,
 64, 128, ..., stopping after a chunk whose last page nobody holds, which takes one one-key index
@@ -122,7 +122,8 @@ def measure_build(batches) -> tuple[BlockIndex, float, int, float]:
         idx.apply(src, decode_batch(payload))
     elapsed = time.perf_counter() - t0
     gc.collect()
-    used = tracemalloc.get_traced_memory()[0] - base
+    # + the table arrays in their own huge-page mappings (consumers/table.py), unseen by tracemalloc
+    used = tracemalloc.get_traced_memory()[0] - base + idx.stats()["table_paged_bytes"]
     tracemalloc.stop()
     return idx, used, len(idx), elapsed
 
@@ -277,7 +278,7 @@ def bench_tokens_mode(
     for src, payload in payloads:
         keyer.apply(idx, src, None, payload)
     gc.collect()
-    used = tracemalloc.get_traced_memory()[0] - base
+    used = tracemalloc.get_traced_memory()[0] - base + idx.stats()["table_paged_bytes"]
     tracemalloc.stop()
     held = len(idx)
     out: dict[str, float] = {
