@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import zmq
 
+from kvevents.events import decode_batch
 from kvevents.publisher import Publisher
 from kvevents.subscriber import Delivery, Source, Subscriber
 from kvevents.transport.security import (
@@ -384,3 +385,76 @@ def test_publishers_sharing_a_context_share_one_authenticator(keys: dict[str, Pa
         b.close()
     finally:
         ctx.term()
+
+
+def test_cli_fetch_and_replay_with_curve(keys: dict[str, Path], tmp_path: Path) -> None:
+    """`fetch` pulls a CURVE publisher's replay buffer with the client flags (and gets nothing
+    without them); `replay --curve-secret` republishes it encrypted, to allowed clients only."""
+    from kvevents.recordlog import read_records
+
+    pub = _curve_pub(keys)
+    creds = ["--curve-server-key", str(keys["server"]), "--curve-client-cert", str(keys["client_secret"])]
+    out = tmp_path / "f.kvlog"
+    try:
+        for events in chain_events(1, 3):
+            pub.publish(events)
+        plain = subprocess.run(
+            _kv("fetch", pub.replay_endpoint or "", "-o", str(tmp_path / "plain.kvlog"), "--timeout", "1"),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert plain.returncode == 2 and "no replay answer" in plain.stderr, plain.stderr  # the handshake fails
+        got = subprocess.run(
+            _kv("fetch", pub.replay_endpoint or "", "-o", str(out), "--timeout", "5", *creds),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert got.returncode == 0, got.stderr
+        fetched = [r.payload for r in read_records(str(out))]  # the 3 batches and the heartbeats between
+        stored = [p for p in fetched if decode_batch(p).events]
+        assert len(stored) == 3
+        nats = subprocess.run(
+            _kv("fetch", "--nats", "nats://127.0.0.1:1", "-o", str(tmp_path / "n.kvlog"), *creds),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert nats.returncode == 2 and "not to --nats" in nats.stderr
+    finally:
+        pub.close()
+    rep = subprocess.Popen(
+        _kv(
+            "replay",
+            str(out),
+            "--to",
+            "tcp://127.0.0.1:*",
+            "--replay-endpoint",
+            "tcp://127.0.0.1:*",
+            "--speed",
+            "max",
+            "--linger",
+            "20",
+            "--curve-secret",
+            str(keys["server_secret"]),
+            "--curve-allow",
+            str(keys["allow"]),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert rep.stdout is not None
+        first = rep.stdout.readline()  # "replaying FILE -> ENDPOINT (replay R), ..." once bound
+        assert first.startswith("replaying"), first
+        live, replay = first.split("-> ")[1].split()[0], first.split("(replay ")[1].split(")")[0]
+        client = CurveClient.from_files(keys["server"], keys["client_secret"])
+        stranger = CurveClient.from_files(keys["server"], keys["other_secret"])
+        assert not any(isinstance(x, Delivery) for x in _received(Source(live, replay, "w0", curve=stranger)))
+        delivered = _received(Source(live, replay, "w0", curve=client), until=len(fetched))
+        assert [d.payload for d in delivered if isinstance(d, Delivery) and d.batch.events] == stored  # same bytes
+    finally:
+        rep.terminate()
+        rep.communicate(timeout=30)

@@ -15,7 +15,16 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from kvevents.cli.app import CheckFailed, app, user_error
-from kvevents.cli.keys import CLIENT_CERT_HELP, SERVER_KEYS_HELP, with_curve
+from kvevents.cli.keys import (
+    ALLOW_HELP,
+    CLIENT_CERT_HELP,
+    SECRET_HELP,
+    SERVER_KEY_HELP,
+    SERVER_KEYS_HELP,
+    curve_client,
+    curve_server,
+    with_curve,
+)
 from kvevents.cli.logtools_common import err_console, log_to_stderr, out_console, warn, warn_damage
 from kvevents.errors import DecodeError
 from kvevents.events import decode_batch
@@ -269,12 +278,15 @@ def replay_cmd(
         2.0, "--linger", help="Seconds to keep serving (heartbeats, replay) after the last batch."
     ),
     heartbeat: float = typer.Option(1.0, "--heartbeat", help="Publisher heartbeat interval in seconds (0: off)."),
+    curve_secret: Optional[str] = typer.Option(None, "--curve-secret", help=SECRET_HELP),
+    curve_allow: Optional[str] = typer.Option(None, "--curve-allow", help=ALLOW_HELP),
 ) -> None:
     """Republish a record log through a real Publisher (new seqs, original payload bytes).
 
     Related: `kvevents log index FILE` rebuilds a block index offline; `kvevents fetch` pulls a
     publisher's replay buffer (or a JetStream stream) into a log."""
     rate = parse_speed(speed)
+    curve_server(curve_secret, curve_allow)  # bad key files: one line, exit 2
     sel: dict[str, Any] = {"from_seq": from_seq, "to_seq": to_seq}
     total, by_source = _scan_sources(file, **sel)
     if source is not None:
@@ -288,7 +300,10 @@ def replay_cmd(
         )
     if total == 0:
         user_error(f"no record of {file} to replay (check --from-seq/--to-seq)")
-    _publish_log(file, to, replay_endpoint, rate, sel, source, topic, loop, total, delay, linger, heartbeat, bind)
+    curve = (curve_secret, curve_allow)
+    _publish_log(
+        file, to, replay_endpoint, rate, sel, source, topic, loop, total, delay, linger, heartbeat, bind, curve
+    )
 
 
 @app.command("fetch")
@@ -318,6 +333,8 @@ def fetch_cmd(
         help="With --nats: rebuild a block index and print its summary (instead of, or besides, -o).",
     ),
     as_json: bool = typer.Option(False, "--json", help="With --into-index: print the summary as JSON."),
+    curve_server_key: Optional[str] = typer.Option(None, "--curve-server-key", help=SERVER_KEY_HELP),
+    curve_client_cert: Optional[str] = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
 ) -> None:
     """Pull a publisher's replay buffer (ENDPOINT, from seq --since) or what a JetStream stream holds
     (--nats URL --stream NAME) into a record log."""
@@ -326,6 +343,8 @@ def fetch_cmd(
 
         if endpoint is not None:
             user_error("give ENDPOINT or --nats URL, not both")
+        if curve_server_key or curve_client_cert:
+            user_error("--curve-server-key/--curve-client-cert apply to a replay ENDPOINT (ZeroMQ), not to --nats")
         if output is not None:
             _check_overwrite(output, force)
         return replay_from_nats(nats_url, stream, back, output, into_index, as_json)
@@ -335,8 +354,9 @@ def fetch_cmd(
         user_error("--into-index and --back go with --nats; for a record log use `kvevents log index FILE`")
     if output is None:
         user_error("fetch needs -o FILE")
+    curve = curve_client(curve_server_key, curve_client_cert)  # bad key files: one line, exit 2
     _check_overwrite(output, force)
-    _fetch(endpoint, since, output, name or endpoint, timeout)
+    _fetch(endpoint, since, output, name or endpoint, timeout, curve)
 
 
 def _publish_log(
@@ -353,6 +373,7 @@ def _publish_log(
     linger: float,
     heartbeat: float,
     bind: bool | None,
+    curve: tuple[str | None, str | None] = (None, None),
 ) -> None:
     from kvevents.publisher import Publisher, PublisherConfig
     from kvevents.transport.wire import should_bind
@@ -367,7 +388,14 @@ def _publish_log(
     # the recorded stream's epoch: our heartbeats and snapshots then agree with the replayed payloads
     epoch = first.epoch if first is not None and first.epoch is not None and 0 <= first.epoch < 2**63 else None
     cfg = PublisherConfig(
-        endpoint=to, replay_endpoint=replay_ep, topic=topic, heartbeat_interval_s=heartbeat, bind=bind, epoch=epoch
+        endpoint=to,
+        replay_endpoint=replay_ep,
+        topic=topic,
+        heartbeat_interval_s=heartbeat,
+        bind=bind,
+        epoch=epoch,
+        curve_secret_key_file=curve[0],
+        curve_allow_dir=curve[1],
     )
     pub = Publisher(cfg)
     econ = err_console()
@@ -428,8 +456,9 @@ def _publish_log(
     )
 
 
-def _fetch(endpoint: str, since: int, output: str, name: str, timeout: float) -> None:
+def _fetch(endpoint: str, since: int, output: str, name: str, timeout: float, curve: Any = None) -> None:
     from kvevents.transport.engine_requests import replay as fetch_replay
+    from kvevents.transport.security import client_context
 
     if since < 0:
         user_error(f"--since must be >= 0, got {since}")
@@ -438,7 +467,7 @@ def _fetch(endpoint: str, since: int, output: str, name: str, timeout: float) ->
     last: int | None = None
     w = RecordWriter(output, durability="buffered")
     try:
-        for topic, seq, payload in fetch_replay(endpoint, since, timeout=timeout):
+        for topic, seq, payload in fetch_replay(endpoint, since, timeout=timeout, context=client_context(curve)):
             try:
                 b = decode_batch(payload)
                 epoch, rank = b.epoch, b.data_parallel_rank
