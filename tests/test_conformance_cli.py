@@ -206,3 +206,30 @@ def test_serve_http_bad_address_is_a_usage_error() -> None:
 
     proc = kve("serve", "--endpoint", "tcp://127.0.0.1:*", "--http", "nonsense", "--duration", "0.1")
     assert_user_error(proc, 2, "--http must be HOST:PORT")
+
+
+def test_a_curve_publisher_is_judged_with_the_client_flags(tmp_path) -> None:
+    """`conformance stream --curve-server-key --curve-client-cert` checks a CURVE-only publisher
+    (live, replay, DESCRIBE, SNAPSHOT all over CURVE); without them nothing arrives and it fails."""
+    from kvevents.transport.security import generate_keypair
+
+    server, server_secret = generate_keypair(tmp_path / "server", "server")
+    client, client_secret = generate_keypair(tmp_path / "client", "client")
+    allow = tmp_path / "allow"
+    allow.mkdir()
+    (allow / "client.key").write_bytes(client.read_bytes())
+    proc = _serve("--curve-secret", str(server_secret), "--curve-allow", str(allow))
+    try:
+        assert proc.stdout is not None
+        m = BANNER.search(proc.stdout.readline())
+        assert m
+        live, replay = m.group(1), m.group(2)
+        args = ("conformance", "stream", live, "--replay", replay, "--page-size", "4", "--duration", "1.5", "--json")
+        ok = kve(*args, "--curve-server-key", str(server), "--curve-client-cert", str(client_secret))
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        assert json.loads(ok.stdout)["ok"]
+        refused = kve(*args)
+        assert refused.returncode == 1 and not json.loads(refused.stdout)["ok"]
+    finally:
+        proc.terminate()
+        proc.wait(10)

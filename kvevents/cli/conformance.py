@@ -12,6 +12,7 @@ import sys
 import typer
 
 from kvevents.cli.app import app, user_error
+from kvevents.cli.keys import CLIENT_CERT_HELP, SERVER_KEY_HELP, curve_client
 
 conformance_app = typer.Typer(
     name="conformance",
@@ -99,13 +100,17 @@ def stream_cmd(
         None, "--lora-path", help="vLLM profiles: LoRA path template, {name} = lora name."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    curve_server_key: str | None = typer.Option(None, "--curve-server-key", help=SERVER_KEY_HELP),
+    curve_client_cert: str | None = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
 ) -> int:
     """Observe a live publisher and judge every named rule (pass / fail / not offered / not checkable)."""
     from kvevents.conformance.profiles import ProfileUnavailable
     from kvevents.conformance.stream import StreamOptions, observe
+    from kvevents.transport.security import client_context
 
     _check_endpoint("ENDPOINT", endpoint)
     _check_endpoint("--replay", replay)
+    curve = curve_client(curve_server_key, curve_client_cert)  # bad key files: one line, exit 2
     opts = StreamOptions(
         endpoint,
         replay,
@@ -119,7 +124,7 @@ def stream_cmd(
         lora_path=lora_path,
     )
     try:
-        report = observe(opts)
+        report = observe(opts, client_context(curve) if curve is not None else None)
     except ProfileUnavailable as exc:
         user_error(str(exc))
     except ValueError as exc:
