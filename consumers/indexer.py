@@ -31,7 +31,7 @@ from kvevents.consumers.copies import (
     store_many,
     view_tally,
 )
-from kvevents.consumers.lookup import PrefixMatch, WordLayout, make_plan, walk_plan
+from kvevents.consumers.lookup import PrefixMatch, WordLayout, bind_walk, make_plan, walk_plan
 from kvevents.consumers.table import HAS_PARENT, HashTable, as_hashes
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, rank_of
 
@@ -94,7 +94,8 @@ class BlockIndex:
         self._loras: list[str | None] = [None]
         self._lora_ix: dict[str | None, int] = {None: 0}
         self._cols: dict[tuple[int, int], int] = {(0, 0): 0}  # (medium index, worker word) -> column
-        self._views: list[HashTable] = [HashTable(1)]
+        self._table_changes = [0]  # bumped by every view whose cview() changes (HashTable(changes=))
+        self._views: list[HashTable] = [HashTable(1, changes=self._table_changes)]
         self._extra: Extra = {}  # (view, medium, worker, hash) -> copies beyond the first
         self._workers: dict[WorkerKey, _Worker] = {}
         self._by_index: dict[int, _Worker] = {}
@@ -108,6 +109,10 @@ class BlockIndex:
         self._layout_version = 0  # bumped by _changed(): lookups re-read the layout
         self._labels: tuple[int, Mapping[int, str]] | None = None
         self._layout_cache: tuple[int, Callable[[str | None], float], list[float], list[WordLayout]] | None = None
+        # (lora_name, strict, medium_weight) -> the compiled walk bound to its plan and layout; valid
+        # until _changed() or a table's cview() changes (then all go: they pin their tables' arrays)
+        self._walkers: dict[tuple[Any, ...], Callable[[np.ndarray], PrefixMatch]] = {}
+        self._walkers_at = 0  # _table_changes[0] when they were bound
         self._counters: Counter[str] = Counter()
         self._hot = [0, 0, 0]  # batches, stored_copies, removed_copies: plain ints on the hot path
 
@@ -117,6 +122,7 @@ class BlockIndex:
         """Workers, media, columns, lora views, or which media hold copies changed: cached router
         plans and layouts go."""
         self._plans.clear()
+        self._walkers.clear()
         self._layout_version += 1
 
     def _worker(self, source: str, dp_rank: int) -> _Worker | None:
@@ -156,7 +162,7 @@ class BlockIndex:
             vid = len(self._loras)
             self._loras.append(lora_name)
             self._lora_ix[lora_name] = vid
-            self._views.append(HashTable(len(self._cols)))
+            self._views.append(HashTable(len(self._cols), changes=self._table_changes))
             self._changed()
         return vid
 
@@ -511,15 +517,25 @@ class BlockIndex:
         order) it holds for a request under `lora_name` (as in `holds`), scored by medium weight,
         with the pages credited per medium (each at the best-weighted medium holding it)."""
         n = len(hashes)
+        if self._walkers_at != self._table_changes[0]:
+            self._walkers.clear()
+            self._walkers_at = self._table_changes[0]
+        key = (lora_name, strict, medium_weight)
+        bound = self._walkers.get(key)
+        if bound is not None and n and speedups.active():  # the common case: one dict get and a C call
+            return bound(hashes)
         plan = self._plans.get((lora_name, strict)) or self._lookup_plan(lora_name, strict)
         if not plan or not self._by_index or not n:
             return PrefixMatch(n)
-        cached = self._layout_cache  # (the common case inline: a lookup is a few us, a call ~0.1)
-        if cached is not None and cached[0] == self._layout_version and cached[1] is medium_weight:
-            weights, layout = cached[2], cached[3]
-        else:
-            weights, layout = self._layout(medium_weight)
-        return walk_plan(hashes, plan, layout, self._media, weights)
+        weights, layout = self._layout(medium_weight)
+        bound = bind_walk(plan, layout, self._media, weights)
+        if bound is None:
+            return walk_plan(hashes, plan, layout, self._media, weights)
+        if lora_name is None or len(lora_name) <= _CACHED_NAME_MAX:  # bounded like the plans
+            if len(self._walkers) >= _PLANS_MAX:
+                self._walkers.clear()
+            self._walkers[key] = bound
+        return bound(hashes)
 
     def labels(self) -> Mapping[int, str]:
         """Worker index -> label, for every known worker (what `prefix_match` results are keyed by).

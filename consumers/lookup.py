@@ -8,13 +8,14 @@ implementation (a compiled one) can replace it behind `BlockIndex.prefix_match`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
 from kvevents import speedups
 from kvevents.consumers.table import HashTable
 
-__all__ = ["WORD", "WorkerMatch", "PrefixMatch", "WordLayout", "walk", "walk_plan"]
+__all__ = ["WORD", "WorkerMatch", "PrefixMatch", "WordLayout", "walk", "walk_plan", "bind_walk"]
 
 WORD = 64  # workers per mask word
 
@@ -70,6 +71,23 @@ def walk_plan(
         masks = m if masks is None else (masks | m)
     assert masks is not None
     return walk(masks, layout, media, weights)
+
+
+def bind_walk(
+    plan: list[tuple[HashTable, np.ndarray | None]],
+    layout: list[WordLayout],
+    media: list[str | None],
+    weights: list[float],
+) -> Callable[[np.ndarray], PrefixMatch] | None:
+    """`walk_plan` with all but the hashes bound, on the compiled path (None where it would decline:
+    no extension, or weights that are not all floats). Valid while the plan's tables keep their
+    `cview()` and the layout stands."""
+    if not speedups.active() or not all(type(w) is float for w in weights):
+        return None
+    bound: Callable[[np.ndarray], PrefixMatch] = speedups.bind_walk(
+        [(t.cview(), f) for t, f in plan], layout, media, weights, PrefixMatch, WorkerMatch
+    )
+    return bound
 
 
 def walk(m: np.ndarray, layout: list[WordLayout], media: list[str | None], weights: list[float]) -> PrefixMatch:

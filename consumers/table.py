@@ -110,10 +110,16 @@ class HashTable:
 
     __slots__ = (
         "keys", "state", "parent", "masks", "overflow", "vacant", "live", "used", "spill", "limit", "nc",
-        "_bmask", "_shift", "_nshift", "_kv", "_sv", "_pv", "_mv", "_ov", "_cview",
+        "_bmask", "_shift", "_nshift", "_kv", "_sv", "_pv", "_mv", "_ov", "_cview", "_changes",
     )  # fmt: skip
 
-    def __init__(self, ncols: int = 1, buckets: int = _MIN_BUCKETS) -> None:
+    _cview: tuple | None
+
+    def __init__(self, ncols: int = 1, buckets: int = _MIN_BUCKETS, *, changes: list[int] | None = None) -> None:
+        """`changes`: a one-int list bumped whenever `cview()` changes (rebuilt or grown arrays, a
+        moved vacant key, a new spill dict), which tables of one index may share: what caches a
+        view can check with one compare."""
+        self._changes = changes
         self.live = 0  # slots holding a key
         self.used = 0  # live + tombstones (what fills buckets)
         self.vacant = VACANT
@@ -143,7 +149,7 @@ class HashTable:
         self._pv = self.parent.data
         self._mv = self.masks.reshape(-1).data  # row-major: slot * ncols + col
         self._ov = self.overflow.view(np.uint8).data
-        self._cview: tuple | None = None  # built on first use; dropped whenever its parts change
+        self._view_changed()
 
     def cview(self) -> tuple:
         """The arrays and bucket math as the compiled fast path reads them (kvevents.speedups):
@@ -163,6 +169,11 @@ class HashTable:
                 self.nc,
             )
         return c
+
+    def _view_changed(self) -> None:
+        self._cview = None  # built on first use; dropped whenever its parts change
+        if self._changes is not None:
+            self._changes[0] += 1
 
     def note_deleted(self, n: int) -> None:
         """Account for `n` rows the compiled remove loop deleted (tombstoned) through `cview`."""
@@ -386,7 +397,7 @@ class HashTable:
             vacant = (vacant + 0x9E3779B97F4A7C15) % 2**64 - 2**63
         self.keys[self.state & LIVE == 0] = vacant
         self.vacant = vacant
-        self._cview = None
+        self._view_changed()
 
     def delete(self, slots: np.ndarray) -> None:
         """Drop the keys at `slots` (distinct live slots): tombstones, rows zeroed."""
@@ -409,7 +420,7 @@ class HashTable:
         self._alloc(buckets, self.ncols)
         self.live = self.used = 0
         self.spill = {}
-        self._cview = None
+        self._view_changed()
         slots = self.place(keys)
         self.state[slots] = state
         self.parent[slots] = parent

@@ -807,6 +807,27 @@ done:
     return result;
 }
 
+/* walk_with((plan, layout, media, weights, PrefixMatch, WorkerMatch, sum, wm_fields, pm_fields), hashes):
+ * walk with its other arguments bound once (kvevents.speedups.bind_walk) */
+static PyObject *walk_with(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 9) {
+        PyErr_SetString(PyExc_ValueError, "walk_with takes (the 9 bound walk arguments, hashes)");
+        return NULL;
+    }
+    PyObject *full = PyTuple_New(10);
+    if (!full) return NULL;
+    Py_INCREF(args[1]);
+    PyTuple_SET_ITEM(full, 0, args[1]);
+    for (Py_ssize_t i = 0; i < 9; i++) {
+        PyObject *a = PyTuple_GET_ITEM(args[0], i);
+        Py_INCREF(a);
+        PyTuple_SET_ITEM(full, i + 1, a);
+    }
+    PyObject *out = walk(self, full);
+    Py_DECREF(full);
+    return out;
+}
+
 /* ------------------------------------------------------------------ apply */
 
 static int64_t *ints_of(PyObject *seq, Py_ssize_t *n, const char *what) {
@@ -1042,6 +1063,7 @@ static PyMethodDef methods[] = {
     {"sha_impl", sha_impl, METH_NOARGS, "the SHA-256 compression in use: 'sha-ni' or 'portable'"},
     {"select_sha", select_sha, METH_O, "select_sha(allow_shani) -> the compression now in use"},
     {"walk", walk, METH_VARARGS, "the index walk over a plan of table views"},
+    {"walk_with", (PyCFunction)(void (*)(void))walk_with, METH_FASTCALL, "walk with its other arguments bound"},
     {"set_bits_each", set_bits_each, METH_VARARGS, "the store loop of HashTable.set_bits_each"},
     {"remove_each", remove_each, METH_VARARGS, "the remove loop of consumers.copies.remove_each"},
     {"holds_bit", holds_bit, METH_VARARGS, "does any view hold a key with a bit in the columns"},

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import functools
 import os
 import types
 from contextlib import contextmanager
@@ -136,6 +137,18 @@ def _slots_of(cls: type, want: tuple[str, ...] = ("pages", "score", "pages_by_me
 def walk(hashes: Any, plan: list, layout: list, media: list, weights: list, prefix_cls: type, worker_cls: type) -> Any:
     """The index walk over table views (see kvevents.consumers.lookup.walk_plan); NotImplemented when the
     weights are not all floats (the Python twin then runs, keeping its result types)."""
+    extra = _walk_extra(prefix_cls, worker_cls)
+    return _c.walk(hashes, plan, layout, media, weights, prefix_cls, worker_cls, *extra)  # type: ignore[union-attr]
+
+
+def bind_walk(plan: list, layout: list, media: list, weights: list, prefix_cls: type, worker_cls: type) -> Any:
+    """`walk` with everything but the request's hashes bound: a callable of the hashes alone, for
+    callers that repeat a lookup shape (the walk's arguments are then parsed from one tuple)."""
+    extra = _walk_extra(prefix_cls, worker_cls)
+    return functools.partial(_c.walk_with, (plan, layout, media, weights, prefix_cls, worker_cls, *extra))  # type: ignore[union-attr]
+
+
+def _walk_extra(prefix_cls: type, worker_cls: type) -> tuple:
     extra = _WALK_EXTRA.get((prefix_cls, worker_cls))
     if extra is None:
         extra = _WALK_EXTRA[prefix_cls, worker_cls] = (
@@ -143,7 +156,7 @@ def walk(hashes: Any, plan: list, layout: list, media: list, weights: list, pref
             _slots_of(worker_cls),
             _slots_of(prefix_cls, ("pages", "workers")),
         )
-    return _c.walk(hashes, plan, layout, media, weights, prefix_cls, worker_cls, *extra)  # type: ignore[union-attr]
+    return extra
 
 
 def set_bits_each(

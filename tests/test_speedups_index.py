@@ -369,3 +369,48 @@ def test_many_workers_on_one_chain_equal_the_python_walk(workers, rnd):
                 want = slow.prefix_match(np.array(q, np.int64), medium_weight=weight)
             assert got == want and list(got.workers) == list(want.workers)
             assert len(got.workers) == workers
+
+
+@settings(max_examples=40, derandomize=True, deadline=None)
+@given(OPS, st.lists(st.lists(KEYS, min_size=1, max_size=40), min_size=1, max_size=3))
+def test_lookups_between_changes_equal_the_python_walk(ops, requests):
+    """Lookups interleaved with stores, removes, clears, table growth, new workers, media and
+    adapters: the compiled walks the index keeps bound between lookups must follow every change
+    (each lookup equals a Python walk of an index built the same way)."""
+    fast, slow = BlockIndex(), BlockIndex()
+    stored: list[list[int]] = []
+    for op in ops:
+        batch = KVEventBatch(0.0, [_event(op)], 0)
+        fast.apply(op[1], batch)
+        with speedups.python_only():
+            slow.apply(op[1], batch)
+        if op[0] == "store":
+            stored.append(list(op[2]))
+        for req in [*requests, *stored[-2:]]:
+            q = np.array(req, np.int64)
+            for lora, weight in ((None, _ONE), ("a", _ONE), (None, _TIERED)):
+                got = fast.prefix_match(q, lora, medium_weight=weight)
+                with speedups.python_only():
+                    want = slow.prefix_match(q, lora, medium_weight=weight)
+                assert got == want and list(got.workers) == list(want.workers)
+
+
+def _ONE(medium: str | None) -> float:
+    return 1.0
+
+
+def _TIERED(medium: str | None) -> float:
+    return WEIGHTS.get(medium, 0.3)
+
+
+def test_a_bound_walk_is_dropped_when_its_table_grows_or_moves_its_vacant_key():
+    """The bound walk pins its tables' arrays; a rebuild (growth) or a moved vacant key between two
+    lookups with nothing else changing must not leave it reading the old ones."""
+    idx = BlockIndex()
+    idx.apply("w0", KVEventBatch(0.0, [BlockStored([1], None, [], 16, None, "GPU", None)], 0))
+    assert idx.prefix_match(np.array([1], np.int64)).workers[0].pages == 1  # binds the walk
+    chain = list(range(2, 2_000))
+    idx.apply("w0", KVEventBatch(0.0, [BlockStored(chain, 1, [], 16, None, "GPU", None)], 0))  # grows
+    assert idx.prefix_match(np.array([1, *chain], np.int64)).workers[0].pages == len(chain) + 1
+    idx.apply("w0", KVEventBatch(0.0, [BlockStored([VACANT], 1999, [], 16, None, "GPU", None)], 0))
+    assert idx.prefix_match(np.array([1, *chain, VACANT], np.int64)).workers[0].pages == len(chain) + 2
