@@ -6,15 +6,15 @@ column per (medium, group of 64 workers), one bit per worker. A copy is one bit,
 a second copy of the same (worker, dp_rank, medium, lora, hash) (the same tokens under two extra
 keys) is counted in a small side dict that is empty in the common case (kvevents.consumers.copies adds and
 drops copies). The parent link sits in the row beside the masks. The router gathers the rows of a request's pages in a few vectorised
-lookups.
+lookups. Read-only reports (who holds a hash, copies per source, medium and adapter) live in the
+base class, kvevents.consumers.index_reports.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -23,16 +23,14 @@ from kvevents.consumers.copies import (
     WORD,
     Extra,
     clear_bits,
-    iter_copies,
     remove_each,
     remove_many,
-    set_bits,
     store_each,
     store_many,
-    view_tally,
 )
+from kvevents.consumers.index_reports import IndexReports, WorkerEntry, WorkerKey, worker_label
 from kvevents.consumers.lookup import PrefixMatch, WordLayout, bind_walk, make_plan, walk_plan
-from kvevents.consumers.table import HAS_PARENT, HashTable, as_hashes
+from kvevents.consumers.table import HashTable, as_hashes
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, rank_of
 
 __all__ = ["BlockIndex", "WorkerKey", "worker_label", "FIXED_MEDIA", "KNOWN_MEDIA"]
@@ -47,23 +45,8 @@ _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _PLANS_MAX = 256  # cached lookup plans (per request lora_name); the cache starts over past it
 _CACHED_NAME_MAX = 256  # longer lora names are planned per request, never kept
 
-WorkerKey = tuple[str, int]
 
-
-def worker_label(source: str, dp_rank: int) -> str:
-    """The name a worker is reported under: the source, with `#dp<r>` for data-parallel ranks > 0."""
-    return source if dp_rank == 0 else f"{source}#dp{dp_rank}"
-
-
-@dataclass
-class _Worker:
-    index: int
-    source: str
-    dp_rank: int
-    label: str
-
-
-class BlockIndex:
+class BlockIndex(IndexReports):
     """Reference-counted map of published block copies per (source, dp_rank, medium, hash).
 
     `apply(source, batch)` never raises for content it cannot use: it counts the reason in
@@ -97,8 +80,8 @@ class BlockIndex:
         self._table_changes = [0]  # bumped by every view whose cview() changes (HashTable(changes=))
         self._views: list[HashTable] = [HashTable(1, changes=self._table_changes)]
         self._extra: Extra = {}  # (view, medium, worker, hash) -> copies beyond the first
-        self._workers: dict[WorkerKey, _Worker] = {}
-        self._by_index: dict[int, _Worker] = {}
+        self._workers: dict[WorkerKey, WorkerEntry] = {}
+        self._by_index: dict[int, WorkerEntry] = {}
         self._free: list[int] = []
         self._word_bits: dict[int, int] = {}  # worker word -> bits of the known workers in it
         self._counts: Counter[tuple[int, int]] = Counter()  # (worker index, medium index) -> copies
@@ -125,7 +108,7 @@ class BlockIndex:
         self._walkers.clear()
         self._layout_version += 1
 
-    def _worker(self, source: str, dp_rank: int) -> _Worker | None:
+    def _worker(self, source: str, dp_rank: int) -> WorkerEntry | None:
         key = (source, dp_rank)
         w = self._workers.get(key)
         if w is None:
@@ -135,7 +118,7 @@ class BlockIndex:
             idx = min(self._free) if self._free else len(self._by_index)
             if self._free:
                 self._free.remove(idx)
-            w = _Worker(idx, source, dp_rank, worker_label(source, dp_rank))
+            w = WorkerEntry(idx, source, dp_rank, worker_label(source, dp_rank))
             self._workers[key] = w
             self._by_index[idx] = w
             self._word_bits[idx // WORD] = self._word_bits.get(idx // WORD, 0) | 1 << (idx % WORD)
@@ -220,7 +203,7 @@ class BlockIndex:
             else:
                 self.counters["ignored_event"] += 1
 
-    def _store(self, w: _Worker, ev: BlockStored) -> None:
+    def _store(self, w: WorkerEntry, ev: BlockStored) -> None:
         hashes = ev.block_hashes
         n = len(hashes)
         if not n:
@@ -284,7 +267,7 @@ class BlockIndex:
                 return True
         return False
 
-    def _remove(self, w: _Worker, ev: BlockRemoved) -> None:
+    def _remove(self, w: WorkerEntry, ev: BlockRemoved) -> None:
         hashes = ev.block_hashes
         n = len(hashes)
         if not n:
@@ -328,7 +311,7 @@ class BlockIndex:
                 self._changed()
             self._hot[2] += removed
 
-    def _clear_worker(self, w: _Worker) -> int:
+    def _clear_worker(self, w: WorkerEntry) -> int:
         """Drop every copy the worker holds, on every medium and lora; returns copies dropped."""
         wi = w.index
         dropped = sum(n for (i, _), n in self._counts.items() if i == wi)
@@ -371,113 +354,6 @@ class BlockIndex:
         return dropped
 
     # ---------------------------------------------------------------- queries
-
-    def workers(self) -> list[str]:
-        """Labels of every known worker, in registration order."""
-        return [w.label for w in self._workers.values()]
-
-    def _rows(self, block_hash: int) -> list[np.ndarray]:
-        try:
-            q = as_hashes((block_hash,))
-        except ValueError:
-            return []
-        return [t.masks[int(t.find(q)[0])] for t in self._views]
-
-    def workers_for(self, block_hash: int, medium: str | None = None) -> set[str]:
-        """Labels of the workers holding at least one copy of `block_hash` (on `medium` if given)."""
-        mi = None
-        if medium is not None:
-            mi = self._medium_ix.get(medium)
-            if mi is None:
-                return set()
-        out: set[str] = set()
-        for row in self._rows(block_hash):
-            for (m, word), col in self._cols.items():
-                if mi is None or m == mi:
-                    out.update(self._by_index[word * WORD + b].label for b in set_bits(int(row[col])))
-        return out
-
-    def parent_of(self, block_hash: int) -> int | None:
-        """The parent hash recorded for `block_hash` (None for a chain head or an unknown hash)."""
-        try:
-            q = as_hashes((block_hash,))
-        except ValueError:
-            return None
-        for t in self._views:
-            s = int(t.find(q)[0])
-            if s >= 0 and t.state[s] & HAS_PARENT:
-                return int(t.parent[s])
-        return None
-
-    def has(self, block_hash: int) -> bool:
-        return any(row.any() for row in self._rows(block_hash))
-
-    def _iter_copies(self, wi: int | None = None, medium: str | None = None) -> Iterator[tuple[int, int, int]]:
-        """Yield (worker index, hash, copies) for every held (worker, medium, lora, hash)."""
-        mi_only = None if medium is None else self._medium_ix.get(medium, -1)
-        return iter_copies(self._views, self._cols, self._extra, wi, mi_only)
-
-    def copies(self, source: str | None = None, medium: str | None = None, dp_rank: int | None = None) -> Counter[int]:
-        """hash -> number of copies held (by one source, or by everyone), optionally on one medium.
-
-        The same shape as `RadixCache.published_copies()`, for ground-truth comparisons. O(index).
-        """
-        out: Counter[int] = Counter()
-        if source is None:
-            for _, h, n in self._iter_copies(None, medium):
-                out[h] += n
-            return out
-        for key, w in self._workers.items():
-            if key[0] == source and (dp_rank is None or key[1] == dp_rank):
-                for _, h, n in self._iter_copies(w.index, medium):
-                    out[h] += n
-        return out
-
-    def block_counts(self) -> dict[str, dict[str, int]]:
-        """Per worker label: medium -> copies held (media with zero copies omitted)."""
-        out: dict[str, dict[str, int]] = {w.label: {} for w in self._workers.values()}
-        for (wi, mi), n in self._counts.items():
-            if n:
-                out[self._by_index[wi].label][str(self._media[mi])] = n
-        return out
-
-    def source_counts(self) -> dict[str, int]:
-        """Per source name (all dp ranks): copies held on every medium."""
-        out: dict[str, int] = {}
-        for w in self._workers.values():
-            out.setdefault(w.source, 0)
-        for (wi, _), n in self._counts.items():
-            out[self._by_index[wi].source] += n
-        return out
-
-    def medium_counts(self) -> dict[str, int]:
-        """Per medium: copies held by all workers."""
-        out: dict[str, int] = {}
-        for (_, mi), n in self._counts.items():
-            if n:
-                key = str(self._media[mi])
-                out[key] = out.get(key, 0) + n
-        return out
-
-    def adapter_counts(self) -> dict[str, dict[str, int]]:
-        """Per worker label: adapter (lora_name; "" for the base model) -> copies held. O(index),
-        for status pages (one bit count per mask column and view)."""
-        out: dict[str, dict[str, int]] = {w.label: {} for w in self._workers.values()}
-        for (vid, wi), n in view_tally(self._views, self._cols, self._extra).items():
-            w = self._by_index.get(wi)
-            if w is not None and n:
-                name = self._loras[vid] or ""
-                out[w.label][name] = out[w.label].get(name, 0) + n
-        return out
-
-    def __len__(self) -> int:
-        """Number of block copies held (all workers, media, lora names)."""
-        return sum(self._counts.values())
-
-    @property
-    def distinct_hashes(self) -> int:
-        """Number of (lora_name, hash) entries: the table rows the index pays for."""
-        return sum(t.live for t in self._views)
 
     def stats(self) -> dict[str, Any]:
         """Counters plus sizes, for /metrics and reports."""

@@ -1,0 +1,156 @@
+"""Read-only reports over a BlockIndex: who holds a hash, copies per source, medium and adapter.
+
+A base class of BlockIndex (kvevents.consumers.indexer), apart from its write path (apply) and its
+lookup seam (prefix_match): these methods read the state BlockIndex keeps and change none of it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+
+from kvevents.consumers.copies import WORD, Extra, iter_copies, set_bits, view_tally
+from kvevents.consumers.table import HAS_PARENT, HashTable, as_hashes
+
+__all__ = ["IndexReports", "WorkerEntry", "WorkerKey", "worker_label"]
+
+WorkerKey = tuple[str, int]
+
+
+def worker_label(source: str, dp_rank: int) -> str:
+    """The name a worker is reported under: the source, with `#dp<r>` for data-parallel ranks > 0."""
+    return source if dp_rank == 0 else f"{source}#dp{dp_rank}"
+
+
+@dataclass
+class WorkerEntry:
+    """One (source, dp_rank) the index knows: its bit index and the label it is reported under."""
+
+    index: int
+    source: str
+    dp_rank: int
+    label: str
+
+
+class IndexReports:
+    """The reporting half of BlockIndex (which sets every attribute below)."""
+
+    _workers: dict[WorkerKey, WorkerEntry]
+    _by_index: dict[int, WorkerEntry]
+    _views: list[HashTable]
+    _cols: dict[tuple[int, int], int]
+    _extra: Extra
+    _counts: Counter[tuple[int, int]]
+    _media: list[str | None]
+    _medium_ix: dict[str | None, int]
+    _loras: list[str | None]
+
+    def workers(self) -> list[str]:
+        """Labels of every known worker, in registration order."""
+        return [w.label for w in self._workers.values()]
+
+    def _rows(self, block_hash: int) -> list[np.ndarray]:
+        try:
+            q = as_hashes((block_hash,))
+        except ValueError:
+            return []
+        return [t.masks[int(t.find(q)[0])] for t in self._views]
+
+    def workers_for(self, block_hash: int, medium: str | None = None) -> set[str]:
+        """Labels of the workers holding at least one copy of `block_hash` (on `medium` if given)."""
+        mi = None
+        if medium is not None:
+            mi = self._medium_ix.get(medium)
+            if mi is None:
+                return set()
+        out: set[str] = set()
+        for row in self._rows(block_hash):
+            for (m, word), col in self._cols.items():
+                if mi is None or m == mi:
+                    out.update(self._by_index[word * WORD + b].label for b in set_bits(int(row[col])))
+        return out
+
+    def parent_of(self, block_hash: int) -> int | None:
+        """The parent hash recorded for `block_hash` (None for a chain head or an unknown hash)."""
+        try:
+            q = as_hashes((block_hash,))
+        except ValueError:
+            return None
+        for t in self._views:
+            s = int(t.find(q)[0])
+            if s >= 0 and t.state[s] & HAS_PARENT:
+                return int(t.parent[s])
+        return None
+
+    def has(self, block_hash: int) -> bool:
+        return any(row.any() for row in self._rows(block_hash))
+
+    def _iter_copies(self, wi: int | None = None, medium: str | None = None) -> Iterator[tuple[int, int, int]]:
+        """Yield (worker index, hash, copies) for every held (worker, medium, lora, hash)."""
+        mi_only = None if medium is None else self._medium_ix.get(medium, -1)
+        return iter_copies(self._views, self._cols, self._extra, wi, mi_only)
+
+    def copies(self, source: str | None = None, medium: str | None = None, dp_rank: int | None = None) -> Counter[int]:
+        """hash -> number of copies held (by one source, or by everyone), optionally on one medium.
+
+        The same shape as `RadixCache.published_copies()`, for ground-truth comparisons. O(index).
+        """
+        out: Counter[int] = Counter()
+        if source is None:
+            for _, h, n in self._iter_copies(None, medium):
+                out[h] += n
+            return out
+        for key, w in self._workers.items():
+            if key[0] == source and (dp_rank is None or key[1] == dp_rank):
+                for _, h, n in self._iter_copies(w.index, medium):
+                    out[h] += n
+        return out
+
+    def block_counts(self) -> dict[str, dict[str, int]]:
+        """Per worker label: medium -> copies held (media with zero copies omitted)."""
+        out: dict[str, dict[str, int]] = {w.label: {} for w in self._workers.values()}
+        for (wi, mi), n in self._counts.items():
+            if n:
+                out[self._by_index[wi].label][str(self._media[mi])] = n
+        return out
+
+    def source_counts(self) -> dict[str, int]:
+        """Per source name (all dp ranks): copies held on every medium."""
+        out: dict[str, int] = {}
+        for w in self._workers.values():
+            out.setdefault(w.source, 0)
+        for (wi, _), n in self._counts.items():
+            out[self._by_index[wi].source] += n
+        return out
+
+    def medium_counts(self) -> dict[str, int]:
+        """Per medium: copies held by all workers."""
+        out: dict[str, int] = {}
+        for (_, mi), n in self._counts.items():
+            if n:
+                key = str(self._media[mi])
+                out[key] = out.get(key, 0) + n
+        return out
+
+    def adapter_counts(self) -> dict[str, dict[str, int]]:
+        """Per worker label: adapter (lora_name; "" for the base model) -> copies held. O(index),
+        for status pages (one bit count per mask column and view)."""
+        out: dict[str, dict[str, int]] = {w.label: {} for w in self._workers.values()}
+        for (vid, wi), n in view_tally(self._views, self._cols, self._extra).items():
+            w = self._by_index.get(wi)
+            if w is not None and n:
+                name = self._loras[vid] or ""
+                out[w.label][name] = out[w.label].get(name, 0) + n
+        return out
+
+    def __len__(self) -> int:
+        """Number of block copies held (all workers, media, lora names)."""
+        return sum(self._counts.values())
+
+    @property
+    def distinct_hashes(self) -> int:
+        """Number of (lora_name, hash) entries: the table rows the index pays for."""
+        return sum(t.live for t in self._views)
