@@ -241,7 +241,14 @@ def test_malformed_arguments_raise_value_error():
         lambda: speedups.remove_each([v], {}, 0, 0, 0, [2**63], None, False),
         lambda: speedups.holds_bit([v], 2**64, [0], 1),
         lambda: speedups.holds_bit([v], 1, [9], 1),
+        lambda: speedups.bind_walk([(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)(np.array([1.0])),
+        lambda: speedups.bind_walk([(v,)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)(q),
+        lambda: speedups.bind_walk([(v, None)], ok_layout, ["GPU"], [1.0, 2.0], PrefixMatch, WorkerMatch)(q),
     ]
+    bound = speedups.bind_walk([(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)
+    assert bound(q) == speedups.walk(q, [(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)
+    walk_with = bound.func  # the C entry point itself, with what it was bound to taken away
+    bad_calls += [lambda: walk_with(q), lambda: walk_with((), q), lambda: walk_with(bound.args[0][:8], q)]
     for i, call in enumerate(bad_calls):
         with pytest.raises(ValueError):
             call()
