@@ -400,7 +400,7 @@ class BlockIndex(IndexReports):
         bound = self._walkers.get(key)
         if bound is not None and n and speedups.active():  # the common case: one dict get and a C call
             return bound(hashes)
-        plan = self._plans.get((lora_name, strict)) or self._lookup_plan(lora_name, strict)
+        plan = self._lookup_plan(lora_name, strict)
         if not plan or not self._by_index or not n:
             return PrefixMatch(n)
         weights, layout = self._layout(medium_weight)
