@@ -1,8 +1,8 @@
-"""Build the optional C fast path (kvevents._speedups) when a C compiler is present.
+"""Build the optional C fast path (kvevents.native._speedups) when a C compiler is present.
 
 Everything else is configured in pyproject.toml. Without a compiler (or when the build fails),
 installation goes on and prints one line: kvevents then runs its pure-Python paths, which give
-identical results (kvevents/speedups.py picks the path; `kvevents doctor` reports it).
+identical results (kvevents/native/__init__.py picks the path; `kvevents doctor` reports it).
 Set KVEVENTS_NO_EXT=1 to skip the extension, KVEVENTS_SANITIZE=1 to build it with
 -fsanitize=address,undefined (scripts/asan_check.sh).
 """
@@ -53,9 +53,9 @@ ext_modules = []
 if os.environ.get("KVEVENTS_NO_EXT") != "1" and sys.implementation.name == "cpython":
     ext_modules.append(
         Extension(
-            "kvevents._speedups",
-            sources=["kvevents/_speedups.c"],
-            depends=["kvevents/_sha256.h"],
+            "kvevents.native._speedups",
+            sources=["kvevents/native/_speedups.c"],
+            depends=["kvevents/native/_sha256.h"],
             extra_compile_args=_FLAGS,
             extra_link_args=_LINK,
             optional=True,

@@ -19,7 +19,7 @@ import tracemalloc
 from itertools import islice
 
 from kvevents.cache import RadixCache
-from kvevents.sim import Workload
+from kvevents.sim.worker import Workload
 
 
 def throughput(args: argparse.Namespace) -> list[tuple[str, int, float, str]]:

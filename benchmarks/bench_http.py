@@ -139,10 +139,10 @@ def main() -> None:
 
     import tempfile
 
-    from kvevents.consumers.service import RouterService
-    from kvevents.publisher import Publisher
-    from kvevents.sim import SimWorker, Workload
-    from kvevents.subscriber import Source
+    from kvevents.consumers.service.core import RouterService
+    from kvevents.sim.worker import SimWorker, Workload
+    from kvevents.zeromq.publisher import Publisher
+    from kvevents.zeromq.subscriber import Source
 
     workers = [SimWorker(f"w{i}", page_size=16, capacity_pages=4000) for i in range(4)]
     pubs = [Publisher(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", bind=True) for _ in workers]

@@ -6,10 +6,10 @@
 - throughput: an engine publishes N one-block batches as fast as it can; batches/s is N over the
   time from the first publish to the router's index having applied the last one. Paths:
   `zmq` (Publisher -> Subscriber -> BlockIndex) and `nats` (Publisher -> Bridge -> JetStream (file
-  storage) -> JetStreamSource -> BlockIndex), the bridge and router in this process.
+  storage) -> JetStreamFeed -> BlockIndex), the bridge and router in this process.
 - latency: the same paths at a paced rate; p50/p99 of (index applied - batch ts), same host clock.
 - cold start: 16 engines holding 1M live block copies in all (16-token pages), one bridge stores
-  their snapshots, then a new router (JetStreamSource + BlockIndex) starts cold: time until it has
+  their snapshots, then a new router (JetStreamFeed + BlockIndex) starts cold: time until it has
   read the stream and its index holds every copy. Also the stored bytes per live block.
 """
 
@@ -27,15 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from kvevents.consumers.indexer import BlockIndex  # noqa: E402
 from kvevents.events import BlockStored  # noqa: E402
-from kvevents.publisher import Publisher  # noqa: E402
-from kvevents.subscriber import Delivery, Source, Subscriber  # noqa: E402
-from kvevents.transport.engine_requests import snapshot as request_snapshot  # noqa: E402
-from kvevents.transport.jetstream_admin import stream_report  # noqa: E402
-from kvevents.transport.jetstream_bridge import Bridge  # noqa: E402
-from kvevents.transport.jetstream_source import JetStreamSource  # noqa: E402
-from kvevents.transport.nats_link import NatsOptions  # noqa: E402
-from kvevents.transport.nats_testing import NatsServer  # noqa: E402
-from kvevents.transport.testing import EPH  # noqa: E402
+from kvevents.jetstream.admin import stream_report  # noqa: E402
+from kvevents.jetstream.bridge import Bridge  # noqa: E402
+from kvevents.jetstream.feed import JetStreamFeed  # noqa: E402
+from kvevents.jetstream.link import NatsOptions  # noqa: E402
+from kvevents.testing.nats import NatsServer  # noqa: E402
+from kvevents.testing.zeromq import EPH  # noqa: E402
+from kvevents.zeromq.engine_requests import snapshot as request_snapshot  # noqa: E402
+from kvevents.zeromq.publisher import Publisher  # noqa: E402
+from kvevents.zeromq.subscriber import Delivery, Source, Subscriber  # noqa: E402
 
 PAGE = 16
 TOKENS = list(range(20000, 20000 + PAGE))  # 3-byte token ids, as a 32k vocabulary gives
@@ -85,7 +85,7 @@ def _paths(url: str, pub: Publisher, name: str):
     bridge = Bridge([Source(pub.endpoint, pub.replay_endpoint, name)], name, NatsOptions(url), snapshot_every_s=3600)
     bridge.start()
     bridge.wait_connected(10)
-    src = JetStreamSource(NatsOptions(url), name)
+    src = JetStreamFeed(NatsOptions(url), name)
     yield "nats", _Router(src), lambda: (src.stop(), bridge.stop())
 
 
@@ -152,7 +152,7 @@ def cold_start(url: str, copies: int, sources: int) -> dict:
     rep = stream_report(NatsOptions(url), "COLD")
     parts, _ = request_snapshot(pubs[0].replay_endpoint)  # one engine's snapshot: its bytes per live block
     snap_bytes_per_block = sum(len(p) for p in parts) / per
-    src = JetStreamSource(NatsOptions(url), "COLD")
+    src = JetStreamFeed(NatsOptions(url), "COLD")
     index = BlockIndex()
     t0 = time.time()
     read_at = None

@@ -7,7 +7,7 @@ One run, the same data for both: bench_consumers' shared profile (documents of `
 pages cached by 1..16 of `workers` workers, 25% private chains, until `copies` copies), and
 `requests` requests of `pages` pages (a quarter diverging from their document somewhere).
 
-kvevents is measured twice, with its compiled fast path (kvevents.speedups) and with the
+kvevents is measured twice, with its compiled fast path (kvevents.native) and with the
 pure-Python fallback. The peer (PyPI `ai-dynamo-runtime`, optional: skipped when no interpreter
 with it is found; `--peer-python` or $KVEVENTS_PEER_PYTHON names one) runs in a subprocess. Both
 are pinned to the same CPU (`--cpu`; the peer's binding hops to a background thread, which costs
@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_consumers import PAGE, build_docs, pct, shared_batches  # noqa: E402
 
-from kvevents import speedups  # noqa: E402
+from kvevents import native  # noqa: E402
 from kvevents.consumers.indexer import BlockIndex  # noqa: E402
 from kvevents.consumers.router import PrefixRouter  # noqa: E402
 
@@ -303,11 +303,11 @@ def main() -> None:
     docs = build_docs(args.docs, args.pages, rnd)
     batches, copies = shared_batches(docs, args.workers, args.copies, rnd)
     reqs = make_requests(docs, args.pages, args.requests, rnd)
-    report: dict = {"config": vars(args) | {"copies_held": copies, "speedups": speedups.describe()}}
+    report: dict = {"config": vars(args) | {"copies_held": copies, "speedups": native.describe()}}
     sides: dict = {}
-    if speedups.active():
+    if native.active():
         sides["kvevents_c"] = (Ours(batches, copies, reqs), False)
-    if not args.no_fallback or not speedups.active():
+    if not args.no_fallback or not native.active():
         sides["kvevents_python"] = (Ours(batches, copies, reqs), True)
     peer_py = find_peer_python(args.peer_python)
     peer = Peer(peer_py, docs, batches, reqs, args.pages, copies, args.cpu) if peer_py else None
@@ -319,7 +319,7 @@ def main() -> None:
     def on(name: str, fn):
         side, pure = sides[name]
         if pure:
-            with speedups.python_only():
+            with native.python_only():
                 return fn(side)
         return fn(side)
 
@@ -350,7 +350,7 @@ def main() -> None:
         return
     print(
         f"# {copies} copies, {args.workers} workers, {args.pages}-page requests x {args.requests}, "
-        f"{args.rounds} rounds, cpu {args.cpu}; {speedups.describe()}"
+        f"{args.rounds} rounds, cpu {args.cpu}; {native.describe()}"
     )
     cols = [k for k in ("kvevents_c", "kvevents_python", "dynamo") if k in report and isinstance(report[k], dict)]
     print(f"{'figure':38s}" + "".join(f"{c:>24s}" for c in cols))

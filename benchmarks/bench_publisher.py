@@ -36,7 +36,7 @@ the three compiled sends ~0.6 us (the ceiling's
 payloads for replay ~0.6 us (fresh memory for every payload), locking and bookkeeping the rest.
 The view (`LiveView.apply`, ~3.1 us alone, 3.5-5 us inside publish; ~3.5 us alone before) is
 about 100 ns per single-page event (class test, medium, page, one dict operation): that is what
-separates ours+snapshot from ours. kvevents/transport/view.py says what else was tried.
+separates ours+snapshot from ours. kvevents/zeromq/view.py says what else was tried.
 Options: --sizes 32 --designs ours,ours+snapshot --no-latency for a quick look at two figures.
 """
 
@@ -56,8 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import zmq  # noqa: E402
 
 from kvevents.events import BatchEncoder, BlockRemoved, BlockStored  # noqa: E402
-from kvevents.publisher import Publisher  # noqa: E402
-from kvevents.transport.wire import SEQ  # noqa: E402
+from kvevents.zeromq.publisher import Publisher  # noqa: E402
+from kvevents.zeromq.wire import SEQ  # noqa: E402
 
 HWM = 1_000_000
 POOL = 512  # distinct store batches; each is later removed, so the snapshot view stays bounded
@@ -96,7 +96,7 @@ def receiver(endpoint: str, mode: str) -> None:
 
 
 def _receiver_sub(endpoint: str) -> None:
-    from kvevents.subscriber import Source, Subscriber
+    from kvevents.zeromq.subscriber import Source, Subscriber
 
     sub = Subscriber([Source(endpoint)], hwm=HWM)
     while not sub.poll(0.05):

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import zmq  # noqa: E402
 
 from kvevents.events import BlockRemoved, BlockStored  # noqa: E402
-from kvevents.publisher import Publisher  # noqa: E402
-from kvevents.transport.wire import DESCRIBE_REQUEST, END_SEQ, SEQ  # noqa: E402
+from kvevents.zeromq.publisher import Publisher  # noqa: E402
+from kvevents.zeromq.wire import DESCRIBE_REQUEST, END_SEQ, SEQ  # noqa: E402
 
 FLOODS = ("replay-hog", "hog-many", "describe", "multiframe")
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Callable, Sequence
 
-from kvevents import speedups as _speedups
+from kvevents import native as _native
 
 __all__ = [
     "Namespace",
@@ -114,8 +114,8 @@ def pack_tokens(token_ids: Any) -> bytes:
             token_ids = list(token_ids)
         except TypeError:
             raise ValueError(f"token ids must be a sequence of ints, not {type(token_ids).__name__}") from None
-    if type(token_ids) is list and _speedups.active():
-        fast = _speedups.pack_u32(token_ids)
+    if type(token_ids) is list and _native.active():
+        fast = _native.pack_u32(token_ids)
         if fast is not None:  # None: a bad id, named by the Python path below
             return fast
     if isinstance(token_ids, array) and token_ids.typecode in "IL" and token_ids.itemsize == 4:
@@ -208,8 +208,8 @@ def _digests(pages: Sequence[bytes], prior: bytes | None) -> list[bytes]:
     """
     if not pages:
         return []
-    if type(pages) is list and _speedups.active():  # the compiled chain: same digests, ~3x faster
-        return _speedups.chain_pages(pages, prior)
+    if type(pages) is list and _native.active():  # the compiled chain: same digests, ~3x faster
+        return _native.chain_pages(pages, prior)
     sha = _sha256
     if prior is None:
         prior = sha(pages[0]).digest()
@@ -237,9 +237,9 @@ def packed_to_int64(packed: bytes) -> list[int]:
 
 def packed_to_int64_array(packed: bytes) -> array:
     """`packed_to_int64` as an array('q'): no int object per digest (numpy reads it with frombuffer)."""
-    if _speedups.active():
+    if _native.active():
         out = array("q")
-        out.frombytes(_speedups.digests_int64(packed))
+        out.frombytes(_native.digests_int64(packed))
         return out
     return array("q", packed_to_int64(packed))
 
@@ -252,8 +252,8 @@ def _ints(digests: Sequence[bytes]) -> list[int]:
 def packed_chain(data: bytes, page_size: int, prior: bytes | None = None) -> bytes:
     """The page chain over packed whole pages (`pack_tokens` output), as concatenated raw digests:
     what the cache keeps per node (32 bytes a page, no object per digest)."""
-    if page_size <= _C_PAGE_MAX and _speedups.active():
-        return _speedups.chain_packed(data, page_size, prior)
+    if page_size <= _C_PAGE_MAX and _native.active():
+        return _native.chain_packed(data, page_size, prior)
     return b"".join(_digests(_pages(data, page_size), prior))
 
 
@@ -261,8 +261,8 @@ def whole_pages_chain(token_ids: Sequence[int], page_size: int, prior: bytes | N
     """`packed_chain` of the whole pages of `token_ids` (every id validated; a partial tail is not
     hashed): what a router looks up. Compiled, a token list is packed and hashed in one pass."""
     _check_page_size(page_size)
-    if type(token_ids) is list and page_size <= _C_PAGE_MAX and _speedups.active():
-        out = _speedups.chain_list(token_ids, page_size, prior)
+    if type(token_ids) is list and page_size <= _C_PAGE_MAX and _native.active():
+        out = _native.chain_list(token_ids, page_size, prior)
         if out is not None:  # None: a bad id, named by pack_tokens below
             return out
     packed = pack_tokens(token_ids)

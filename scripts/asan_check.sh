@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build kvevents._speedups with -fsanitize=address,undefined in a scratch copy of the tree and run
+# Build kvevents.native._speedups with -fsanitize=address,undefined in a scratch copy of the tree and run
 # the differential tests (tests/test_speedups_*.py) against it once. Any sanitizer report fails
 # (-s: a report is printed before the process stops). Run by .ci/run; skipped without gcc/libasan.
 #   scripts/asan_check.sh            (needs gcc with libasan/libubsan; ~30-60 s on 2 cores)
@@ -17,12 +17,12 @@ cd "$repo"
   while read -r f; do [ -f "$f" ] && printf '%s\0' "$f"; done | tar --null -cf - -T - | tar -xf - -C "$work"
 cd "$work"
 KVEVENTS_SANITIZE=1 python3 setup.py -q build_ext --inplace >build.log 2>&1 || { cat build.log; exit 1; }
-ls kvevents/_speedups*.so >/dev/null || { echo "asan_check: the sanitized extension did not build" >&2; cat build.log; exit 1; }
+ls kvevents/native/_speedups*.so >/dev/null || { echo "asan_check: the sanitized extension did not build" >&2; cat build.log; exit 1; }
 export LD_PRELOAD="$asan $ubsan"
 export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 export PYTHONPATH="$work"
 # run from the scratch copy, so `kvevents` is the sanitized build, not the installed tree
-python3 -c "import kvevents._speedups as s, kvevents; assert kvevents.__file__.startswith('$work'), kvevents.__file__; print('asan_check: sanitized', s.__file__)"
+python3 -c "import kvevents.native._speedups as s, kvevents; assert kvevents.__file__.startswith('$work'), kvevents.__file__; print('asan_check: sanitized', s.__file__)"
 python3 -m pytest -q -s -p no:cacheprovider tests/test_speedups_chain.py tests/test_speedups_index.py
 echo "asan_check: ok (no sanitizer reports)"

@@ -12,7 +12,7 @@ import zmq
 from kvevents.conformance.report import Report
 from kvevents.conformance.stream import StreamObserver, StreamOptions
 from kvevents.events import BatchEncoder, Event
-from kvevents.transport.wire import END_SEQ, pack_seq
+from kvevents.zeromq.wire import END_SEQ, pack_seq
 
 _enc = BatchEncoder()
 

@@ -11,8 +11,8 @@ import pytest
 import zmq
 from hypothesis import HealthCheck, settings
 
-from kvevents.publisher import Publisher
-from kvevents.transport.testing import EPH
+from kvevents.testing.zeromq import EPH
+from kvevents.zeromq.publisher import Publisher
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN_PATH = REPO / "schemas" / "golden" / "sglang-0.5.20.json"

@@ -7,12 +7,12 @@ from collections import Counter
 from typing import Callable
 
 from kvevents.consumers.indexer import BlockIndex
-from kvevents.publisher import Publisher, publish_steps
-from kvevents.sim import SimWorker, Workload
-from kvevents.subscriber import Delivery, Reset, Source
-from kvevents.transport.jetstream_source import JetStreamSource
-from kvevents.transport.nats_link import NatsOptions
-from kvevents.transport.testing import EPH
+from kvevents.jetstream.feed import JetStreamFeed
+from kvevents.jetstream.link import NatsOptions
+from kvevents.sim.worker import SimWorker, Workload
+from kvevents.testing.zeromq import EPH
+from kvevents.zeromq.publisher import Publisher, publish_steps
+from kvevents.zeromq.subscriber import Delivery, Reset, Source
 
 
 class Engine:
@@ -46,14 +46,14 @@ class Engine:
 
 
 class JSRouter:
-    """A JetStreamSource driving a BlockIndex (what RouterService does, without HTTP)."""
+    """A JetStreamFeed driving a BlockIndex (what RouterService does, without HTTP)."""
 
     def __init__(self, url: str, stream: str = "KV", **options: object) -> None:
         self.index = BlockIndex()
         self.applied: dict[str, int] = {}
         self.resets: list[Reset] = []
         self.kinds: Counter = Counter()
-        self.src = JetStreamSource(NatsOptions(url), stream, reorder_wait_s=0.3, **options)  # type: ignore[arg-type]
+        self.src = JetStreamFeed(NatsOptions(url), stream, reorder_wait_s=0.3, **options)  # type: ignore[arg-type]
 
     def pump(self, timeout: float = 0.05) -> None:
         for it in self.src.poll(timeout):
@@ -107,7 +107,7 @@ def stored_seqs(url: str, subject: str, stream: str = "KV") -> list[int]:
 
     from nats.js.api import DeliverPolicy
 
-    from kvevents.transport.nats_link import H_SEQ, close, connect
+    from kvevents.jetstream.link import H_SEQ, close, connect
 
     async def main() -> list[int]:
         nc = await connect(NatsOptions(url), give_up_after_s=5.0)

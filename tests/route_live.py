@@ -15,9 +15,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from kvevents.consumers.service import RouterService
-from kvevents.sim import Workload
-from kvevents.subscriber import Source
+from kvevents.consumers.service.core import RouterService
+from kvevents.sim.worker import Workload
+from kvevents.zeromq.subscriber import Source
 
 CMD = [sys.executable, "-m", "kvevents"]
 

@@ -12,8 +12,8 @@ import zmq
 from kvevents.consumers.indexer import BlockIndex
 from kvevents.consumers.router import PrefixRouter, _cached_seed
 from kvevents.events import BlockStored, KVEventBatch
-from kvevents.subscriber import Source, Subscriber
-from kvevents.transport.wire import pack_seq
+from kvevents.zeromq.subscriber import Source, Subscriber
+from kvevents.zeromq.wire import pack_seq
 
 
 def _store(h: int, medium: str | None = "GPU", lora: str | None = None) -> BlockStored:

@@ -12,7 +12,7 @@ import pytest
 
 from kvevents.events import KVEventBatch, encode_batch
 from kvevents.recordlog import RecordWriter
-from kvevents.transport.testing import stored
+from kvevents.testing.zeromq import stored
 
 CMD = [sys.executable, "-m", "kvevents"]
 

@@ -21,11 +21,11 @@ from test_recordlog_helpers import payload
 
 from kvevents.recordlog import Record, RecordWriter, read_records
 
-pytest.importorskip("kvevents.publisher")
+pytest.importorskip("kvevents.zeromq.publisher")
 from kvevents.cache import RadixCache  # noqa: E402
-from kvevents.publisher import Publisher  # noqa: E402
-from kvevents.sim import Workload  # noqa: E402
-from kvevents.transport.wire import pack_seq  # noqa: E402
+from kvevents.sim.worker import Workload  # noqa: E402
+from kvevents.zeromq.publisher import Publisher  # noqa: E402
+from kvevents.zeromq.wire import pack_seq  # noqa: E402
 
 PAGE = 4
 
@@ -286,7 +286,7 @@ def test_readme_replay_row_mentions_source() -> None:
 
 
 def test_hwm_drops_are_documented_where_publishers_look() -> None:
-    from kvevents.metrics import PUBLISHER_METRICS
+    from kvevents.zeromq.metrics import PUBLISHER_METRICS
 
     root = Path(__file__).resolve().parent.parent
     assert "HWM drops are not seen here" in PUBLISHER_METRICS["batches_published"][1]

@@ -136,8 +136,8 @@ def test_replay_cli_publishes_with_the_recorded_epoch(tmp_path):
 
     from kvevents.events import KVEventBatch, decode_batch, encode_batch
     from kvevents.recordlog import RecordWriter
-    from kvevents.transport.testing import stored
-    from kvevents.transport.wire import DESCRIBE_REQUEST
+    from kvevents.testing.zeromq import stored
+    from kvevents.zeromq.wire import DESCRIBE_REQUEST
 
     log = tmp_path / "e.kvlog"
     with RecordWriter(log) as w:

@@ -12,8 +12,8 @@ import pytest
 
 from kvevents.cache import RadixCache
 from kvevents.conformance.stream import StreamObserver, StreamOptions
-from kvevents.publisher import Publisher
-from kvevents.transport.testing import EPH
+from kvevents.testing.zeromq import EPH
+from kvevents.zeromq.publisher import Publisher
 from tests.test_cli_contract import EXE, kve
 
 BANNER = re.compile(r"live (\S+) replay (\S+)")
@@ -211,7 +211,7 @@ def test_serve_http_bad_address_is_a_usage_error() -> None:
 def test_a_curve_publisher_is_judged_with_the_client_flags(tmp_path) -> None:
     """`conformance stream --curve-server-key --curve-client-cert` checks a CURVE-only publisher
     (live, replay, DESCRIBE, SNAPSHOT all over CURVE); without them nothing arrives and it fails."""
-    from kvevents.transport.security import generate_keypair
+    from kvevents.zeromq.security import generate_keypair
 
     server, server_secret = generate_keypair(tmp_path / "server", "server")
     client, client_secret = generate_keypair(tmp_path / "client", "client")

@@ -19,11 +19,11 @@ import pytest
 from kvevents.conformance.drive import DriveOptions, drive
 from kvevents.conformance.report import Status
 from kvevents.hashing import Namespace
-from kvevents.publisher import Publisher
-from kvevents.sim import Request, SimWorker
-from kvevents.sim_http import CompletionsServer, serve_and_publish
-from kvevents.sim_vllm import VllmSimWorker
-from kvevents.transport.testing import EPH
+from kvevents.sim.http import CompletionsServer, serve_and_publish
+from kvevents.sim.vllm import VllmSimWorker
+from kvevents.sim.worker import Request, SimWorker
+from kvevents.testing.zeromq import EPH
+from kvevents.zeromq.publisher import Publisher
 from tests.conformance_fakes import FakeEngine, payload
 
 DRIVE_RULES = ("drive-events", "adapters-same-hash", "salts-differ", "hashes-profile")
@@ -150,7 +150,7 @@ def test_plugin_runs_the_rules_as_tests(tmp_path: Path, publisher: Publisher) ->
     stop = threading.Event()
 
     def engine() -> None:
-        from kvevents.sim import Workload
+        from kvevents.sim.worker import Workload
 
         load = iter(Workload(3, page_size=4, user_tokens=(4, 30), answer_tokens=(4, 30), system_prompt_pages=(1, 4)))
         while not stop.is_set():

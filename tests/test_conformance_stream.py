@@ -13,8 +13,8 @@ from kvevents.conformance.report import Status
 from kvevents.conformance.stream import StreamObserver, StreamOptions
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored
 from kvevents.hashing import Namespace, storage_hashes, to_int64
-from kvevents.publisher import Publisher, publish_steps
-from kvevents.transport.testing import EPH
+from kvevents.testing.zeromq import EPH
+from kvevents.zeromq.publisher import Publisher, publish_steps
 from tests.conformance_fakes import FakeEngine, observe_fake, payload
 
 NAMESPACES = [Namespace(), Namespace("lora-a", None), Namespace(None, "tenant-a"), Namespace("lora-b", "tenant-b")]
@@ -202,8 +202,8 @@ def test_malformed_batches_fail_batch_shape(bad: bytes) -> None:
 
 
 def _vllm_payloads(algo: str, n: int = 150) -> list[bytes]:
-    from kvevents.sim import Workload
-    from kvevents.sim_vllm import VllmSimWorker
+    from kvevents.sim.vllm import VllmSimWorker
+    from kvevents.sim.worker import Workload
 
     sim = VllmSimWorker("v", block_size=4, capacity_blocks=60, hash_algo=algo)
     out = []
@@ -242,7 +242,7 @@ def test_vllm_stream_under_the_wrong_profile_or_without_the_lora_path() -> None:
     """Pure state machine (no sockets): the same frames judged three ways."""
     from kvevents.conformance.profiles import get_profile
     from kvevents.conformance.rules import StreamChecker
-    from kvevents.transport.wire import pack_seq
+    from kvevents.zeromq.wire import pack_seq
 
     frames = [[b"", pack_seq(i), p] for i, p in enumerate(_vllm_payloads("sha256_cbor", 60))]
 
@@ -277,7 +277,7 @@ def test_vllm_raw_digest_hashes_recompute() -> None:
     from kvevents.conformance.rules import StreamChecker
     from kvevents.engines.vllm import vllm_block_hashes
     from kvevents.engines.vllm_wire import encode_vllm_batch, stored_event
-    from kvevents.transport.wire import pack_seq
+    from kvevents.zeromq.wire import pack_seq
 
     toks = list(range(16))
     ds = vllm_block_hashes(toks, 4)

@@ -15,9 +15,9 @@ import pytest
 import zmq
 
 from kvevents.events import decode_batch
-from kvevents.publisher import Publisher
-from kvevents.subscriber import Delivery, Source, Subscriber
-from kvevents.transport.security import (
+from kvevents.testing.zeromq import EPH, chain_events, collect
+from kvevents.zeromq.publisher import Publisher
+from kvevents.zeromq.security import (
     CurveClient,
     CurveServer,
     apply_client,
@@ -26,8 +26,8 @@ from kvevents.transport.security import (
     load_keypair,
     load_public_key,
 )
-from kvevents.transport.testing import EPH, chain_events, collect
-from kvevents.transport.wire import pack_seq
+from kvevents.zeromq.subscriber import Delivery, Source, Subscriber
+from kvevents.zeromq.wire import pack_seq
 
 
 @pytest.fixture()
@@ -175,7 +175,7 @@ def test_a_plain_non_loopback_bind_warns_once_and_loopback_or_curve_does_not(
         None,
         "tcp://10.0.0.1:6",
     ) == ["tcp://0.0.0.0:1", "tcp://*:2", "tcp://10.0.0.1:6"]
-    with caplog.at_level(logging.WARNING, logger="kvevents.publisher"):
+    with caplog.at_level(logging.WARNING, logger="kvevents.zeromq.publisher"):
         Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0).close()
         Publisher(
             endpoint="tcp://0.0.0.0:*", heartbeat_interval_s=0, curve_secret_key_file=str(keys["server_secret"])

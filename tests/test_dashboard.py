@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from route_live import LiveRoute, wait_for
 
-from kvevents.consumers.metrics import METRIC_NAMES
-from kvevents.metrics import PUBLISHER_METRICS, SUBSCRIBER_METRICS
-from kvevents.publisher import Publisher
-from kvevents.subscriber import Source
+from kvevents.consumers.service.metrics import METRIC_NAMES
+from kvevents.zeromq.metrics import PUBLISHER_METRICS, SUBSCRIBER_METRICS
+from kvevents.zeromq.publisher import Publisher
+from kvevents.zeromq.subscriber import Source
 
 EPH = "tcp://127.0.0.1:*"
 

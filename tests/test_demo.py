@@ -11,8 +11,8 @@ import subprocess
 import sys
 import time
 
-from kvevents.publisher import Publisher
-from kvevents.sim import Request, SimWorker
+from kvevents.sim.worker import Request, SimWorker
+from kvevents.zeromq.publisher import Publisher
 
 KVEVENTS = [sys.executable, "-m", "kvevents"]
 
@@ -51,7 +51,7 @@ def test_demo_waits_for_a_router_that_joins_late(monkeypatch):
     publisher as a first contact: the demo starts its clock only once every stream is followed."""
     import threading
 
-    from kvevents.consumers.service import RouterService
+    from kvevents.consumers.service.core import RouterService
     from kvevents.demo.run import DemoConfig, run_demo
 
     start = RouterService.start

@@ -13,9 +13,9 @@ from typing import Iterator
 import pytest
 import zmq
 
-pytest.importorskip("kvevents.publisher")
-from kvevents.doctor import run_doctor  # noqa: E402
-from kvevents.publisher import Publisher  # noqa: E402
+pytest.importorskip("kvevents.zeromq.publisher")
+from kvevents.doctor.zeromq import run_doctor  # noqa: E402
+from kvevents.zeromq.publisher import Publisher  # noqa: E402
 
 PAGE = 4
 
@@ -59,7 +59,7 @@ class _Engine:
             return
         try:
             from kvevents.cache import RadixCache
-            from kvevents.sim import Workload
+            from kvevents.sim.worker import Workload
         except ImportError:  # pragma: no cover
             yield from chain_events(Namespace(), n_chains=30)
             return

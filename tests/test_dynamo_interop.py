@@ -23,9 +23,9 @@ import pytest
 
 from kvevents.consumers.indexer import BlockIndex
 from kvevents.consumers.router import PrefixRouter
-from kvevents.publisher import Publisher
-from kvevents.sim import SimWorker, Workload
-from kvevents.subscriber import Delivery, Reset, Source, Subscriber
+from kvevents.sim.worker import SimWorker, Workload
+from kvevents.zeromq.publisher import Publisher
+from kvevents.zeromq.subscriber import Delivery, Reset, Source, Subscriber
 
 PAGE = 16
 

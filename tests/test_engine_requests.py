@@ -1,4 +1,4 @@
-"""kvevents.transport.engine_requests: one-shot KVE/DESCRIBE and KVE/SNAPSHOT against a real publisher."""
+"""kvevents.zeromq.engine_requests: one-shot KVE/DESCRIBE and KVE/SNAPSHOT against a real publisher."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import socket
 import pytest
 
 from kvevents.events import decode_batch
-from kvevents.publisher import Publisher
-from kvevents.transport.engine_requests import EngineRequestError, describe, snapshot
-from kvevents.transport.testing import EPH, chain_events
+from kvevents.testing.zeromq import EPH, chain_events
+from kvevents.zeromq.engine_requests import EngineRequestError, describe, snapshot
+from kvevents.zeromq.publisher import Publisher
 
 
 def test_describe_and_snapshot_of_a_publisher(pub):

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from kvevents.consumers.indexer import BlockIndex
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from kvevents.hashing import Namespace, event_hashes, to_int64
-from kvevents.sim import Request, SimWorker, Workload
+from kvevents.sim.worker import Request, SimWorker, Workload
 
 
 def batch(*events, rank=None) -> KVEventBatch:

@@ -17,11 +17,11 @@ from kvevents.cache import RadixCache
 from kvevents.consumers.indexer import BlockIndex
 from kvevents.events import BlockRemoved, BlockStored, decode_batch
 from kvevents.hashing import Namespace
-from kvevents.publisher import Publisher
-from kvevents.sim import SimWorker, Workload
-from kvevents.subscriber import Delivery, Reset, Source, Subscriber
-from kvevents.transport.testing import EPH, dealer_socket, recv_all, sub_socket, wait_joined
-from kvevents.transport.wire import DESCRIBE_REQUEST, END_SEQ, SNAPSHOT_REQUEST, pack_seq
+from kvevents.sim.worker import SimWorker, Workload
+from kvevents.testing.zeromq import EPH, dealer_socket, recv_all, sub_socket, wait_joined
+from kvevents.zeromq.publisher import Publisher
+from kvevents.zeromq.subscriber import Delivery, Reset, Source, Subscriber
+from kvevents.zeromq.wire import DESCRIBE_REQUEST, END_SEQ, SNAPSHOT_REQUEST, pack_seq
 
 # ------------------------------------------------------------------ strict decoders, every batch kind
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from jetstream_helpers import Engine, JSRouter, caught_up, stored_seqs, wait_until
 
-from kvevents.transport.jetstream_bridge import Bridge
-from kvevents.transport.nats_link import NatsOptions, live_subject
-from kvevents.transport.nats_testing import NatsServer, nats_server_binary
+from kvevents.jetstream.bridge import Bridge
+from kvevents.jetstream.link import NatsOptions, live_subject
+from kvevents.testing.nats import NatsServer, nats_server_binary
 
 pytestmark = pytest.mark.skipif(
     nats_server_binary() is None,
@@ -175,19 +175,19 @@ def test_engine_restart_seen_through_jetstream(nats_server, drop_first):
 
 
 def test_durable_recording_resumes_after_its_own_restart_without_loss_or_duplicates(nats_server, tmp_path):
+    from kvevents.jetstream.feed import JetStreamFeed, positions_from_records
     from kvevents.recordlog import Recorder, RecordWriter, select_records
-    from kvevents.transport.jetstream_source import JetStreamSource, positions_from_records
 
     e = Engine("w0", 9)
     bridge = _bridge(nats_server.url, [e])
     path = str(tmp_path / "w0.kvlog")
     opts = NatsOptions(nats_server.url)
 
-    def recording(append: bool) -> tuple[JetStreamSource, RecordWriter]:
+    def recording(append: bool) -> tuple[JetStreamFeed, RecordWriter]:
         writer = RecordWriter(path, append=append, durability="flush")
         rec = Recorder(writer)
         resume = positions_from_records(select_records(path, on_damage=lambda d: None)) if append else None
-        src = JetStreamSource(
+        src = JetStreamFeed(
             opts,
             "KV",
             durable="rec1",
@@ -225,8 +225,8 @@ def test_durable_recording_resumes_after_its_own_restart_without_loss_or_duplica
 def test_reading_from_a_time_starts_at_the_first_batch_stored_since(nats_server):
     import time
 
-    from kvevents.subscriber import Delivery
-    from kvevents.transport.jetstream_source import JetStreamSource
+    from kvevents.jetstream.feed import JetStreamFeed
+    from kvevents.zeromq.subscriber import Delivery
 
     e = Engine("w0", 10)
     bridge = _bridge(nats_server.url, [e])
@@ -238,7 +238,7 @@ def test_reading_from_a_time_starts_at_the_first_batch_stored_since(nats_server)
         first_after = e.last_seq() + 1
         e.step(20)
         wait_until("stored", lambda: len(stored_seqs(nats_server.url, live_subject("KV", "w0", 0))) > e.last_seq())
-        src = JetStreamSource(NatsOptions(nats_server.url), "KV", start_time=since)
+        src = JetStreamFeed(NatsOptions(nats_server.url), "KV", start_time=since)
         got: list = []
         try:
             wait_until(
@@ -259,7 +259,7 @@ def test_reading_from_a_time_starts_at_the_first_batch_stored_since(nats_server)
 def _router_service_takes_a_feed() -> bool:
     import inspect
 
-    from kvevents.consumers.service import RouterService
+    from kvevents.consumers.service.core import RouterService
 
     return "feed" in inspect.signature(RouterService).parameters
 
@@ -267,13 +267,13 @@ def _router_service_takes_a_feed() -> bool:
 def test_router_service_on_a_jetstream_feed_and_doctor(nats_server):
     if not _router_service_takes_a_feed():
         pytest.skip("this RouterService has no feed= parameter yet")
-    from kvevents.consumers.service import RouterService
-    from kvevents.doctor_nats import nats_doctor
-    from kvevents.transport.jetstream_source import JetStreamSource
+    from kvevents.consumers.service.core import RouterService
+    from kvevents.doctor.nats import nats_doctor
+    from kvevents.jetstream.feed import JetStreamFeed
 
     engines = [Engine("w0", 12), Engine("w1", 13)]
     bridge = _bridge(nats_server.url, engines)
-    svc = RouterService(feed=JetStreamSource(NatsOptions(nats_server.url), "KV"), page_size=4)
+    svc = RouterService(feed=JetStreamFeed(NatsOptions(nats_server.url), "KV"), page_size=4)
     svc.start()
     try:
         for i in range(80):

@@ -12,9 +12,9 @@ import time
 import pytest
 from jetstream_helpers import Engine, wait_until
 
-from kvevents.transport.jetstream_admin import stream_report, subject_counts
-from kvevents.transport.nats_link import NatsOptions
-from kvevents.transport.nats_testing import NatsServer, nats_server_binary
+from kvevents.jetstream.admin import stream_report, subject_counts
+from kvevents.jetstream.link import NatsOptions
+from kvevents.testing.nats import NatsServer, nats_server_binary
 
 pytestmark = pytest.mark.skipif(
     nats_server_binary() is None,

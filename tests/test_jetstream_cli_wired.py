@@ -14,11 +14,11 @@ import time
 import pytest
 from jetstream_helpers import Engine, wait_until
 
-from kvevents.publisher import publish_steps
-from kvevents.sim import Request
-from kvevents.transport.jetstream_bridge import Bridge
-from kvevents.transport.nats_link import NatsOptions
-from kvevents.transport.nats_testing import NatsServer, nats_server_binary
+from kvevents.jetstream.bridge import Bridge
+from kvevents.jetstream.link import NatsOptions
+from kvevents.sim.worker import Request
+from kvevents.testing.nats import NatsServer, nats_server_binary
+from kvevents.zeromq.publisher import publish_steps
 
 pytestmark = pytest.mark.skipif(
     nats_server_binary() is None,

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from kvevents.events import BatchEncoder, BlockStored
-from kvevents.subscriber import Delivery, Reset
-from kvevents.transport.jetstream_order import LiveMsg, Snapshot, SnapshotAssembler, StreamOrder
-from kvevents.transport.jetstream_source import pick_snapshots
-from kvevents.transport.nats_link import H_EPOCH, H_FROM, H_KIND, H_PART, H_PARTS, H_SEQ, H_SNAP
+from kvevents.jetstream.feed import pick_snapshots
+from kvevents.jetstream.link import H_EPOCH, H_FROM, H_KIND, H_PART, H_PARTS, H_SEQ, H_SNAP
+from kvevents.jetstream.order import LiveMsg, Snapshot, SnapshotAssembler, StreamOrder
+from kvevents.zeromq.subscriber import Delivery, Reset
 
 ENC = BatchEncoder()
 

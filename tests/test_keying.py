@@ -15,8 +15,8 @@ from kvevents.consumers.router import PrefixRouter
 from kvevents.engines.vllm_wire import encode_vllm_batch, removed_event, stored_event
 from kvevents.events import BlockRemoved, BlockStored, KVEventBatch, encode_batch
 from kvevents.hashing import Namespace, event_hashes_int64
-from kvevents.sim import SimWorker, Workload
-from kvevents.sim_vllm import VllmSimWorker
+from kvevents.sim.vllm import VllmSimWorker
+from kvevents.sim.worker import SimWorker, Workload
 
 PS = 4
 

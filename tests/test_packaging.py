@@ -12,7 +12,7 @@ import kvevents
 def test_embedding_the_publisher_imports_no_cli_consumer_or_metrics_stack():
     code = (
         "import sys\n"
-        "from kvevents.publisher import Publisher, PublisherConfig\n"
+        "from kvevents.zeromq.publisher import Publisher, PublisherConfig\n"
         "heavy = ('numpy', 'rich', 'typer', 'prometheus_client', 'fastapi', 'uvicorn', 'nats', 'cbor2', 'consumers')\n"
         "names = {m.split('.')[0] for m in sys.modules} | {m.split('.')[1] for m in sys.modules if m.startswith('kvevents.')}\n"
         "print(sorted(names & set(heavy)))\n"
@@ -50,11 +50,11 @@ def test_a_build_without_a_compiler_installs_the_fallback_and_says_so(tmp_path):
     assert built.returncode == 0, built.stderr[-2000:]
     said = [ln for ln in (built.stdout + built.stderr).splitlines() if "fallback" in ln]
     assert len(said) == 1 and said[0].startswith("kvevents: C extension not built"), said
-    assert not list((tmp_path / "kvevents").glob("_speedups*.so"))
+    assert not list((tmp_path / "kvevents").glob("native/_speedups*.so"))
     code = (  # (without the dev install's editable finder, which would supply the working tree's build)
         "import sys\n"
         "sys.meta_path[:] = [f for f in sys.meta_path if not getattr(f, '__module__', '').startswith('__editable__')]\n"
-        "import kvevents, kvevents.speedups as s\n"
+        "import kvevents, kvevents.native as s\n"
         "from kvevents import Namespace, event_hashes, to_int64\n"
         "ns = Namespace(extra_key='lora-a', cache_salt='tenant-a')\n"
         "got = [to_int64(h) for h in event_hashes([0, 1, 151643, 2147483647, 7, 8, 9, 10], 4, ns)]\n"

@@ -11,9 +11,9 @@ import pytest
 import zmq
 
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
-from kvevents.publisher import Publisher, PublisherConfig
-from kvevents.transport.testing import EPH, chain_events, dealer_socket, recv_all, stored, sub_socket, wait_joined
-from kvevents.transport.wire import (
+from kvevents.testing.zeromq import EPH, chain_events, dealer_socket, recv_all, stored, sub_socket, wait_joined
+from kvevents.zeromq.publisher import Publisher, PublisherConfig
+from kvevents.zeromq.wire import (
     DESCRIBE_REQUEST,
     END_SEQ,
     SNAPSHOT_REQUEST,
@@ -419,7 +419,7 @@ def test_shared_context_is_not_terminated(ctx):
 
 
 def test_any_eight_byte_request_is_a_replay_start(ctx, pub):
-    from kvevents.transport.wire import COMMANDS
+    from kvevents.zeromq.wire import COMMANDS
 
     assert all(len(c) != 8 for c in COMMANDS) and all(c.startswith(b"KVE/") for c in COMMANDS)
     pub.publish([stored(1)])
@@ -433,7 +433,7 @@ def test_any_eight_byte_request_is_a_replay_start(ctx, pub):
 
 
 def test_view_counts_copies_repeated_inside_one_event(ctx, pub):
-    from kvevents.transport.testing import view_counts
+    from kvevents.testing.zeromq import view_counts
 
     pub.publish([BlockStored([1, 2, 1], None, [1, 1, 2, 2, 1, 1], 2, None, "GPU", None)])
     assert view_counts(pub) == {("GPU", 1): 2, ("GPU", 2): 1}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import zmq
 
-from kvevents.publisher import Publisher, PublisherConfig
-from kvevents.transport.wire import should_bind
+from kvevents.zeromq.publisher import Publisher, PublisherConfig
+from kvevents.zeromq.wire import should_bind
 
 
 def test_default_endpoint_is_bound_loopback() -> None:

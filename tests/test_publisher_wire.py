@@ -7,9 +7,9 @@ import pytest
 from strict_decoders import VllmBatch, VllmStored
 
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
-from kvevents.publisher import Publisher, PublisherConfig, publish_steps
-from kvevents.transport.testing import EPH, chain_events, dealer_socket, recv_all, stored, sub_socket, wait_joined
-from kvevents.transport.wire import DESCRIBE_REQUEST, END_SEQ, SNAPSHOT_REQUEST, pack_seq
+from kvevents.testing.zeromq import EPH, chain_events, dealer_socket, recv_all, stored, sub_socket, wait_joined
+from kvevents.zeromq.publisher import Publisher, PublisherConfig, publish_steps
+from kvevents.zeromq.wire import DESCRIBE_REQUEST, END_SEQ, SNAPSHOT_REQUEST, pack_seq
 
 # ------------------------------------------------------------------ live wire
 

@@ -11,7 +11,7 @@ from test_recordlog_helpers import payload
 from kvevents.events import AllBlocksCleared, decode_batch
 from kvevents.recordlog import Recorder, RecordWriter, read_records
 
-sub = pytest.importorskip("kvevents.subscriber")
+sub = pytest.importorskip("kvevents.zeromq.subscriber")
 PAY = payload([], epoch=7)
 SNAP = payload([AllBlocksCleared()], epoch=7)
 

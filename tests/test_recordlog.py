@@ -285,7 +285,7 @@ def test_verify_with_the_reference_cache(tmp_path: Path) -> None:
     cache_mod = pytest.importorskip("kvevents.cache")
     if not hasattr(cache_mod, "RadixCache"):
         pytest.skip("kvevents.cache.RadixCache not available yet")
-    from kvevents.sim import Workload  # noqa: PLC0415
+    from kvevents.sim.worker import Workload  # noqa: PLC0415
 
     cache = cache_mod.RadixCache(PAGE, capacity_pages=64)
     p = tmp_path / "cache.kvlog"
@@ -407,7 +407,7 @@ def test_reading_a_log_that_is_still_being_written(tmp_path: Path) -> None:
 
 
 def test_recorder_writes_deliveries_and_resets_and_stops_on_errors(tmp_path: Path) -> None:
-    sub = pytest.importorskip("kvevents.subscriber")
+    sub = pytest.importorskip("kvevents.zeromq.subscriber")
     from kvevents.events import decode_batch  # noqa: PLC0415
     from kvevents.recordlog import Recorder  # noqa: PLC0415
 

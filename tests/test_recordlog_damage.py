@@ -157,7 +157,7 @@ def test_repair_keeps_the_file_mode(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- item 10: a bad message is skipped, never fatal
 def test_recorder_skips_a_message_with_a_topic_over_65535_bytes(tmp_path: Path) -> None:
-    sub = pytest.importorskip("kvevents.subscriber")
+    sub = pytest.importorskip("kvevents.zeromq.subscriber")
     pay = payload([AllBlocksCleared()])
     batch = decode_batch(pay)
     p = tmp_path / "r.kvlog"
@@ -172,7 +172,7 @@ def test_recorder_skips_a_message_with_a_topic_over_65535_bytes(tmp_path: Path) 
 
 
 def test_recorder_still_stops_when_the_writer_fails(tmp_path: Path) -> None:
-    sub = pytest.importorskip("kvevents.subscriber")
+    sub = pytest.importorskip("kvevents.zeromq.subscriber")
     pay = payload([])
     w = RecordWriter(tmp_path / "c.kvlog")
     w.close()

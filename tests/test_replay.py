@@ -12,8 +12,8 @@ import pytest
 
 from kvevents.recordlog import RecordWriter, read_records
 
-pytest.importorskip("kvevents.publisher")
-from kvevents.publisher import Publisher  # noqa: E402
+pytest.importorskip("kvevents.zeromq.publisher")
+from kvevents.zeromq.publisher import Publisher  # noqa: E402
 
 PAGE = 4
 
@@ -74,7 +74,7 @@ def _cache_stream(pub: Publisher, n_steps: int) -> int:
     """Drive the reference cache (or hand-made events) into `pub`; returns batches published."""
     try:
         from kvevents.cache import RadixCache
-        from kvevents.sim import Workload
+        from kvevents.sim.worker import Workload
     except ImportError:  # pragma: no cover - the cache issue not landed
         from test_recordlog_helpers import chain_events
 
@@ -211,7 +211,7 @@ def test_cli_usage_errors(tmp_path: Path, args: list[str], message: str) -> None
 
 def test_unrecoverable_gap_is_recorded_as_reset_then_snapshot(tmp_path: Path) -> None:
     cache_mod = pytest.importorskip("kvevents.cache")
-    from kvevents.sim import Workload
+    from kvevents.sim.worker import Workload
 
     log = tmp_path / "gap.kvlog"
     pub = Publisher(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0.2)

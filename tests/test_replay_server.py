@@ -13,9 +13,10 @@ import tracemalloc
 import pytest
 import zmq
 
-from kvevents.metrics import PUBLISHER_METRICS
-from kvevents.publisher import Publisher
-from kvevents.transport.replay_server import (
+from kvevents.testing.zeromq import EPH, chain_events, dealer_socket
+from kvevents.zeromq.metrics import PUBLISHER_METRICS
+from kvevents.zeromq.publisher import Publisher
+from kvevents.zeromq.replay_server import (
     MAX_FRAME_BYTES,
     MAX_REQUEST_BYTES,
     PENALTY_S,
@@ -24,8 +25,7 @@ from kvevents.transport.replay_server import (
     ReplayServer,
     prepare_router_socket,
 )
-from kvevents.transport.testing import EPH, chain_events, dealer_socket
-from kvevents.transport.wire import DESCRIBE_REQUEST, END_SEQ, SEQ, SNAPSHOT_REQUEST
+from kvevents.zeromq.wire import DESCRIBE_REQUEST, END_SEQ, SEQ, SNAPSHOT_REQUEST
 
 RING = 2000
 

@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from kvevents.consumers.http_api import HttpLimits
-from kvevents.consumers.service import MAX_NAME_CHARS, RouterService
-from kvevents.publisher import Publisher
-from kvevents.sim import Request, SimWorker
-from kvevents.subscriber import Source, Subscriber
+from kvevents.consumers.service.core import MAX_NAME_CHARS, RouterService
+from kvevents.consumers.service.http_api import HttpLimits
+from kvevents.sim.worker import Request, SimWorker
+from kvevents.zeromq.publisher import Publisher
+from kvevents.zeromq.subscriber import Source, Subscriber
 
 EPH = "tcp://127.0.0.1:*"
 PAGE = 16

@@ -12,9 +12,9 @@ import sys
 import time
 
 from kvevents.hashing import Namespace
-from kvevents.publisher import Publisher
-from kvevents.sim import Request, SimWorker
-from kvevents.sim_vllm import VllmSimWorker
+from kvevents.sim.vllm import VllmSimWorker
+from kvevents.sim.worker import Request, SimWorker
+from kvevents.zeromq.publisher import Publisher
 
 KVEVENTS = [sys.executable, "-m", "kvevents"]
 

@@ -13,7 +13,7 @@ from kvevents.consumers.indexer import BlockIndex
 from kvevents.consumers.router import PrefixRouter
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from kvevents.hashing import Namespace, event_hashes, to_int64
-from kvevents.sim import Request, SimWorker
+from kvevents.sim.worker import Request, SimWorker
 
 PAGE = 4
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import msgspec
 
 from kvevents.events import BlockStored, KVEventBatch, encode_batch
-from kvevents.transport.sequencer import DropDealer, Send, Sequencer
-from kvevents.transport.sources import Delivery, Reset, Source
-from kvevents.transport.wire import DESCRIBE_REQUEST, END_SEQ, SNAPSHOT_REQUEST, SNAPSHOT_SEQ, pack_seq
+from kvevents.feed import Delivery, Reset
+from kvevents.zeromq.sequencer import DropDealer, Send, Sequencer
+from kvevents.zeromq.source import Source
+from kvevents.zeromq.wire import DESCRIBE_REQUEST, END_SEQ, SNAPSHOT_REQUEST, SNAPSHOT_SEQ, pack_seq
 
 SRC = Source("tcp://127.0.0.1:1", "tcp://127.0.0.1:2", "w")
 

@@ -10,7 +10,7 @@ import msgspec
 import zmq
 
 from kvevents.engines.vllm import vllm_event_hashes
-from kvevents.transport.testing import dealer_socket, recv_all
+from kvevents.testing.zeromq import dealer_socket, recv_all
 
 CMD = [sys.executable, "-m", "kvevents"]
 

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from kvevents.consumers.service import RouterService, parse_publisher
+from kvevents.consumers.service.core import RouterService, parse_publisher
 from kvevents.hashing import Namespace
-from kvevents.publisher import Publisher
-from kvevents.sim import Request, SimWorker, Workload
-from kvevents.subscriber import Source
+from kvevents.sim.worker import Request, SimWorker, Workload
+from kvevents.zeromq.publisher import Publisher
+from kvevents.zeromq.subscriber import Source
 
 EPH = "tcp://127.0.0.1:*"
 PAGE = 16

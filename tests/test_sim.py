@@ -10,7 +10,7 @@ import pytest
 from kvevents.cache import FileStore, MemoryStore, RadixCache
 from kvevents.events import AllBlocksCleared, KVEventBatch, encode_batch
 from kvevents.hashing import Namespace, storage_hashes
-from kvevents.sim import Request, SimWorker, Workload, expected_content, page_content
+from kvevents.sim.worker import Request, SimWorker, Workload, expected_content, page_content
 
 
 def test_workload_is_deterministic_per_seed() -> None:
@@ -173,8 +173,8 @@ def test_make_worker_and_serve_and_publish_send_a_vllm_workers_own_payload(ctx, 
     """`kvevents serve --engine vllm`'s step: the vLLM worker's 3-element payload goes out as encoded."""
     import msgspec
 
-    from kvevents.sim import make_worker, serve_and_publish
-    from kvevents.transport.testing import dealer_socket, recv_all
+    from kvevents.sim.worker import make_worker, serve_and_publish
+    from kvevents.testing.zeromq import dealer_socket, recv_all
 
     v = make_worker("vllm", "w0", page_size=4, capacity_pages=64, hash_algo="sha256_cbor", dp_rank=0)
     c = make_worker("contract", "w1", page_size=4, capacity_pages=64)

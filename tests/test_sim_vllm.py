@@ -9,7 +9,7 @@ import pytest
 from conftest import REPO
 
 from kvevents.events import decode_batch
-from kvevents.sim_vllm import VllmSimWorker
+from kvevents.sim.vllm import VllmSimWorker
 
 CASES = json.loads((REPO / "schemas" / "golden" / "vllm-0.33.json").read_text())["cases"]
 

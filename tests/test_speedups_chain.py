@@ -1,4 +1,4 @@
-"""The compiled page chain (kvevents._speedups) against the pure-Python chain and the golden vectors.
+"""The compiled page chain (kvevents.native._speedups) against the pure-Python chain and the golden vectors.
 
 Differential: every public hashing function gives the same result with the fast path on and off
 (and with the portable C SHA-256 instead of SHA-NI); malformed input raises ValueError, never
@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvevents import hashing, speedups
+from kvevents import hashing, native
 from kvevents.golden import check_golden
 from kvevents.hashing import Namespace
 
 pytestmark = pytest.mark.skipif(
-    not speedups.active(), reason="kvevents._speedups not built, or KVEVENTS_PURE_PYTHON set"
+    not native.active(), reason="kvevents.native._speedups not built, or KVEVENTS_PURE_PYTHON set"
 )
 
 TOKENS = st.lists(st.integers(0, 2**32 - 1), max_size=300)
@@ -30,18 +30,18 @@ TEXT = st.one_of(st.none(), st.text(max_size=8))
 def _all_paths(fn):
     """fn() with the C path (SHA-NI when the CPU has it), the portable C SHA-256, and pure Python."""
     fast = fn()
-    with speedups.portable_sha():
+    with native.portable_sha():
         portable = fn()
-    with speedups.python_only():
+    with native.python_only():
         slow = fn()
     return fast, portable, slow
 
 
 def test_describe_names_the_path():
-    assert speedups.active()
-    assert speedups.describe().startswith("speedups: C extension (SHA-256 ")
-    with speedups.python_only():
-        assert not speedups.active()
+    assert native.active()
+    assert native.describe().startswith("speedups: C extension (SHA-256 ")
+    with native.python_only():
+        assert not native.active()
 
 
 @settings(max_examples=60, derandomize=True, deadline=None)
@@ -75,9 +75,9 @@ def test_chain_of_any_page_lengths_equals_hashlib(pages, prior):
     for page in pages:
         p = hashlib.sha256(page if p is None else p + page).digest()
         want.append(p)
-    assert speedups.chain_pages(pages, prior) == want
-    with speedups.portable_sha():
-        assert speedups.chain_pages(pages, prior) == want
+    assert native.chain_pages(pages, prior) == want
+    with native.portable_sha():
+        assert native.chain_pages(pages, prior) == want
 
 
 def test_padding_boundaries_against_hashlib():
@@ -85,13 +85,13 @@ def test_padding_boundaries_against_hashlib():
         data = bytes((i * 7 + n) % 256 for i in range(n))
         for prior in (None, b"\x01" * 32):
             want = hashlib.sha256(data if prior is None else prior + data).digest()
-            assert speedups.chain_pages([data], prior) == [want]
-            with speedups.portable_sha():
-                assert speedups.chain_pages([data], prior) == [want]
+            assert native.chain_pages([data], prior) == [want]
+            with native.portable_sha():
+                assert native.chain_pages([data], prior) == [want]
 
 
 def test_golden_vectors_pass_on_every_path(golden):
-    for label, ctx in (("sha-ni", None), ("portable", speedups.portable_sha()), ("python", speedups.python_only())):
+    for label, ctx in (("sha-ni", None), ("portable", native.portable_sha()), ("python", native.python_only())):
         if ctx is None:
             items = check_golden(golden)
         else:
@@ -102,24 +102,24 @@ def test_golden_vectors_pass_on_every_path(golden):
 
 
 def test_digests_int64_is_the_published_int():
-    digests = speedups.chain_packed(hashing.pack_tokens(range(64)), 4, None)
+    digests = native.chain_packed(hashing.pack_tokens(range(64)), 4, None)
     import numpy as np
 
-    ints = np.frombuffer(speedups.digests_int64(digests), np.int64).tolist()
+    ints = np.frombuffer(native.digests_int64(digests), np.int64).tolist()
     assert ints == hashing.packed_to_int64(digests)
 
 
 @pytest.mark.parametrize(
     "call",
     [
-        lambda: speedups.chain_packed(b"\x00" * 8, 0, None),
-        lambda: speedups.chain_packed(b"\x00" * 8, -3, None),
-        lambda: speedups.chain_packed(b"\x00" * 8, 1, b"short"),
-        lambda: speedups.chain_packed("text", 1, None),
-        lambda: speedups.chain_pages([b"a"], b"x" * 31),
-        lambda: speedups.chain_pages([b"a"], "0" * 32),
-        lambda: speedups.digests_int64(b"\x00" * 33),
-        lambda: speedups.digests_int64(3),
+        lambda: native.chain_packed(b"\x00" * 8, 0, None),
+        lambda: native.chain_packed(b"\x00" * 8, -3, None),
+        lambda: native.chain_packed(b"\x00" * 8, 1, b"short"),
+        lambda: native.chain_packed("text", 1, None),
+        lambda: native.chain_pages([b"a"], b"x" * 31),
+        lambda: native.chain_pages([b"a"], "0" * 32),
+        lambda: native.digests_int64(b"\x00" * 33),
+        lambda: native.digests_int64(3),
     ],
 )
 def test_malformed_chain_input_raises_value_error(call):
@@ -130,10 +130,10 @@ def test_malformed_chain_input_raises_value_error(call):
 def test_bad_pages_raise_what_the_python_chain_raises():
     for pages in ([b"a", "b"], [b"a", 3], ["a"], [None]):
         with pytest.raises(TypeError):
-            speedups.chain_pages(pages, None)
+            native.chain_pages(pages, None)
         with pytest.raises(ValueError):
             hashing.digest_chain(pages)
-        with speedups.python_only(), pytest.raises(ValueError):
+        with native.python_only(), pytest.raises(ValueError):
             hashing.digest_chain(pages)
 
 
@@ -146,19 +146,19 @@ def test_packing_refuses_what_the_python_path_refuses(tokens):
             return str(exc)
 
     fast = run()
-    with speedups.python_only():
+    with native.python_only():
         assert fast == run()
 
 
 def test_huge_page_sizes_give_the_python_result():
     for ps in (2**20, 2**20 + 1, 2**50, 2**70):
         fast = (hashing.packed_chain(b"\x01" * 12, ps), hashing.whole_pages_chain([1, 2, 3], ps))
-        with speedups.python_only():
+        with native.python_only():
             assert fast == (hashing.packed_chain(b"\x01" * 12, ps), hashing.whole_pages_chain([1, 2, 3], ps))
     with pytest.raises(ValueError):
-        speedups.chain_packed(b"\x00" * 8, 2**50, None)
+        native.chain_packed(b"\x00" * 8, 2**50, None)
     for bad in (2**70, 0, -1, True, 1.0, "16"):
         with pytest.raises(ValueError):
-            speedups.chain_list([1], bad, None)
+            native.chain_list([1], bad, None)
         with pytest.raises(ValueError):
-            speedups.chain_packed(b"", bad, None)
+            native.chain_packed(b"", bad, None)

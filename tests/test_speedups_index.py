@@ -1,4 +1,4 @@
-"""The compiled index walk and apply loops against the pure-Python ones (kvevents.speedups).
+"""The compiled index walk and apply loops against the pure-Python ones (kvevents.native).
 
 Random indexes (stores and removes of chains on several workers, media and lora names, repeated
 and crowded hashes that spill past their home bucket, the vacant key) are applied twice, once per
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvevents import speedups
+from kvevents import native
 from kvevents.consumers.copies import remove_each, store_each
 from kvevents.consumers.indexer import BlockIndex
 from kvevents.consumers.lookup import PrefixMatch, WorkerMatch
@@ -24,7 +24,7 @@ from kvevents.consumers.table import VACANT, HashTable
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 pytestmark = pytest.mark.skipif(
-    not speedups.active(), reason="kvevents._speedups not built, or KVEVENTS_PURE_PYTHON set"
+    not native.active(), reason="kvevents.native._speedups not built, or KVEVENTS_PURE_PYTHON set"
 )
 
 _MIX_INV = pow(0x9E3779B97F4A7C15, -1, 2**64)
@@ -90,7 +90,7 @@ WEIGHTS = {"GPU": 1.0, "CPU_PINNED": 0.5, "STORAGE": 0.25, None: 1.0, "DISK": 0.
 @given(OPS, st.booleans(), st.lists(st.lists(KEYS, max_size=40), min_size=1, max_size=4))
 def test_apply_and_walk_equal_the_python_paths(ops, many, requests):
     fast = _build(ops, many)
-    with speedups.python_only():
+    with native.python_only():
         slow = _build(ops, many)
     assert _state(fast) == _state(slow)
     stored = [list(op[2]) for op in ops if op[0] == "store"]
@@ -100,7 +100,7 @@ def test_apply_and_walk_equal_the_python_paths(ops, many, requests):
             for strict in (True, False):
                 for weight in (lambda m: 1.0, lambda m: WEIGHTS.get(m, 0.3), lambda m: 2):  # ints: the Python twin runs
                     got = fast.prefix_match(q, lora, strict=strict, medium_weight=weight)
-                    with speedups.python_only():
+                    with native.python_only():
                         want = slow.prefix_match(q, lora, strict=strict, medium_weight=weight)
                     assert got == want
                     assert list(got.workers) == list(want.workers)  # the same order too
@@ -140,7 +140,7 @@ def test_table_store_and_remove_loops_equal_the_python_ones(chains):
         return views, extra, results
 
     fv, fe, fr = run()
-    with speedups.python_only():
+    with native.python_only():
         sv, se, sr = run()
     assert fr == sr and fe == se
     for a, b in zip(fv, sv):
@@ -199,13 +199,13 @@ def test_malformed_views_raise_value_error(change):
     layout_cls = __import__("kvevents.consumers.lookup", fromlist=["WordLayout"]).WordLayout
     layout = [layout_cls(0, [(0, 0)], 1)]
     with pytest.raises(ValueError):
-        speedups.walk(np.array([1, 2], np.int64), [(v, None)], layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)
+        native.walk(np.array([1, 2], np.int64), [(v, None)], layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)
     with pytest.raises(ValueError):
-        speedups.set_bits_each(v, [1, 2], 0, 1, None)
+        native.set_bits_each(v, [1, 2], 0, 1, None)
     with pytest.raises(ValueError):
-        speedups.remove_each([v], {}, 0, 0, 0, [1], None, False)
+        native.remove_each([v], {}, 0, 0, 0, [1], None, False)
     with pytest.raises(ValueError):
-        speedups.holds_bit([v], 1, [0], 1)
+        native.holds_bit([v], 1, [0], 1)
 
 
 def test_malformed_arguments_raise_value_error():
@@ -215,38 +215,36 @@ def test_malformed_arguments_raise_value_error():
     ok_layout = [WordLayout(0, [(0, 0)], 1)]
     q = np.array([1, 2], np.int64)
     bad_calls = [
-        lambda: speedups.walk(np.array([1.0]), [(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
-        lambda: speedups.walk(
-            np.array([1], np.int32), [(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch
-        ),
-        lambda: speedups.walk(q, [(v, np.zeros(1, np.uint64))], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
-        lambda: speedups.walk(q, [(v, np.zeros(2, np.int8))], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
-        lambda: speedups.walk(q, [(v,)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
-        lambda: speedups.walk(q, [(v, None)], [WordLayout(0, [(5, 0)], 1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch),
-        lambda: speedups.walk(q, [(v, None)], [WordLayout(0, [(0, 3)], 1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch),
-        lambda: speedups.walk(q, [(v, None)], [WordLayout(0, [], 1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch),
-        lambda: speedups.walk(q, [(v, None)], [WordLayout(0, [(0, 0)], -1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch),
-        lambda: speedups.walk(q, [(v, None)], ok_layout, ["GPU"], [1.0, 2.0], PrefixMatch, WorkerMatch),
-        lambda: speedups.walk(q, [(v, None)] * 65, ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
-        lambda: speedups.set_bits_each(v, [1, 2**64], 0, 1, None),
-        lambda: speedups.set_bits_each(v, [1, 1.5], 0, 1, None),
-        lambda: speedups.set_bits_each(v, (i for i in range(3)), 0, 1, None),
-        lambda: speedups.set_bits_each(v, [1], 2, 1, None),
-        lambda: speedups.set_bits_each(v, [1], 0, 0, None),
-        lambda: speedups.set_bits_each(v, [1], 0, 2**64, None),
-        lambda: speedups.set_bits_each(v, [1], 0, 1, 2**63),
-        lambda: speedups.remove_each([v], {}, 0, 5, 0, [1], None, False),
-        lambda: speedups.remove_each([v], {}, 0, 0, -1, [1], None, False),
-        lambda: speedups.remove_each([], {}, 0, 0, 0, [1], None, False),
-        lambda: speedups.remove_each([v], {}, 0, 0, 0, [2**63], None, False),
-        lambda: speedups.holds_bit([v], 2**64, [0], 1),
-        lambda: speedups.holds_bit([v], 1, [9], 1),
-        lambda: speedups.bind_walk([(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)(np.array([1.0])),
-        lambda: speedups.bind_walk([(v,)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)(q),
-        lambda: speedups.bind_walk([(v, None)], ok_layout, ["GPU"], [1.0, 2.0], PrefixMatch, WorkerMatch)(q),
+        lambda: native.walk(np.array([1.0]), [(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: native.walk(np.array([1], np.int32), [(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: native.walk(q, [(v, np.zeros(1, np.uint64))], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: native.walk(q, [(v, np.zeros(2, np.int8))], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: native.walk(q, [(v,)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: native.walk(q, [(v, None)], [WordLayout(0, [(5, 0)], 1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: native.walk(q, [(v, None)], [WordLayout(0, [(0, 3)], 1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: native.walk(q, [(v, None)], [WordLayout(0, [], 1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: native.walk(q, [(v, None)], [WordLayout(0, [(0, 0)], -1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: native.walk(q, [(v, None)], ok_layout, ["GPU"], [1.0, 2.0], PrefixMatch, WorkerMatch),
+        lambda: native.walk(q, [(v, None)] * 65, ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: native.set_bits_each(v, [1, 2**64], 0, 1, None),
+        lambda: native.set_bits_each(v, [1, 1.5], 0, 1, None),
+        lambda: native.set_bits_each(v, (i for i in range(3)), 0, 1, None),
+        lambda: native.set_bits_each(v, [1], 2, 1, None),
+        lambda: native.set_bits_each(v, [1], 0, 0, None),
+        lambda: native.set_bits_each(v, [1], 0, 2**64, None),
+        lambda: native.set_bits_each(v, [1], 0, 1, 2**63),
+        lambda: native.remove_each([v], {}, 0, 5, 0, [1], None, False),
+        lambda: native.remove_each([v], {}, 0, 0, -1, [1], None, False),
+        lambda: native.remove_each([], {}, 0, 0, 0, [1], None, False),
+        lambda: native.remove_each([v], {}, 0, 0, 0, [2**63], None, False),
+        lambda: native.holds_bit([v], 2**64, [0], 1),
+        lambda: native.holds_bit([v], 1, [9], 1),
+        lambda: native.bind_walk([(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)(np.array([1.0])),
+        lambda: native.bind_walk([(v,)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)(q),
+        lambda: native.bind_walk([(v, None)], ok_layout, ["GPU"], [1.0, 2.0], PrefixMatch, WorkerMatch)(q),
     ]
-    bound = speedups.bind_walk([(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)
-    assert bound(q) == speedups.walk(q, [(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)
+    bound = native.bind_walk([(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)
+    assert bound(q) == native.walk(q, [(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)
     walk_with = bound.func  # the C entry point itself, with what it was bound to taken away
     bad_calls += [lambda: walk_with(q), lambda: walk_with((), q), lambda: walk_with(bound.args[0][:8], q)]
     for i, call in enumerate(bad_calls):
@@ -259,16 +257,16 @@ def test_a_full_table_raises_instead_of_looping():
     t = HashTable(1)
     view = t.cview()
     with pytest.raises(ValueError, match="reserve"):
-        speedups.set_bits_each(view, list(range(1, 200)), 0, 1, None)
+        native.set_bits_each(view, list(range(1, 200)), 0, 1, None)
 
 
 def test_huge_and_read_only_inputs():
     v = _view()
     ro = tuple(memoryview(bytes(a)).cast(a.format) if isinstance(a, memoryview) else a for a in v)
     with pytest.raises(ValueError):
-        speedups.set_bits_each(ro, [1], 0, 1, None)
+        native.set_bits_each(ro, [1], 0, 1, None)
     huge = np.zeros(1_000_000, np.int64)
-    got = speedups.walk(
+    got = native.walk(
         huge,
         [(v, None)],
         [__import__("kvevents.consumers.lookup", fromlist=["x"]).WordLayout(0, [(0, 0)], 1)],
@@ -296,11 +294,11 @@ def test_results_of_a_class_with_its_own_init_are_built_by_calling_it():
         def __post_init__(self) -> None:
             self.score = -self.score
 
-    assert speedups._slots_of(Checked) is None and speedups._slots_of(WorkerMatch) is not None
+    assert native._slots_of(Checked) is None and native._slots_of(WorkerMatch) is not None
     t = HashTable(1)
     t.reserve(3)
     t.set_bits_each([5, 6], 0, 0b11, None)
-    got = speedups.walk(
+    got = native.walk(
         np.array([5, 6], np.int64),
         [(t.cview(), None)],
         [WordLayout(0, [(0, 0)], 0b11)],
@@ -330,7 +328,7 @@ def test_int64_check_matches_the_python_one():
     ]
     for hashes, prev in cases:
         fast = indexer._all_int64(hashes, prev)
-        with speedups.python_only():
+        with native.python_only():
             assert fast == indexer._all_int64(hashes, prev), (hashes, prev)
 
 
@@ -364,7 +362,7 @@ def test_many_workers_on_one_chain_equal_the_python_walk(workers, rnd):
     built = []
     for path in ("c", "python"):
         idx = BlockIndex()
-        with speedups.python_only() if path == "python" else nullcontext():
+        with native.python_only() if path == "python" else nullcontext():
             for src, ev in ops:
                 idx.apply(src, KVEventBatch(0.0, [ev], 0))
         built.append(idx)
@@ -372,7 +370,7 @@ def test_many_workers_on_one_chain_equal_the_python_walk(workers, rnd):
     for q in (chain, chain[:17], chain[:1]):
         for weight in (lambda m: 1.0, lambda m: WEIGHTS.get(m, 0.3)):
             got = fast.prefix_match(np.array(q, np.int64), medium_weight=weight)
-            with speedups.python_only():
+            with native.python_only():
                 want = slow.prefix_match(np.array(q, np.int64), medium_weight=weight)
             assert got == want and list(got.workers) == list(want.workers)
             assert len(got.workers) == workers
@@ -389,7 +387,7 @@ def test_lookups_between_changes_equal_the_python_walk(ops, requests):
     for op in ops:
         batch = KVEventBatch(0.0, [_event(op)], 0)
         fast.apply(op[1], batch)
-        with speedups.python_only():
+        with native.python_only():
             slow.apply(op[1], batch)
         if op[0] == "store":
             stored.append(list(op[2]))
@@ -397,7 +395,7 @@ def test_lookups_between_changes_equal_the_python_walk(ops, requests):
             q = np.array(req, np.int64)
             for lora, weight in ((None, _ONE), ("a", _ONE), (None, _TIERED)):
                 got = fast.prefix_match(q, lora, medium_weight=weight)
-                with speedups.python_only():
+                with native.python_only():
                     want = slow.prefix_match(q, lora, medium_weight=weight)
                 assert got == want and list(got.workers) == list(want.workers)
 

@@ -10,7 +10,7 @@ import pytest
 from route_live import LiveRoute, wait_for
 
 from kvevents.consumers.indexer import BlockIndex
-from kvevents.consumers.status import MATCHED_BUCKETS, StatusBoard, page_template
+from kvevents.consumers.service.status import MATCHED_BUCKETS, StatusBoard, page_template
 from kvevents.events import BlockStored, KVEventBatch
 
 URL = re.compile(r"(?i)\b(?:https?:|ftp:|wss?:)?//[a-z0-9.-]+")

@@ -10,7 +10,7 @@ import pytest
 from kvevents.cache import FileStore, MemoryStore, PageStore, RadixCache
 from kvevents.events import BlockRemoved, BlockStored
 from kvevents.hashing import Namespace, event_hashes, storage_hashes, to_int64
-from kvevents.sim import Request, SimWorker, expected_content
+from kvevents.sim.worker import Request, SimWorker, expected_content
 
 KINDS = [Namespace(), Namespace("key"), Namespace(None, "salt"), Namespace("key", "salt")]
 KEY = "ab" * 32

@@ -9,10 +9,10 @@ import pytest
 import zmq
 
 from kvevents.events import BlockRemoved, KVEventBatch, encode_batch
-from kvevents.publisher import Publisher
-from kvevents.subscriber import Delivery, Reset, Source, Subscriber
-from kvevents.transport.testing import EPH, apply, chain_events, collect, free_tcp_endpoint, stored, view_counts
-from kvevents.transport.wire import pack_seq
+from kvevents.testing.zeromq import EPH, apply, chain_events, collect, free_tcp_endpoint, stored, view_counts
+from kvevents.zeromq.publisher import Publisher
+from kvevents.zeromq.subscriber import Delivery, Reset, Source, Subscriber
+from kvevents.zeromq.wire import pack_seq
 
 
 def _pub(**kw) -> Publisher:
@@ -390,7 +390,7 @@ def test_a_malformed_endpoint_is_refused_when_the_source_is_made(args):
 def test_start_with_a_bad_endpoint_raises_at_once(caplog, source):
     ok = Source(free_tcp_endpoint(), None, "ok")
     sub = Subscriber([ok, source], on_delivery=lambda d: None)
-    with caplog.at_level("WARNING", logger="kvevents.subscriber"):
+    with caplog.at_level("WARNING", logger="kvevents.zeromq.subscriber"):
         with pytest.raises(ValueError, match="cannot use"):
             sub.start()
         time.sleep(0.2)
@@ -408,7 +408,7 @@ class _Broken(Subscriber):
 
 def test_thread_backs_off_on_a_persistent_error(caplog):
     sub = _Broken([free_tcp_endpoint()], on_delivery=lambda d: None, log_every=100)
-    with caplog.at_level("ERROR", logger="kvevents.subscriber"):
+    with caplog.at_level("ERROR", logger="kvevents.zeromq.subscriber"):
         sub.start()
         time.sleep(1.0)
         sub.stop()

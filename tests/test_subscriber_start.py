@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvevents.publisher import Publisher
-from kvevents.subscriber import Delivery, Reset, Source, Subscriber
-from kvevents.transport.testing import EPH, chain_events, collect
+from kvevents.testing.zeromq import EPH, chain_events, collect
+from kvevents.zeromq.publisher import Publisher
+from kvevents.zeromq.subscriber import Delivery, Reset, Source, Subscriber
 
 HISTORY = 6
 

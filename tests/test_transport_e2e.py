@@ -6,10 +6,10 @@ import threading
 from collections import Counter
 
 from kvevents.cache import RadixCache
-from kvevents.publisher import Publisher, publish_steps
-from kvevents.sim import SimWorker, Workload
-from kvevents.subscriber import Delivery, Reset, Source, Subscriber
-from kvevents.transport.testing import EPH, apply, collect, stored, view_counts
+from kvevents.sim.worker import SimWorker, Workload
+from kvevents.testing.zeromq import EPH, apply, collect, stored, view_counts
+from kvevents.zeromq.publisher import Publisher, publish_steps
+from kvevents.zeromq.subscriber import Delivery, Reset, Source, Subscriber
 
 
 def _counts(state: dict) -> Counter:

@@ -13,13 +13,13 @@ from contextlib import closing
 import pytest
 import zmq
 
-from kvevents import metrics
 from kvevents.cli import main as cli_main
 from kvevents.events import BlockRemoved
-from kvevents.publisher import Publisher, PublisherConfig
-from kvevents.subscriber import Delivery, Reset, Source, Subscriber
-from kvevents.transport.testing import EPH, apply, collect, free_tcp_endpoint, recv_all, stored, view_counts
-from kvevents.transport.wire import SNAPSHOT_REQUEST, check_endpoint, pack_seq
+from kvevents.testing.zeromq import EPH, apply, collect, free_tcp_endpoint, recv_all, stored, view_counts
+from kvevents.zeromq import metrics
+from kvevents.zeromq.publisher import Publisher, PublisherConfig
+from kvevents.zeromq.subscriber import Delivery, Reset, Source, Subscriber
+from kvevents.zeromq.wire import SNAPSHOT_REQUEST, check_endpoint, pack_seq
 
 
 def _listening() -> tuple[socket.socket, int]:
@@ -362,7 +362,7 @@ def _join(sub: Subscriber, pub: Publisher) -> list:
 
 
 def test_parse_source_named_and_bare() -> None:
-    from kvevents.subscriber import parse_source
+    from kvevents.zeromq.subscriber import parse_source
 
     s = parse_source("w1=tcp://127.0.0.1:5557,tcp://127.0.0.1:5558")
     assert (s.name, s.endpoint, s.replay_endpoint) == ("w1", "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558")

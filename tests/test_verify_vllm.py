@@ -12,8 +12,8 @@ from kvevents.engines.vllm_wire import encode_vllm_batch, removed_event, stored_
 from kvevents.recordlog import RecordWriter
 from kvevents.recordlog.reader import RecordReader
 from kvevents.recordlog.verify import make_verifier
-from kvevents.sim import Workload
-from kvevents.sim_vllm import VllmSimWorker
+from kvevents.sim.vllm import VllmSimWorker
+from kvevents.sim.worker import Workload
 
 PS = 4
 

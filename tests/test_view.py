@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored
-from kvevents.transport.view import LiveView, snapshot_batches
+from kvevents.zeromq.view import LiveView, snapshot_batches
 
 
 class _Reference:
@@ -124,7 +124,7 @@ def test_events_are_kept_by_reference_and_copies_removed_newest_first():
 def test_a_remove_naming_its_adapter_takes_that_adapters_copy():
     """One hash stored under two adapters: a BlockRemoved with lora_name drops that adapter's copy,
     whichever of the two the view kept first; the snapshot rebuilds the other."""
-    from kvevents.transport.view import LiveView, snapshot_batches
+    from kvevents.zeromq.view import LiveView, snapshot_batches
 
     for first, gone, kept in (("a", "a", "b"), ("a", "b", "a")):
         v = LiveView()

@@ -34,7 +34,7 @@ def _emit(report: object, as_json: bool) -> int:
 
 
 def _check_endpoint(what: str, ep: str | None) -> None:
-    from kvevents.transport.wire import check_endpoint
+    from kvevents.zeromq.wire import check_endpoint
 
     if ep:
         try:
@@ -106,7 +106,7 @@ def stream_cmd(
     """Observe a live publisher and judge every named rule (pass / fail / not offered / not checkable)."""
     from kvevents.conformance.profiles import ProfileUnavailable
     from kvevents.conformance.stream import StreamOptions, observe
-    from kvevents.transport.security import client_context
+    from kvevents.zeromq.security import client_context
 
     _check_endpoint("ENDPOINT", endpoint)
     _check_endpoint("--replay", replay)

@@ -1,6 +1,6 @@
 """kvevents CLI commands for the consumers: `route` (the HTTP router service) and `demo`.
 
-Thin: parse flags, call kvevents.consumers.service / kvevents.demo, render.
+Thin: parse flags, call kvevents.consumers.service.core / kvevents.demo, render.
 """
 
 from __future__ import annotations
@@ -74,9 +74,9 @@ def route_cmd(
 
     Request and response schemas: GET /openapi.json (README: "The router's HTTP API").
     """
-    from kvevents.consumers.http_api import HttpLimits
     from kvevents.consumers.keying import parse_key_modes
-    from kvevents.consumers.service import RouterService, parse_publisher
+    from kvevents.consumers.service.core import RouterService, parse_publisher
+    from kvevents.consumers.service.http_api import HttpLimits
 
     if page_size < 1:
         user_error(f"--page-size must be >= 1, got {page_size}")
@@ -97,7 +97,7 @@ def route_cmd(
         user_error(str(exc))
     host, port = _host_port(http)
     # this command prints its own stale / back lines (below): the subscriber's warning would repeat them
-    logging.getLogger("kvevents.subscriber").setLevel(logging.ERROR)
+    logging.getLogger("kvevents.zeromq.subscriber").setLevel(logging.ERROR)
     if nats_url is not None:  # kvevents.cli.nats: the JetStream feed (one line while NATS is unreachable)
         from kvevents.cli.nats import jetstream_source
 

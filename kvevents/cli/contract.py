@@ -262,7 +262,7 @@ def golden(
 @app.command()
 def version() -> None:
     """Print the kvevents version, then which hashing/index path runs (compiled or pure Python)."""
-    from kvevents import __version__, speedups
+    from kvevents import __version__, native
 
     print(__version__)
-    print(speedups.describe())
+    print(native.describe())

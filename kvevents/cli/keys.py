@@ -1,4 +1,4 @@
-"""`kvevents keys generate`, and the CURVE flags the other commands share (kvevents.transport.security).
+"""`kvevents keys generate`, and the CURVE flags the other commands share (kvevents.zeromq.security).
 
 Publishers (serve) take `--curve-secret FILE [--curve-allow DIR]`; consumers take
 `--curve-server-key FILE [--curve-client-cert FILE]` (tail, doctor: one publisher) or
@@ -44,7 +44,7 @@ def generate_cmd(
     name: str = typer.Option("kvevents", "--name", help="File name: NAME.key (public) and NAME.key_secret (secret)."),
 ) -> None:
     """Write a CURVE keypair in pyzmq's certificate format: NAME.key to hand out, NAME.key_secret to keep."""
-    from kvevents.transport.security import generate_keypair
+    from kvevents.zeromq.security import generate_keypair
 
     try:
         public, secret = generate_keypair(directory, name)
@@ -56,7 +56,7 @@ def generate_cmd(
 
 def curve_server(secret: Optional[str], allow: Optional[str]) -> Any:
     """--curve-secret / --curve-allow -> (secret file, allow dir) checked now (None, None when off)."""
-    from kvevents.transport.security import CurveServer
+    from kvevents.zeromq.security import CurveServer
 
     if secret is None:
         if allow is not None:
@@ -70,7 +70,7 @@ def curve_server(secret: Optional[str], allow: Optional[str]) -> Any:
 
 def curve_clients(server_keys: Sequence[str], client_cert: Optional[str], names: Iterable[str]) -> dict[str, Any]:
     """Source name -> CurveClient from --curve-server-key [NAME=]FILE ... and --curve-client-cert."""
-    from kvevents.transport.security import CurveClient
+    from kvevents.zeromq.security import CurveClient
 
     names = [str(n) for n in names]
     if not server_keys:
@@ -120,9 +120,9 @@ def show_plain_bind_once() -> None:
     """The publishers' plain-bind warning, once per command, as a `kvevents: warning:` line."""
     import logging
 
-    from kvevents.transport.security import OnceFilter
+    from kvevents.zeromq.security import OnceFilter
 
-    logger = logging.getLogger("kvevents.publisher")
+    logger = logging.getLogger("kvevents.zeromq.publisher")
     if any(isinstance(f, OnceFilter) for h in logger.handlers for f in h.filters):
         return
     h = logging.StreamHandler(sys.stderr)

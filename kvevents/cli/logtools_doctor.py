@@ -1,4 +1,4 @@
-"""`kvevents doctor ENDPOINT`: the checklist to run when events do not arrive (checks in kvevents.doctor)."""
+"""`kvevents doctor ENDPOINT`: the checklist to run when events do not arrive (checks in kvevents.doctor.zeromq)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def doctor_cmd(
     """Check that the address answers, the topic matches, batches arrive and decode, seqs are
     continuous, heartbeats come, replay and describe answer, and published hashes recompute.
     Exit 1 if any check fails."""
-    from kvevents.doctor import run_doctor
+    from kvevents.doctor.zeromq import run_doctor
 
     if nats_url is not None:  # kvevents.cli.nats: stream, sources, snapshot ages, lag
         from kvevents.cli.nats import doctor_nats
@@ -42,7 +42,7 @@ def doctor_cmd(
         return doctor_nats(nats_url, stream, timeout, as_json)
     if endpoint is None:
         user_error("missing ENDPOINT (or --nats URL --stream NAME)")
-    from kvevents.transport.wire import check_endpoint
+    from kvevents.zeromq.wire import check_endpoint
 
     for what, ep in (("ENDPOINT", endpoint), ("--replay", replay)):
         if ep is not None:
@@ -50,7 +50,7 @@ def doctor_cmd(
                 check_endpoint(ep)  # a malformed address is a usage error (2), not a failed check
             except ValueError as exc:
                 user_error(f"{what}: {exc}")
-    from kvevents.transport.security import client_context
+    from kvevents.zeromq.security import client_context
 
     ctx = client_context(curve_client(curve_server_key, curve_client_cert))  # CURVE: every probe socket a client
     rep = run_doctor(

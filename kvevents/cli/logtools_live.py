@@ -1,7 +1,7 @@
 """`kvevents record` and `kvevents replay`: capture live streams to a log, publish a log again.
 
-Thin faces over kvevents.recordlog (format, pacing), kvevents.subscriber (gap repair),
-kvevents.publisher (publish_payload keeps the original bytes) and kvevents.consumers.indexer.
+Thin faces over kvevents.recordlog (format, pacing), kvevents.zeromq.subscriber (gap repair),
+kvevents.zeromq.publisher (publish_payload keeps the original bytes) and kvevents.consumers.indexer.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def record_cmd(
     Replayed batches are written in seq order; a resync is written as a reset marker followed by
     the snapshot batches. Stops at --count, --duration or Ctrl-C; exit 1 if nothing was received.
     """
-    from kvevents.subscriber import Reset, Subscriber, parse_source
+    from kvevents.zeromq.subscriber import Reset, Subscriber, parse_source
 
     if start not in START_MODES:
         user_error(f"--from must be one of {', '.join(START_MODES)}, got {start!r}")
@@ -216,8 +216,8 @@ def _silence_hint(sources: list[Any], topic: str) -> str:
 
 def _begin_with_snapshots(rec: Recorder, sources: list[Any]) -> None:
     """--from snapshot: each source with a replay endpoint starts with its KVE/SNAPSHOT (else: oldest)."""
-    from kvevents.transport.engine_requests import EngineRequestError, snapshot
-    from kvevents.transport.security import client_context
+    from kvevents.zeromq.engine_requests import EngineRequestError, snapshot
+    from kvevents.zeromq.security import client_context
 
     for s in sources:
         if not s.replay_endpoint:
@@ -375,8 +375,8 @@ def _publish_log(
     bind: bool | None,
     curve: tuple[str | None, str | None] = (None, None),
 ) -> None:
-    from kvevents.publisher import Publisher, PublisherConfig
-    from kvevents.transport.wire import should_bind
+    from kvevents.zeromq.publisher import Publisher, PublisherConfig
+    from kvevents.zeromq.wire import should_bind
 
     recs = select_records(file, on_damage=lambda d: None, **sel)
     try:
@@ -457,8 +457,8 @@ def _publish_log(
 
 
 def _fetch(endpoint: str, since: int, output: str, name: str, timeout: float, curve: Any = None) -> None:
-    from kvevents.transport.engine_requests import replay as fetch_replay
-    from kvevents.transport.security import client_context
+    from kvevents.zeromq.engine_requests import replay as fetch_replay
+    from kvevents.zeromq.security import client_context
 
     if since < 0:
         user_error(f"--since must be >= 0, got {since}")

@@ -1,4 +1,4 @@
-"""`kvevents bridge`: engines' ZeroMQ streams into a NATS JetStream stream (kvevents.transport.jetstream_bridge).
+"""`kvevents bridge`: engines' ZeroMQ streams into a NATS JetStream stream (kvevents.jetstream.bridge).
 
 Also the NATS connection flags the other commands share (`route --nats`, `record --nats`,
 `fetch --nats`, `doctor --nats`): `nats_options(...)` turns them into NatsOptions.
@@ -34,7 +34,7 @@ def nats_options(
     """
     import os
 
-    from kvevents.transport.nats_link import NatsOptions
+    from kvevents.jetstream.link import NatsOptions
 
     creds = creds or os.environ.get("KVEVENTS_NATS_CREDS") or None
     tls_ca = tls_ca or os.environ.get("KVEVENTS_NATS_TLS_CA") or None
@@ -96,9 +96,9 @@ def bridge_cmd(
     Run two bridges for one engine for high availability: JetStream stores each batch once.
     Exit 0 on Ctrl-C or --duration, 2 on a usage error or NATS unreachable past --give-up-after.
     """
-    from kvevents.subscriber import parse_source
-    from kvevents.transport.jetstream_bridge import Bridge
-    from kvevents.transport.nats_link import StreamOptions
+    from kvevents.jetstream.bridge import Bridge
+    from kvevents.jetstream.link import StreamOptions
+    from kvevents.zeromq.subscriber import parse_source
 
     if snapshot_every <= 0:
         user_error(f"--snapshot-every must be > 0, got {snapshot_every:g}")
@@ -165,14 +165,14 @@ def bridge_cmd(
 # ---------------------------------------------------------------- faces for the other commands
 
 
-def jetstream_source(url: str, stream: str, prog: str, **options: object):  # -> JetStreamSource
-    """A JetStreamSource for `route --nats` / `record --nats` (one-line notice while NATS is unreachable)."""
-    from kvevents.transport.jetstream_source import JetStreamSource
+def jetstream_source(url: str, stream: str, prog: str, **options: object):  # -> JetStreamFeed
+    """A JetStreamFeed for `route --nats` / `record --nats` (one-line notice while NATS is unreachable)."""
+    from kvevents.jetstream.feed import JetStreamFeed
 
     opts = nats_options(url, name=f"kvevents-{prog}")
     log_to_stderr()
     try:
-        return JetStreamSource(opts, stream, on_unreachable=lambda m: say(prog, m), **options)  # type: ignore[arg-type]
+        return JetStreamFeed(opts, stream, on_unreachable=lambda m: say(prog, m), **options)  # type: ignore[arg-type]
     except ValueError as exc:
         user_error(str(exc))
 
@@ -181,8 +181,8 @@ def record_positions(path: str) -> dict:
     """Where an existing record log stands per (source, dp_rank), for `record --nats --durable --append`."""
     import os
 
+    from kvevents.jetstream.feed import positions_from_records
     from kvevents.recordlog import select_records
-    from kvevents.transport.jetstream_source import positions_from_records
 
     if not os.path.exists(path) or os.path.getsize(path) == 0:
         return {}
@@ -202,7 +202,7 @@ def replay_from_nats(
     with --since, the live batches stored in the last N seconds; into a record log (-o) or an index."""
     import json
 
-    from kvevents.subscriber import Delivery
+    from kvevents.zeromq.subscriber import Delivery
 
     if output is None and not into_index:
         user_error("fetch --nats needs -o FILE (a record log) or --into-index")
@@ -266,11 +266,11 @@ def replay_from_nats(
 
 
 def doctor_nats(url: str, stream: str, timeout: float, as_json: bool) -> None:
-    """`doctor --nats`: the JetStream checklist (kvevents.transport.jetstream_admin.nats_doctor)."""
+    """`doctor --nats`: the JetStream checklist (kvevents.jetstream.admin.nats_doctor)."""
     import json
 
     from kvevents.cli.app import CheckFailed
-    from kvevents.doctor_nats import nats_doctor
+    from kvevents.doctor.nats import nats_doctor
 
     rep = nats_doctor(nats_options(url, name="kvevents-doctor"), stream, timeout=timeout)
     if as_json:

@@ -76,9 +76,9 @@ def serve(
     ),
 ) -> None:
     """Run simulated engine workers, each publishing its KV events; a status line per second."""
-    from kvevents.publisher import Publisher
-    from kvevents.sim import ENGINES, Workload, make_worker, serve_and_publish
-    from kvevents.transport.wire import check_endpoint, offset_endpoint
+    from kvevents.sim.worker import ENGINES, Workload, make_worker, serve_and_publish
+    from kvevents.zeromq.publisher import Publisher
+    from kvevents.zeromq.wire import check_endpoint, offset_endpoint
 
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
         user_error(f"--metrics-port must be in 0..65535 (0: a free port), got {metrics_port}")
@@ -155,7 +155,7 @@ def serve(
         )
     lock, web = threading.Lock(), None  # --http: its thread and the loop below take turns on the workers
     if http is not None:
-        from kvevents.sim_http import BASE_MODEL, serve_http
+        from kvevents.sim.http import BASE_MODEL, serve_http
 
         try:
             web = serve_http(http, sims[0], pubs[0], lock)
@@ -290,8 +290,8 @@ def tail(
     import logging
 
     from kvevents.events import event_to_dict
-    from kvevents.subscriber import Delivery, Source, Subscriber
-    from kvevents.transport.wire import check_endpoint
+    from kvevents.zeromq.subscriber import Delivery, Source, Subscriber
+    from kvevents.zeromq.wire import check_endpoint
 
     if not stale_after > 0:
         user_error(f"--stale-after must be > 0 seconds, got {stale_after:g}")
@@ -303,7 +303,7 @@ def tail(
             user_error(f"{what}: {exc}")
     source = Source(endpoint, replay or None, endpoint, curve=curve_client(curve_server_key, curve_client_cert))
     # this command prints its own stale notice: the subscriber's log line would say it twice
-    logging.getLogger("kvevents.subscriber").setLevel(logging.ERROR)
+    logging.getLogger("kvevents.zeromq.subscriber").setLevel(logging.ERROR)
     sub = Subscriber([source], topic=topic, stale_after_s=stale_after)
     _note(
         f"kvevents tail: connecting to {endpoint}"

@@ -12,7 +12,7 @@ import msgspec
 
 from kvevents.conformance import shape
 from kvevents.events import AllBlocksCleared, BlockStored
-from kvevents.transport.wire import SNAPSHOT_SEQ, unpack_seq
+from kvevents.zeromq.wire import SNAPSHOT_SEQ, unpack_seq
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvevents.conformance.rules import StreamChecker

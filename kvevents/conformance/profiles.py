@@ -20,7 +20,7 @@ from kvevents.hashing import (
     pack_tokens,
     split_pages,
 )
-from kvevents.transport.wire import HASH_SCHEME
+from kvevents.zeromq.wire import HASH_SCHEME
 
 __all__ = ["PROFILES", "ContractProfile", "NotCheckable", "Profile", "ProfileUnavailable", "VllmProfile", "get_profile"]
 

@@ -18,7 +18,7 @@ from kvevents.conformance.profiles import NotCheckable, Profile
 from kvevents.conformance.report import Report, RuleResult, Status
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from kvevents.hashing import Namespace, storage_hashes, to_int64
-from kvevents.transport.wire import unpack_seq
+from kvevents.zeromq.wire import unpack_seq
 
 __all__ = ["RULES", "StreamChecker"]
 

@@ -13,7 +13,7 @@ import msgspec
 
 from kvevents.errors import DecodeError
 from kvevents.events import KVEventBatch, decode_batch
-from kvevents.transport.wire import END_SEQ
+from kvevents.zeromq.wire import END_SEQ
 
 __all__ = [
     "EVENT_TYPES",

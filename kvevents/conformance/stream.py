@@ -16,7 +16,7 @@ from kvevents.conformance import shape
 from kvevents.conformance.profiles import get_profile
 from kvevents.conformance.report import Report
 from kvevents.conformance.rules import StreamChecker
-from kvevents.transport.wire import (
+from kvevents.zeromq.wire import (
     DESCRIBE_REQUEST,
     SNAPSHOT_REQUEST,
     check_endpoint,

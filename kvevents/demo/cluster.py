@@ -16,8 +16,8 @@ from typing import Callable, Sequence, Union
 
 from kvevents.cache import MemoryStore
 from kvevents.hashing import Namespace, event_hashes_int64
-from kvevents.sim import Request, ServeResult, SimWorker
-from kvevents.sim_vllm import VllmSimWorker
+from kvevents.sim.vllm import VllmSimWorker
+from kvevents.sim.worker import Request, ServeResult, SimWorker
 
 __all__ = [
     "Cluster",

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from kvevents.consumers.service import RouterService
+from kvevents.consumers.service.core import RouterService
 from kvevents.demo.cluster import (
     BoundedLoad,
     Cluster,
@@ -42,9 +42,9 @@ from kvevents.demo.cluster import (
 from kvevents.demo.timeline import Timeline
 from kvevents.events import BlockStored, Event
 from kvevents.hashing import Namespace, event_hashes, to_int64
-from kvevents.publisher import Publisher
-from kvevents.sim import Request, Workload
-from kvevents.subscriber import Source
+from kvevents.sim.worker import Request, Workload
+from kvevents.zeromq.publisher import Publisher
+from kvevents.zeromq.subscriber import Source
 
 __all__ = ["DemoConfig", "run_demo", "check_stored_hashes", "REPRODUCIBLE"]
 

@@ -1,0 +1,10 @@
+"""Reference consumers of KV-cache events: a reference-counted block index and a prefix router.
+
+`kvevents.consumers.service.core` adds the subscription glue and the HTTP service behind `kvevents route`.
+Consumers use only kvevents' public API (kvevents, hashing, events, subscriber, errors).
+"""
+
+from kvevents.consumers.indexer import BlockIndex
+from kvevents.consumers.router import DEFAULT_MEDIUM_WEIGHTS, PrefixRouter, WorkerScore
+
+__all__ = ["BlockIndex", "PrefixRouter", "WorkerScore", "DEFAULT_MEDIUM_WEIGHTS"]

@@ -1,0 +1,463 @@
+"""BlockIndex: which worker holds which published block, reference-counted and memory-lean.
+
+Layout (why it is small and fast): one HashTable (kvevents.consumers.table: flat numpy arrays) per
+interned lora_name ("view") maps an int64 block hash to a row of uint64 bitmask columns, one
+column per (medium, group of 64 workers), one bit per worker. A copy is one bit, not an object;
+a second copy of the same (worker, dp_rank, medium, lora, hash) (the same tokens under two extra
+keys) is counted in a small side dict that is empty in the common case (kvevents.consumers.copies adds and
+drops copies). The parent link sits in the row beside the masks. The router gathers the rows of a request's pages in a few vectorised
+lookups. Read-only reports (who holds a hash, copies per source, medium and adapter) live in the
+base class, kvevents.consumers.index_reports.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from kvevents import native
+from kvevents.consumers.copies import (
+    WORD,
+    Extra,
+    clear_bits,
+    remove_each,
+    remove_many,
+    store_each,
+    store_many,
+)
+from kvevents.consumers.index_reports import IndexReports, WorkerEntry, WorkerKey, worker_label
+from kvevents.consumers.lookup import PrefixMatch, WordLayout, bind_walk, make_plan, walk_plan
+from kvevents.consumers.table import HashTable, as_hashes
+from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, rank_of
+
+__all__ = ["BlockIndex", "WorkerKey", "worker_label", "FIXED_MEDIA", "KNOWN_MEDIA"]
+
+#: Media listed first (GPU gets mask column 0; other columns are added when first used).
+FIXED_MEDIA: tuple[str, ...] = ("GPU", "CPU_PINNED", "STORAGE")
+#: Media that never count against `max_other_media` (SGLang's and vLLM's tiers; None: SGLang's device).
+KNOWN_MEDIA: frozenset[str | None] = frozenset({"GPU", "CPU", "CPU_PINNED", "DISK", "STORAGE", None})
+_HOT = ("batches", "stored_copies", "removed_copies")
+_SMALL = 24  # events with at most this many hashes use the scalar table ops (cheaper below it)
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+_PLANS_MAX = 256  # cached lookup plans (per request lora_name); the cache starts over past it
+_CACHED_NAME_MAX = 256  # longer lora names are planned per request, never kept
+
+
+class BlockIndex(IndexReports):
+    """Reference-counted map of published block copies per (source, dp_rank, medium, hash).
+
+    `apply(source, batch)` never raises for content it cannot use: it counts the reason in
+    `counters` (unknown_remove, unknown_parent, ambiguous_remove, ignored_event, bad_hash, ...).
+    Not thread-safe: callers that apply and query from different threads hold one lock.
+    """
+
+    _small = _SMALL  # events up to this size take the scalar table ops (tests set 0 for vector paths)
+
+    def __init__(self, *, max_ranks_per_source: int = 64, max_other_media: int = 8, max_adapters: int = 1024) -> None:
+        """What a publisher can cost is bounded (each new medium, rank or adapter adds table columns,
+        workers or views): past `max_ranks_per_source` dp ranks of one source, `max_other_media`
+        media outside KNOWN_MEDIA, or `max_adapters` lora names, the batch or event is counted
+        (`dropped_rank`, `dropped_medium`, `dropped_adapter`) and dropped."""
+        for name, v in (
+            ("max_ranks_per_source", max_ranks_per_source),
+            ("max_other_media", max_other_media),
+            ("max_adapters", max_adapters),
+        ):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"BlockIndex: {name} must be a non-negative integer, got {v!r}")
+        self.max_ranks_per_source = max_ranks_per_source
+        self.max_other_media = max_other_media
+        self.max_adapters = max_adapters
+        self._ranks: Counter[str] = Counter()  # source -> dp ranks it has workers for
+        self._media: list[str | None] = list(FIXED_MEDIA)
+        self._medium_ix: dict[str | None, int] = {m: i for i, m in enumerate(self._media)}
+        self._loras: list[str | None] = [None]
+        self._lora_ix: dict[str | None, int] = {None: 0}
+        self._cols: dict[tuple[int, int], int] = {(0, 0): 0}  # (medium index, worker word) -> column
+        self._table_changes = [0]  # bumped by every view whose cview() changes (HashTable(changes=))
+        self._views: list[HashTable] = [HashTable(1, changes=self._table_changes)]
+        self._extra: Extra = {}  # (view, medium, worker, hash) -> copies beyond the first
+        self._workers: dict[WorkerKey, WorkerEntry] = {}
+        self._by_index: dict[int, WorkerEntry] = {}
+        self._free: list[int] = []
+        self._word_bits: dict[int, int] = {}  # worker word -> bits of the known workers in it
+        self._counts: Counter[tuple[int, int]] = Counter()  # (worker index, medium index) -> copies
+        self._medium_copies: list[int] = [0] * len(self._media)  # medium index -> copies (router)
+        self._lora_sources: set[int] = set()  # workers that ever published a lora_name
+        self._lora_removers: set[int] = set()  # workers that name the adapter on BlockRemoved
+        self._plans: dict[tuple[str | None, bool], list[tuple[HashTable, np.ndarray | None]]] = {}  # router cache
+        self._layout_version = 0  # bumped by _changed(): lookups re-read the layout
+        self._labels: tuple[int, Mapping[int, str]] | None = None
+        self._layout_cache: tuple[int, Callable[[str | None], float], list[float], list[WordLayout]] | None = None
+        # (lora_name, strict, medium_weight) -> the compiled walk bound to its plan and layout; valid
+        # until _changed() or a table's cview() changes (then all go: they pin their tables' arrays)
+        self._walkers: dict[tuple[Any, ...], Callable[[np.ndarray], PrefixMatch]] = {}
+        self._walkers_at = 0  # _table_changes[0] when they were bound
+        self._counters: Counter[str] = Counter()
+        self._hot = [0, 0, 0]  # batches, stored_copies, removed_copies: plain ints on the hot path
+
+    # ---------------------------------------------------------------- workers, media, columns
+
+    def _changed(self) -> None:
+        """Workers, media, columns, lora views, or which media hold copies changed: cached router
+        plans and layouts go."""
+        self._plans.clear()
+        self._walkers.clear()
+        self._layout_version += 1
+
+    def _worker(self, source: str, dp_rank: int) -> WorkerEntry | None:
+        key = (source, dp_rank)
+        w = self._workers.get(key)
+        if w is None:
+            if self._ranks[source] >= self.max_ranks_per_source:
+                return None
+            self._ranks[source] += 1
+            idx = min(self._free) if self._free else len(self._by_index)
+            if self._free:
+                self._free.remove(idx)
+            w = WorkerEntry(idx, source, dp_rank, worker_label(source, dp_rank))
+            self._workers[key] = w
+            self._by_index[idx] = w
+            self._word_bits[idx // WORD] = self._word_bits.get(idx // WORD, 0) | 1 << (idx % WORD)
+            self._changed()
+        return w
+
+    def _medium(self, medium: str | None) -> int | None:
+        mi = self._medium_ix.get(medium)
+        if mi is None:
+            if medium not in KNOWN_MEDIA and sum(m not in KNOWN_MEDIA for m in self._media) >= self.max_other_media:
+                return None
+            mi = len(self._media)
+            self._media.append(medium)
+            self._medium_ix[medium] = mi
+            self._medium_copies.append(0)
+            self._changed()
+        return mi
+
+    def _view_id(self, lora_name: str | None) -> int | None:
+        vid = self._lora_ix.get(lora_name)
+        if vid is None:
+            if len(self._loras) > self.max_adapters:  # view 0 is "no adapter"
+                return None
+            vid = len(self._loras)
+            self._loras.append(lora_name)
+            self._lora_ix[lora_name] = vid
+            self._views.append(HashTable(len(self._cols), changes=self._table_changes))
+            self._changed()
+        return vid
+
+    def _col(self, mi: int, word: int) -> int:
+        """The mask column of (medium, worker word), added to every view when first used."""
+        col = self._cols.get((mi, word))
+        if col is None:
+            col = self._cols[(mi, word)] = len(self._cols)
+            for t in self._views:
+                t.add_column()
+            self._changed()
+        return col
+
+    def _worker_cols(self, wi: int) -> list[int]:
+        """Every column (one per medium) holding worker `wi`'s bit."""
+        word = wi // WORD
+        return [c for (_, w), c in self._cols.items() if w == word]
+
+    def _word_columns(self) -> dict[int, list[tuple[int, int]]]:
+        """Per worker word: (column, medium index) of the media holding any copy (router)."""
+        out: dict[int, list[tuple[int, int]]] = {}
+        copies = self._medium_copies
+        for (mi, word), col in self._cols.items():
+            if copies[mi] > 0:
+                out.setdefault(word, []).append((col, mi))
+        return out
+
+    @property
+    def counters(self) -> Counter[str]:
+        """Counts by reason (applied, ignored, unknown_remove, ...); the same Counter every time."""
+        for name, n in zip(_HOT, self._hot):
+            if n:
+                self._counters[name] = n
+        return self._counters
+
+    # ---------------------------------------------------------------- applying events
+
+    def apply(self, source: str, batch: KVEventBatch) -> None:
+        """Apply one decoded batch from `source` (its dp rank comes from the batch)."""
+        rank = batch.data_parallel_rank
+        w = self._worker(source, rank_of(rank))
+        if w is None:
+            self.counters["dropped_rank"] += 1
+            return
+        self._hot[0] += 1
+        for ev in batch.events:
+            t = type(ev)
+            if t is BlockStored:
+                self._store(w, ev)  # type: ignore[arg-type]
+            elif t is BlockRemoved:
+                self._remove(w, ev)  # type: ignore[arg-type]
+            elif t is AllBlocksCleared:
+                self.counters["cleared"] += 1
+                self._clear_worker(w)
+            else:
+                self.counters["ignored_event"] += 1
+
+    def _store(self, w: WorkerEntry, ev: BlockStored) -> None:
+        hashes = ev.block_hashes
+        n = len(hashes)
+        if not n:
+            self.counters["empty_store"] += 1
+            return
+        prev = ev.parent_block_hash
+        if n > self._small or not _all_int64(hashes, prev):
+            try:
+                q = as_hashes(hashes)
+                if prev is not None:
+                    as_hashes((prev,))
+            except ValueError:
+                self.counters["bad_hash"] += 1
+                return
+        wi = w.index
+        lora = ev.lora_name
+        vid = self._lora_ix.get(lora)
+        if vid is None:
+            vid = self._view_id(lora)
+            if vid is None:
+                self.counters["dropped_adapter"] += 1
+                return
+        mi = self._medium_ix.get(ev.medium)
+        if mi is None:
+            mi = self._medium(ev.medium)
+            if mi is None:
+                self.counters["dropped_medium"] += 1
+                return
+        if lora is not None and wi not in self._lora_sources:
+            self._lora_sources.add(wi)
+            self._changed()
+        col = self._cols.get((mi, wi // WORD))
+        if col is None:
+            col = self._col(mi, wi // WORD)
+        if prev is not None and not self._holds(wi, prev):
+            self.counters["unknown_parent"] += 1
+        t = self._views[vid]
+        if t.used + n > t.limit:
+            t.reserve(n)  # no rebuild below: slot numbers and memoryviews stay valid
+        if n <= self._small or len(set(hashes)) < n:  # small, or a hash repeated inside the event
+            dup = store_each(t, self._extra, vid, mi, col, wi, hashes, prev)
+        else:
+            dup = store_many(t, self._extra, vid, mi, col, wi, q, prev)
+        self._counts[(wi, mi)] += n
+        self._medium_copies[mi] += n
+        if self._medium_copies[mi] == n:  # a medium holds copies again: routers re-read the layout
+            self._changed()
+        self._hot[1] += n
+        if dup:
+            self.counters["duplicate_copies"] += dup
+
+    def _holds(self, wi: int, h: int) -> bool:
+        """True if worker `wi` holds a copy of `h` on any medium, under any lora_name."""
+        bit = 1 << (wi % WORD)
+        cols = self._worker_cols(wi)
+        if native.active():
+            return native.holds_bit([t.cview() for t in self._views], h, cols, bit)
+        for t in self._views:
+            s = t.find1(h)
+            if s >= 0 and any(t.bit_set(s, c, bit) for c in cols):
+                return True
+        return False
+
+    def _remove(self, w: WorkerEntry, ev: BlockRemoved) -> None:
+        hashes = ev.block_hashes
+        n = len(hashes)
+        if not n:
+            return
+        wi = w.index
+        mi = self._medium_ix.get(ev.medium)
+        col = None if mi is None else self._cols.get((mi, wi // WORD))
+        if mi is None or col is None:
+            self.counters["unknown_remove"] += n
+            return
+        # The remove's lora_name picks the adapter's copy. A worker that names adapters on removes
+        # means "no adapter" by a remove without one; for other workers that is unknowable.
+        lora = ev.lora_name
+        if lora is not None and wi not in self._lora_removers:
+            self._lora_removers.add(wi)
+        exact = wi in self._lora_removers
+        prefer = self._lora_ix.get(lora)
+        if n <= self._small or len(set(hashes)) < n:  # small, or a hash removed twice: one copy at a time
+            if not _all_int64(hashes, None):
+                self.counters["bad_hash"] += 1
+                return
+            found = remove_each(self._views, self._extra, mi, col, wi, hashes, prefer, exact)
+            self._count_removal(wi, mi, *found)
+            return
+        try:
+            q = as_hashes(hashes)
+        except ValueError:
+            self.counters["bad_hash"] += 1
+            return
+        self._count_removal(wi, mi, *remove_many(self._views, self._extra, mi, col, wi, q, prefer, exact))  # type: ignore[arg-type]
+
+    def _count_removal(self, wi: int, mi: int, unknown: int, ambiguous: int, removed: int) -> None:
+        if unknown:
+            self.counters["unknown_remove"] += unknown
+        if ambiguous:
+            self.counters["ambiguous_remove"] += ambiguous
+        if removed:
+            self._counts[(wi, mi)] -= removed
+            self._medium_copies[mi] -= removed
+            if not self._medium_copies[mi]:
+                self._changed()
+            self._hot[2] += removed
+
+    def _clear_worker(self, w: WorkerEntry) -> int:
+        """Drop every copy the worker holds, on every medium and lora; returns copies dropped."""
+        wi = w.index
+        dropped = sum(n for (i, _), n in self._counts.items() if i == wi)
+        if not dropped and not any(k[2] == wi for k in self._extra):
+            return 0
+        bit = np.uint64(1 << (wi % WORD))
+        cols = self._worker_cols(wi)
+        for t in self._views:
+            for col in cols:
+                clear_bits(t, np.flatnonzero(t.masks[:-1, col] & bit), col, bit)
+        for ekey in [k for k in self._extra if k[2] == wi]:
+            del self._extra[ekey]
+        for ckey in [k for k in self._counts if k[0] == wi]:
+            self._medium_copies[ckey[1]] -= self._counts.pop(ckey)
+        self._changed()
+        self.counters["dropped_copies"] += dropped
+        return dropped
+
+    def drop_source(self, source: str, dp_rank: int | None = None, *, forget: bool = False) -> int:
+        """Forget a source's blocks (all its dp ranks unless one is given), e.g. on restart or resync.
+
+        The worker stays known (listed with zero blocks) unless `forget` is true.
+        Returns the number of block copies dropped.
+        """
+        dropped = 0
+        for key, w in list(self._workers.items()):
+            if key[0] != source or (dp_rank is not None and key[1] != dp_rank):
+                continue
+            dropped += self._clear_worker(w)
+            if forget:
+                del self._workers[key]
+                self._ranks[source] -= 1
+                del self._by_index[w.index]
+                self._word_bits[w.index // WORD] &= ~(1 << (w.index % WORD))
+                self._lora_sources.discard(w.index)
+                self._lora_removers.discard(w.index)
+                self._changed()
+                self._free.append(w.index)
+        self.counters["dropped_sources"] += 1
+        return dropped
+
+    # ---------------------------------------------------------------- queries
+
+    def stats(self) -> dict[str, Any]:
+        """Counters plus sizes, for /metrics and reports."""
+        out: dict[str, Any] = dict(self.counters)
+        out.update(
+            copies=len(self),
+            entries=self.distinct_hashes,
+            workers=len(self._workers),
+            table_bytes=sum(t.nbytes() for t in self._views),
+            table_paged_bytes=sum(t.paged_bytes() for t in self._views),
+        )
+        return out
+
+    # ---------------------------------------------------------------- lookups (the router's seam)
+
+    def holds(self, block_hash: int, lora_name: str | None = None, *, strict: bool = True) -> bool:
+        """Does any worker hold `block_hash` for a request under `lora_name`? One key, a few us.
+
+        Strict: copies stored under that lora_name, plus lora-less copies of workers that never
+        published a lora_name (their events cannot tell adapters apart); else copies of any adapter.
+        """
+        for t, filt in self._lookup_plan(lora_name, strict):
+            slot = t.find1(block_hash)
+            if slot >= 0 and t.row_holds(slot, filt):
+                return True
+        return False
+
+    def prefix_match(
+        self,
+        hashes: np.ndarray,
+        lora_name: str | None = None,
+        *,
+        strict: bool = True,
+        medium_weight: Callable[[str | None], float] = lambda medium: 1.0,
+    ) -> PrefixMatch:
+        """Per worker index (see `labels`): the consecutive prefix of `hashes` (int64 array, page
+        order) it holds for a request under `lora_name` (as in `holds`), scored by medium weight,
+        with the pages credited per medium (each at the best-weighted medium holding it)."""
+        n = len(hashes)
+        if self._walkers_at != self._table_changes[0]:
+            self._walkers.clear()
+            self._walkers_at = self._table_changes[0]
+        key = (lora_name, strict, medium_weight)
+        bound = self._walkers.get(key)
+        if bound is not None and n and native.active():  # the common case: one dict get and a C call
+            return bound(hashes)
+        plan = self._lookup_plan(lora_name, strict)
+        if not plan or not self._by_index or not n:
+            return PrefixMatch(n)
+        weights, layout = self._layout(medium_weight)
+        bound = bind_walk(plan, layout, self._media, weights)
+        if bound is None:
+            return walk_plan(hashes, plan, layout, self._media, weights)
+        if lora_name is None or len(lora_name) <= _CACHED_NAME_MAX:  # bounded like the plans
+            if len(self._walkers) >= _PLANS_MAX:
+                self._walkers.clear()
+            self._walkers[key] = bound
+        return bound(hashes)
+
+    def labels(self) -> Mapping[int, str]:
+        """Worker index -> label, for every known worker (what `prefix_match` results are keyed by).
+        A read-only view, rebuilt only when the workers change."""
+        if self._labels is None or self._labels[0] != self._layout_version:
+            self._labels = (self._layout_version, MappingProxyType({wi: w.label for wi, w in self._by_index.items()}))
+        return self._labels[1]
+
+    def _layout(self, medium_weight: Callable[[str | None], float]) -> tuple[list[float], list[WordLayout]]:
+        """Medium weights, and per worker word its columns best weight first; cached until the
+        layout (workers, media, columns, media holding copies) or the weight function changes."""
+        cached = self._layout_cache
+        if cached is not None and cached[0] == self._layout_version and cached[1] == medium_weight:
+            return cached[2], cached[3]
+        weights = [medium_weight(m) for m in self._media]
+        layout = []
+        for word, cols in self._word_columns().items():
+            alive = self._word_bits.get(word, 0)
+            if alive:
+                cols.sort(key=lambda c: (-weights[c[1]], c[1]))
+                layout.append(WordLayout(word, cols, alive))
+        self._layout_cache = (self._layout_version, medium_weight, weights, layout)
+        return weights, layout
+
+    def _lookup_plan(self, lora_name: str | None, strict: bool) -> list[tuple[HashTable, np.ndarray | None]]:
+        """(view, per-column worker filter or None) pairs whose OR gives a page's masks (cached)."""
+        key = (lora_name, strict)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._make_plan(lora_name, strict)
+            if lora_name is None or len(lora_name) <= _CACHED_NAME_MAX:  # the cache is bounded in bytes too
+                if len(self._plans) >= _PLANS_MAX:
+                    self._plans.clear()
+                self._plans[key] = plan
+        return plan
+
+    def _make_plan(self, lora_name: str | None, strict: bool) -> list[tuple[HashTable, np.ndarray | None]]:
+        blind = [w.index for w in self._workers.values() if w.index not in self._lora_sources]
+        return make_plan(self._views, self._lora_ix.get(lora_name), lora_name is not None, blind, self._cols, strict)
+
+
+def _all_int64(hashes: list[int], prev: int | None) -> bool:
+    """Every hash (and the parent) a plain int in int64 range (what the table can key)."""
+    if type(hashes) is list and native.active():
+        return native.all_int64(hashes, prev)
+    for h in hashes:
+        if type(h) is not int or not _I64_MIN <= h <= _I64_MAX:
+            return False
+    return prev is None or (type(prev) is int and _I64_MIN <= prev <= _I64_MAX)

@@ -1,0 +1,111 @@
+"""Prometheus metrics of the consumer service: names defined once here, read at scrape time.
+
+Nothing is incremented per event: a collector reads the service's counters, the index's counts
+and the subscriber's status when /metrics is scraped. Each service has its own registry, so
+several services (tests, the demo) can live in one process.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kvevents.consumers.service.core import RouterService
+
+__all__ = ["METRIC_NAMES", "ServiceMetrics", "CONTENT_TYPE"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+METRIC_NAMES: dict[str, str] = {
+    "batches": "kvevents_router_batches_applied_total",
+    "resets": "kvevents_router_resets_total",
+    "index_events": "kvevents_router_index_events_total",
+    "copies": "kvevents_router_block_copies",
+    "entries": "kvevents_router_index_entries",
+    "last_seq": "kvevents_router_source_last_seq",
+    "lag": "kvevents_router_source_lag_seconds",
+    "stale": "kvevents_router_source_stale",
+    "subscriber": "kvevents_router_subscriber_events_total",
+    "score_requests": "kvevents_router_score_requests_total",
+    "score_seconds": "kvevents_router_score_seconds",
+    "score_matched_pages": "kvevents_router_score_matched_pages",
+}
+
+
+class _Collector(Collector):
+    def __init__(self, service: RouterService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Any]:
+        snap = self.service.metrics_snapshot()
+        batches = CounterMetricFamily(
+            METRIC_NAMES["batches"], "Batches applied to the index", labels=["source", "kind"]
+        )
+        for (source, kind), n in sorted(snap["batches"].items()):
+            batches.add_metric([source, kind], n)
+        yield batches
+        resets = CounterMetricFamily(
+            METRIC_NAMES["resets"], "Source resets (index state dropped)", labels=["source", "reason"]
+        )
+        for (source, reason), n in sorted(snap["resets"].items()):
+            resets.add_metric([source, reason], n)
+        yield resets
+        ev = CounterMetricFamily(METRIC_NAMES["index_events"], "Index outcomes by reason", labels=["reason"])
+        for reason, n in sorted(snap["index"].items()):
+            ev.add_metric([reason], n)
+        yield ev
+        copies = GaugeMetricFamily(
+            METRIC_NAMES["copies"], "Block copies held per worker and medium", labels=["worker", "medium"]
+        )
+        for worker, media in sorted(snap["blocks"].items()):
+            for medium, n in sorted(media.items()):
+                copies.add_metric([worker, medium], n)
+        yield copies
+        yield GaugeMetricFamily(METRIC_NAMES["entries"], "Index dict entries (lora_name, hash)", value=snap["entries"])
+        last = GaugeMetricFamily(METRIC_NAMES["last_seq"], "Last applied seq per source", labels=["source"])
+        lag = GaugeMetricFamily(METRIC_NAMES["lag"], "Receive time minus batch ts, last live batch", labels=["source"])
+        stale = GaugeMetricFamily(METRIC_NAMES["stale"], "1 if nothing was heard for stale_after_s", labels=["source"])
+        for name, st in sorted(snap["sources"].items()):
+            if st["last_seq"] is not None:
+                last.add_metric([name], st["last_seq"])
+            if st["lag_s"] is not None:
+                lag.add_metric([name], st["lag_s"])
+            stale.add_metric([name], 1.0 if st["stale"] else 0.0)
+        yield last
+        yield lag
+        yield stale
+        sub = CounterMetricFamily(METRIC_NAMES["subscriber"], "Subscriber counters", labels=["counter"])
+        for key, n in sorted(snap["subscriber"].items()):
+            sub.add_metric([key], n)
+        yield sub
+        req = CounterMetricFamily(METRIC_NAMES["score_requests"], "POST /score requests by status", labels=["status"])
+        for status, n in sorted(snap["score_requests"].items()):
+            req.add_metric([str(status)], n)
+        yield req
+
+
+class ServiceMetrics:
+    """One registry per service: the scrape-time collector plus a score latency histogram."""
+
+    def __init__(self, service: RouterService) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(service))
+        self.score_seconds = Histogram(
+            METRIC_NAMES["score_seconds"],
+            "Time to score one request (hashing + lookup)",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1),
+            registry=self.registry,
+        )
+        self.score_matched_pages = Histogram(
+            METRIC_NAMES["score_matched_pages"],
+            "Prefix pages held by the best worker of each answered POST /score (0: no worker had one)",
+            buckets=(0, 1, 2, 4, 8, 16, 32, 64, 128),
+            registry=self.registry,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,513 @@
+"""A consumer source reading a kvevents JetStream stream: the Subscriber interface, over NATS.
+
+Cold start: the newest complete snapshot of every (source, dp_rank), then the stream from the
+earliest position their batches after S can sit at, ordered by engine seq (`StreamOrder`). Runs
+nats-py on its own loop thread; `poll()` (or the `start()` thread with callbacks) hands out
+Delivery and Reset objects like `kvevents.zeromq.subscriber.Subscriber`, so RouterService and the
+recorder take either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from kvevents.feed import dispatch
+from kvevents.jetstream.link import (
+    H_EPOCH,
+    H_FROM,
+    H_KIND,
+    H_PART,
+    H_PARTS,
+    H_SEQ,
+    H_SNAP,
+    ROOT,
+    LoopThread,
+    NatsOptions,
+    NatsUnavailable,
+    check_token,
+    close,
+    connect,
+    parse_epoch,
+    parse_subject,
+    stream_filter,
+)
+from kvevents.jetstream.order import (
+    LiveMsg,
+    Snapshot,
+    SnapshotAssembler,
+    StreamOrder,
+)
+from kvevents.zeromq.subscriber import Delivery, Reset, SourceStatus
+
+__all__ = ["JetStreamFeed", "JetStreamSource", "pick_snapshots", "positions_from_records"]
+
+log = logging.getLogger("kvevents.jetstream")
+
+_STOP = object()
+
+
+def _meta(subject: str, headers: dict[str, str], stream_seq: int) -> dict[str, Any] | None:
+    parsed = parse_subject(subject)
+    if parsed is None:
+        return None
+    source, rank, _ = parsed
+    try:
+        seq = int(headers.get(H_SEQ, ""))
+    except ValueError:
+        return None
+    return {
+        "source": source,
+        "rank": rank,
+        "seq": seq,
+        "epoch": parse_epoch(headers.get(H_EPOCH)),
+        "start": int(headers.get(H_FROM) or 0),
+        "stream_seq": stream_seq,
+    }
+
+
+def pick_snapshots(msgs: Sequence[tuple[str, dict[str, str], bytes, int]]) -> dict[tuple[str, int], Snapshot]:
+    """The newest complete snapshot per (source, rank) among stored snapshot messages (stream order)."""
+    asm = SnapshotAssembler(keep=1 << 20)
+    best: dict[tuple[str, int], Snapshot] = {}
+    for subject, headers, data, sseq in msgs:
+        kind, sid = headers.get(H_KIND), headers.get(H_SNAP, "")
+        if kind == "part":
+            asm.add_part(sid, int(headers.get(H_PART, "-1")), data)
+        elif kind == "end":
+            meta = _meta(subject, headers, sseq)
+            snap = asm.add_end(sid, int(headers.get(H_PARTS, "-1")), meta) if meta else None
+            if snap is not None:
+                best[(snap.source, snap.rank)] = snap  # later in the stream = newer
+    return best
+
+
+class JetStreamFeed:
+    """Delivery / Reset objects from a kvevents JetStream stream; the Subscriber's interface.
+
+    Drive `poll()` from one thread (or `start()` with `on_delivery`); `status()` may be read from
+    others. `sources` keeps only those source names; `reorder_wait_s` is how long a batch stored
+    out of order is waited for before it counts as a gap; `resync_timeout_s` how long a source
+    waits for a snapshot before starting clean (a counted loss). `durable` names a pull consumer
+    acknowledged once deliveries are consumed (a restart goes on after the last ack; `resume`
+    positions, e.g. from `positions_from_records`, drop what a log already holds); `start_time`
+    reads the live batches stored since then instead of a snapshot and its tail.
+    """
+
+    def __init__(
+        self,
+        nats: NatsOptions,
+        stream: str,
+        *,
+        on_delivery: Callable[[Delivery], object] | None = None,
+        on_reset: Callable[[Reset], object] | None = None,
+        sources: Sequence[str] | None = None,
+        stale_after_s: float = 5.0,
+        reorder_wait_s: float = 2.0,
+        resync_timeout_s: float = 60.0,
+        on_unreachable: Callable[[str], object] | None = None,
+        give_up_after_s: float | None = None,
+        durable: str | None = None,
+        start_time: float | None = None,
+        resume: Mapping[tuple[str, int], tuple[int | None, int]] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        check_token("stream", stream)
+        if durable is not None:
+            check_token("durable consumer name", durable)
+        nats.servers()
+        self.nats = nats
+        self.stream = stream
+        self.on_delivery = on_delivery
+        self.on_reset = on_reset
+        self.only = set(sources) if sources else None
+        self.stale_after_s = stale_after_s
+        self.on_unreachable = on_unreachable
+        self.give_up_after_s = give_up_after_s
+        self.clock = clock
+        self.order = StreamOrder(reorder_wait_s=reorder_wait_s, resync_timeout_s=resync_timeout_s, clock=clock)
+        self.durable = durable
+        self.start_time = start_time  # read live batches stored since then (unix time), no snapshots
+        if start_time is not None:
+            self.order.start_anywhere = True
+        for (source, rank), (epoch, next_seq) in (resume or {}).items():
+            self.order.resume(source, rank, epoch, next_seq)
+        self._handled: deque[tuple[int, Any]] = deque()  # durable mode: (stream seq, msg) not yet acknowledged
+        self._asm = SnapshotAssembler()
+        self._q: queue.Queue = queue.Queue()
+        self._lt: LoopThread | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._synced = threading.Event()
+        self._sync_target: int | None = None
+        self._connected = threading.Event()
+        self._error: BaseException | None = None
+        self._started_at = clock()
+        self._counters_extra: dict[str, int] = {"messages": 0, "bad_messages": 0}
+        self.cold_start_s: float | None = None
+
+    # ------------------------------------------------------------------ Subscriber interface
+    def start(self) -> JetStreamFeed:
+        """Connect in the background; with on_delivery set, also deliver on a thread (as Subscriber.start)."""
+        self._open()
+        if self.on_delivery is not None and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="kvevents-jetstream", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 3.0) -> None:
+        """Stop the delivery thread and the NATS connection (durable mode: consumed messages acked first)."""
+        self._stop.set()
+        self._q.put(_STOP)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        if self._lt is not None and self._handled:
+            try:
+                self._ack_consumed(wait=True)
+            except Exception:  # noqa: BLE001 - unacknowledged: redelivered and dropped as duplicates
+                pass
+        if self._lt is not None:
+            self._lt.stop(timeout)
+            self._lt = None
+
+    def __enter__(self) -> JetStreamFeed:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def poll(self, timeout_s: float = 0.0) -> list[Delivery | Reset]:
+        """Wait up to timeout_s for stored messages; return what became deliverable, in order."""
+        if self._stop.is_set():
+            raise ValueError("JetStreamFeed.poll: the source is stopped")
+        self._open()
+        self._ack_consumed()
+        deadline = time.monotonic() + timeout_s
+        got = 0
+        while True:
+            wait = deadline - time.monotonic()
+            try:
+                item = self._q.get(timeout=wait) if wait > 0 and not got else self._q.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                break
+            self._handle(item)
+            got += 1
+            if got >= 5000:
+                break
+        self.order.tick()
+        return self.order.take()
+
+    def status(self) -> dict[str, SourceStatus]:
+        now = self.clock()
+        out: dict[str, SourceStatus] = {}
+        for (source, rank), st in list(self.order.streams.items()):
+            s = out.get(source)
+            if s is None:
+                heard = st.last_heard
+                s = out[source] = SourceStatus(
+                    name=source,
+                    endpoint=f"{self.nats.redacted()} {ROOT}.{self.stream}.{source}",
+                    next_seq=st.next_seq,
+                    epoch=st.epoch,
+                    last_heard=heard,
+                    stale=now - (heard if heard is not None else self._started_at) > self.stale_after_s,
+                )
+            s.ranks[rank] = st.next_seq
+            s.busy = s.busy or st.next_seq is None
+        return out
+
+    def counters(self) -> dict[str, int]:
+        out = dict(self._counters_extra)
+        out.update(self.order.counters)
+        return out
+
+    # ------------------------------------------------------------------ extras
+    @property
+    def synced(self) -> bool:
+        """True once everything stored when the source started has been read."""
+        return self._synced.is_set()
+
+    def wait_connected(self, timeout: float) -> bool:
+        return self._connected.wait(timeout)
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    # ------------------------------------------------------------------ the poll side
+    def _run(self) -> None:
+        errors = 0
+        while not self._stop.is_set():
+            try:
+                items = self.poll(0.05)
+                errors = 0
+            except Exception:  # noqa: BLE001 - the thread must not die silently
+                errors += 1
+                self._counters_extra["loop_errors"] = self._counters_extra.get("loop_errors", 0) + 1
+                log.exception("jetstream source loop error")
+                self._stop.wait(min(5.0, 0.05 * 2 ** min(errors, 7)))
+                continue
+            assert self.on_delivery is not None  # start() requires it
+            failed = dispatch(items, self.on_delivery, self.on_reset)
+            if failed:
+                self._counters_extra["callback_errors"] = self._counters_extra.get("callback_errors", 0) + failed
+
+    def _handle(self, item: tuple) -> None:
+        kind = item[0]
+        if kind == "caught_up":
+            return self._mark_synced()
+        if kind == "snapshots":
+            for snap in item[1].values():
+                if self.only is None or snap.source in self.only:
+                    self.order.snapshot(snap)
+            self._sync_target = item[2]
+            if item[2] == 0 or item[3]:
+                self._mark_synced()
+            return
+        _, subject, headers, data, sseq, ackable = item
+        self._counters_extra["messages"] += 1
+        if ackable is not None:
+            self._handled.append((sseq, ackable))
+        parsed = parse_subject(subject)
+        meta = _meta(subject, headers, sseq) if parsed else None
+        if meta is None:
+            self._counters_extra["bad_messages"] += 1
+        elif self.only is None or meta["source"] in self.only:
+            hk = headers.get(H_KIND, "live")
+            if not parsed[2]:  # type: ignore[index]
+                self.order.live(
+                    LiveMsg(meta["source"], meta["rank"], meta["seq"], meta["epoch"], data, sseq, self.clock(), subject)
+                )
+            elif hk == "part":
+                self._asm.add_part(headers.get(H_SNAP, ""), int(headers.get(H_PART, "-1")), data)
+            elif hk == "end":
+                snap = self._asm.add_end(headers.get(H_SNAP, ""), int(headers.get(H_PARTS, "-1")), meta)
+                if snap is not None:
+                    self.order.snapshot(snap)
+        if self._sync_target is not None and sseq >= self._sync_target:
+            self._mark_synced()
+
+    def _ack_consumed(self, wait: bool = False) -> None:
+        """Durable mode: acknowledge every handled message whose batches were handed out.
+
+        Called when the previous poll's output is consumed (the next poll, or stop); a message
+        still held for ordering (or any after it) stays unacknowledged, so a restart re-reads it.
+        """
+        if not self._handled or self._lt is None:
+            return
+        floor = self.order.lowest_pending_stream_seq()
+        futs = []
+        while self._handled and (floor is None or self._handled[0][0] < floor):
+            _, msg = self._handled.popleft()
+            futs.append(self._lt.submit(msg.ack()))
+        if wait:
+            for f in futs:
+                f.result(2.0)
+
+    def _mark_synced(self) -> None:
+        if not self._synced.is_set():
+            self.cold_start_s = self.clock() - self._started_at
+            self._synced.set()
+
+    # ------------------------------------------------------------------ the NATS side
+    def _open(self) -> None:
+        if self._lt is None and not self._stop.is_set():
+            self._started_at = self.clock()
+            self._lt = LoopThread("kvevents-jetstream-feed")
+            self._lt.submit(self._feed())
+
+    async def _feed(self) -> None:
+        from nats.js.api import ConsumerConfig, DeliverPolicy
+        from nats.js.errors import NotFoundError
+
+        nc = None
+        try:
+            nc = await connect(
+                self.nats,
+                on_unreachable=self.on_unreachable,
+                give_up_after_s=self.give_up_after_s,
+                stop=self._stop.is_set,
+            )
+            js = nc.jetstream()
+            waited = False
+            while True:
+                try:
+                    info = await js.stream_info(self.stream, subjects_filter=stream_filter(self.stream))
+                    break
+                except NotFoundError:
+                    if not waited:
+                        log.warning("JetStream stream %s not found yet; waiting for a bridge to create it", self.stream)
+                        waited = True
+                except Exception as exc:  # noqa: BLE001 - NATS restarting: retry
+                    log.debug("stream info: %s", exc)
+                await asyncio.sleep(0.5)
+            self._connected.set()
+            subjects = info.state.subjects or {}
+            last = int(info.state.last_seq or 0)
+            resumed = False
+            if self.durable is not None:
+                try:
+                    await js.consumer_info(self.stream, self.durable)
+                    resumed = True  # our own position survives: no snapshot, go on after the last ack
+                except NotFoundError:
+                    pass
+            chosen = {}
+            if self.start_time is not None:
+                import datetime as dt
+
+                when = dt.datetime.fromtimestamp(self.start_time, dt.timezone.utc)
+                self._q.put(("snapshots", {}, last, last == 0))
+                return await self._ordered(
+                    js, ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=when)
+                )
+            if not resumed and any(s.endswith(".snap") for s in subjects):
+                chosen = await self._read_snapshots(js, subjects)
+            live = {(p[0], p[1]) for p in map(parse_subject, subjects) if p is not None and not p[2]}
+            if self.only is not None:
+                live = {k for k in live if k[0] in self.only}
+                chosen = {k: v for k, v in chosen.items() if k[0] in self.only}
+            if chosen and live <= set(chosen):
+                start = min(s.start for s in chosen.values())
+                cfg = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start))
+            else:  # a source without a stored snapshot: read all that is kept (it may start at seq 0)
+                start = int(info.state.first_seq or 1)
+                cfg = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+            self._q.put(("snapshots", chosen, last, last < start or resumed))
+            if self.durable is not None:
+                return await self._pull(js, cfg)
+            await self._ordered(js, cfg)
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:  # noqa: BLE001 - reported through .error
+            self._error = exc
+            (log.debug if isinstance(exc, NatsUnavailable) else log.warning)("jetstream source stopped: %s", exc)
+        finally:
+            if nc is not None:
+                await close(nc)
+
+    async def _ordered(self, js: Any, cfg: Any) -> None:
+        """Everything from the configured start, on an ordered push consumer (recreated after gaps or a restart)."""
+
+        async def on_msg(msg: Any) -> None:
+            self._q.put(("msg", msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream, None))
+
+        sub = await js.subscribe(
+            stream_filter(self.stream),
+            cb=on_msg,
+            ordered_consumer=True,
+            config=cfg,
+            idle_heartbeat=1.0,
+            pending_bytes_limit=1 << 30,
+            pending_msgs_limit=1 << 22,
+        )
+        try:
+            while not self._stop.is_set():
+                await asyncio.sleep(0.2)
+                if not self._synced.is_set():
+                    try:
+                        ci = await sub.consumer_info()
+                    except Exception:  # noqa: BLE001 - asked again next turn
+                        continue
+                    if ci.num_pending == 0:  # all stored so far is delivered: once handled, we are synced
+                        self._q.put(("caught_up",))
+        finally:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - closing anyway
+                pass
+
+    async def _pull(self, js: Any, cfg: Any) -> None:
+        """The durable mode: a pull consumer named `durable`, acknowledged once deliveries are consumed."""
+        from nats.errors import TimeoutError as NatsTimeout
+        from nats.js.api import AckPolicy
+
+        cfg.durable_name = self.durable
+        cfg.ack_policy = AckPolicy.EXPLICIT
+        cfg.ack_wait = 30.0
+        cfg.max_ack_pending = 1 << 20
+        psub = None
+        while not self._stop.is_set():
+            try:
+                if psub is None:
+                    psub = await js.pull_subscribe(
+                        stream_filter(self.stream),
+                        durable=self.durable,
+                        stream=self.stream,
+                        config=cfg,
+                        pending_bytes_limit=1 << 30,
+                        pending_msgs_limit=1 << 22,
+                    )
+                msgs = await psub.fetch(512, timeout=0.5)
+            except (NatsTimeout, asyncio.TimeoutError):
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - NATS restarting: fetch again
+                log.debug("durable fetch: %s", exc)
+                await asyncio.sleep(0.5)
+                continue
+            for msg in msgs:
+                self._q.put(("msg", msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream, msg))
+
+    async def _read_snapshots(self, js: Any, subjects: dict[str, int]) -> dict[tuple[str, int], Snapshot]:
+        """Every stored snapshot message (a few per source), then the newest complete one of each."""
+        from nats.js.api import DeliverPolicy
+
+        msgs: list[tuple[str, dict[str, str], bytes, int]] = []
+        done = asyncio.Event()
+
+        async def on_msg(msg: Any) -> None:
+            md = msg.metadata
+            msgs.append((msg.subject, dict(msg.headers or {}), msg.data, md.sequence.stream))
+            if md.num_pending == 0:
+                done.set()
+
+        sub = await js.subscribe(
+            f"{ROOT}.{self.stream}.*.*.snap",
+            cb=on_msg,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+            idle_heartbeat=1.0,
+            pending_bytes_limit=1 << 30,
+            pending_msgs_limit=1 << 22,
+        )
+        try:
+            while not done.is_set() and not self._stop.is_set():
+                try:
+                    await asyncio.wait_for(done.wait(), 0.5)
+                except asyncio.TimeoutError:
+                    info = await sub.consumer_info()  # nothing (left) to deliver: e.g. purged meanwhile
+                    if info.num_pending == 0 and sub.pending_msgs == 0:
+                        break
+        finally:
+            await sub.unsubscribe()
+        return pick_snapshots(msgs)
+
+
+def positions_from_records(records: Iterable[Any]) -> dict[tuple[str, int], tuple[int | None, int]]:
+    """Where a record log stands per (source, dp_rank): (epoch, next seq), for `resume=`.
+
+    Records are duck-typed (kind, source, dp_rank, seq, epoch); a reset marker forgets the position.
+    """
+    out: dict[tuple[str, int], tuple[int | None, int]] = {}
+    for r in records:
+        rank = r.dp_rank if isinstance(r.dp_rank, int) and r.dp_rank >= 0 else 0
+        if r.kind == "reset":
+            if r.dp_rank is None:
+                for k in [k for k in out if k[0] == r.source]:
+                    del out[k]
+            else:
+                out.pop((r.source, rank), None)
+        elif isinstance(r.seq, int) and r.seq >= 0:
+            out[(r.source, rank)] = (r.epoch, r.seq + 1)
+    return out
+
+
+JetStreamSource = JetStreamFeed  # the old name, kept for one release

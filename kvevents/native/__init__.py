@@ -1,0 +1,178 @@
+"""Which implementation runs the hot loops: the optional C extension or the pure-Python twins.
+
+The one place that decides. kvevents.native._speedups (built by setup.py when a C compiler is present)
+runs the SHA-256 page chain, the index walk and the store/remove loops; the pure-Python code in
+kvevents.hashing and consumers.* gives identical results and is used when the extension is
+missing, or when KVEVENTS_PURE_PYTHON=1 is set, or inside `python_only()` (tests, benchmarks).
+Callers ask `active()` and call the functions below; nothing else imports the extension.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import functools
+import os
+import types
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+try:
+    from kvevents.native import _speedups as _c  # type: ignore[attr-defined]
+except ImportError:  # no compiler at install time, or a pure-Python install
+    _c = None  # type: ignore[assignment]
+
+__all__ = [
+    "HAVE_C",
+    "active",
+    "describe",
+    "python_only",
+    "chain_pages",
+    "chain_packed",
+    "digests_int64",
+    "walk",
+    "set_bits_each",
+    "pack_u32",
+    "all_int64",
+    "chain_list",
+    "portable_sha",
+    "remove_each",
+    "holds_bit",
+    "sha_impl",
+]
+
+#: True when the compiled extension imported (whether or not it is switched on).
+HAVE_C: bool = _c is not None
+_on: bool = HAVE_C and os.environ.get("KVEVENTS_PURE_PYTHON", "") not in ("1", "true", "yes")
+
+
+def active() -> bool:
+    """True when the compiled fast path runs (built, and not switched off)."""
+    return _on
+
+
+def describe() -> str:
+    """One line for `kvevents --version` and `kvevents doctor`: which path runs, and why."""
+    if _on:
+        return f"speedups: C extension (SHA-256 {sha_impl()})"
+    if HAVE_C:
+        return "speedups: pure Python (C extension switched off by KVEVENTS_PURE_PYTHON)"
+    return "speedups: pure Python (C extension not built)"
+
+
+def sha_impl() -> str:
+    """The C SHA-256 compression in use ('sha-ni' or 'portable'), or 'hashlib' without the extension."""
+    return _c.sha_impl() if _c is not None else "hashlib"
+
+
+@contextmanager
+def python_only() -> Iterator[None]:
+    """Run the block with the pure-Python paths (differential tests, fallback benchmarks)."""
+    global _on
+    was, _on = _on, False
+    try:
+        yield
+    finally:
+        _on = was
+
+
+@contextmanager
+def portable_sha() -> Iterator[None]:
+    """Run the block with the portable C SHA-256 compression instead of SHA-NI (tests)."""
+    if _c is None:
+        yield
+        return
+    _c.select_sha(False)
+    try:
+        yield
+    finally:
+        _c.select_sha(True)
+
+
+def pack_u32(token_ids: list) -> bytes | None:
+    """Little-endian uint32 bytes of a list of ints, or None when one is not in 0..2**32-1."""
+    return _c.pack_u32(token_ids)  # type: ignore[union-attr]
+
+
+def all_int64(hashes: list, prev: int | None) -> bool:
+    """Every hash (and `prev` unless None) an exact int in int64 range."""
+    return _c.all_int64(hashes, prev)  # type: ignore[union-attr]
+
+
+def chain_list(token_ids: list, page_size: int, prior: bytes | None) -> bytes | None:
+    """Digests of the whole pages of a token list, packed and hashed in one pass; None on a bad id."""
+    return _c.chain_list(token_ids, page_size, prior, True)  # type: ignore[union-attr]
+
+
+def chain_pages(pages: Any, prior: bytes | None) -> list[bytes]:
+    """Raw digests of a page chain (the C twin of kvevents.hashing's chain loop)."""
+    return _c.chain_pages(pages, prior)  # type: ignore[union-attr]
+
+
+def chain_packed(data: bytes, page_size: int, prior: bytes | None) -> bytes:
+    """Concatenated digests of the chain over packed tokens cut into pages (last may be partial)."""
+    return _c.chain_packed(data, page_size, prior)  # type: ignore[union-attr]
+
+
+def digests_int64(packed: bytes) -> bytes:
+    """Native int64 bytes of the published integers of concatenated 32-byte digests."""
+    return _c.digests_int64(packed)  # type: ignore[union-attr]
+
+
+_SLOTS: dict[type, tuple | None] = {}
+_WALK_EXTRA: dict[tuple[type, type], tuple] = {}  # (PrefixMatch, WorkerMatch) -> walk's trailing args
+
+
+def _slots_of(cls: type, want: tuple[str, ...] = ("pages", "score", "pages_by_medium")) -> tuple | None:
+    """The slot descriptors (fields `want`, in order) of a plain slotted dataclass, so the C walk
+    fills results without running __init__; None (C calls the class) for anything else."""
+    if cls not in _SLOTS:
+        names = tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else ()
+        plain = names == want and not hasattr(cls, "__post_init__")
+        descs = tuple(cls.__dict__.get(n) for n in names)
+        _SLOTS[cls] = descs if plain and all(type(d) is types.MemberDescriptorType for d in descs) else None
+    return _SLOTS[cls]
+
+
+def walk(hashes: Any, plan: list, layout: list, media: list, weights: list, prefix_cls: type, worker_cls: type) -> Any:
+    """The index walk over table views (see kvevents.consumers.lookup.walk_plan); NotImplemented when the
+    weights are not all floats (the Python twin then runs, keeping its result types)."""
+    extra = _walk_extra(prefix_cls, worker_cls)
+    return _c.walk(hashes, plan, layout, media, weights, prefix_cls, worker_cls, *extra)  # type: ignore[union-attr]
+
+
+def bind_walk(plan: list, layout: list, media: list, weights: list, prefix_cls: type, worker_cls: type) -> Any:
+    """`walk` with everything but the request's hashes bound: a callable of the hashes alone, for
+    callers that repeat a lookup shape (the walk's arguments are then parsed from one tuple)."""
+    extra = _walk_extra(prefix_cls, worker_cls)
+    return functools.partial(_c.walk_with, (plan, layout, media, weights, prefix_cls, worker_cls, *extra))  # type: ignore[union-attr]
+
+
+def _walk_extra(prefix_cls: type, worker_cls: type) -> tuple:
+    extra = _WALK_EXTRA.get((prefix_cls, worker_cls))
+    if extra is None:
+        extra = _WALK_EXTRA[prefix_cls, worker_cls] = (
+            builtins.sum,
+            _slots_of(worker_cls),
+            _slots_of(prefix_cls, ("pages", "workers")),
+        )
+    return extra
+
+
+def set_bits_each(
+    view: tuple, hashes: list[int], col: int, bit: int, prev: int | None
+) -> tuple[list[int], int, int] | None:
+    """The store loop over a table view: (duplicates, live added, used added), None to fall back."""
+    return _c.set_bits_each(view, hashes, col, bit, prev)  # type: ignore[union-attr]
+
+
+def remove_each(
+    views: list[tuple], extra: dict, mi: int, col: int, wi: int, hashes: list[int], prefer: int | None, exact: bool
+) -> tuple[int, int, int, list[int]]:
+    """The remove loop over table views: (unknown, ambiguous, removed, rows deleted per view)."""
+    return _c.remove_each(views, extra, mi, col, wi, hashes, prefer, exact)  # type: ignore[union-attr]
+
+
+def holds_bit(views: list[tuple], h: int, cols: list[int], bit: int) -> bool:
+    """Does any view hold key `h` with `bit` set in one of `cols`?"""
+    return _c.holds_bit(views, h, cols, bit)  # type: ignore[union-attr]

@@ -1,0 +1,8 @@
+"""Simulated engines: workloads and workers that publish KV events as SGLang and vLLM do.
+
+| file | what it owns |
+|---|---|
+| `worker.py` | multi-tenant `Workload`s and the contract `SimWorker` (a RadixCache and a page store) |
+| `vllm.py` | a vLLM 0.33-faithful worker: its block pool behaviour, hashes and events |
+| `http.py` | a minimal OpenAI-compatible `/v1/completions` in front of a worker (`serve --http`) |
+"""

@@ -1,0 +1,174 @@
+"""A minimal OpenAI-compatible `/v1/completions` in front of a simulated worker (`kvevents serve --http`).
+
+Prompts are token-id lists; `model` names a LoRA adapter (the base model name means none) and
+`cache_salt` the tenant salt, as vLLM and SGLang take them. Each request is served by the worker
+and its events are published before the response is sent, so a client that saw the response can
+expect the events. Nothing is generated: the completion text is empty. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from kvevents.hashing import Namespace
+from kvevents.sim import worker as sim
+from kvevents.sim.worker import Request
+
+__all__ = ["BASE_MODEL", "CompletionsServer", "parse_http_address", "serve_and_publish", "serve_http"]
+
+BASE_MODEL = "kvevents-sim"
+MAX_BODY = 8 << 20
+
+
+def parse_http_address(spec: str) -> tuple[str, int]:
+    """HOST:PORT (port 0: a free one) -> (host, port); ValueError says what is wrong."""
+    host, sep, port = spec.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"--http must be HOST:PORT (port 0-65535), got {spec!r}")
+    return host.strip("[]"), int(port)
+
+
+def serve_and_publish(worker: Any, publisher: Any, request: Request) -> int:
+    """Serve one request on a contract or a vLLM simulated worker and publish its events (the
+    engine step of `kvevents.sim.worker.serve_and_publish`); returns the prompt tokens already cached."""
+    before = worker.device_hit_tokens
+    sim.serve_and_publish(worker, request, publisher)
+    return int(worker.device_hit_tokens - before)
+
+
+def _prompts(body: dict[str, Any]) -> list[list[int]]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+        batch = prompt
+    else:
+        batch = [prompt]
+    for p in batch:
+        if not isinstance(p, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+            raise ValueError("prompt must be a list of token ids (this simulated engine has no tokenizer)")
+    return batch
+
+
+class CompletionsServer:
+    """Serves /v1/completions, /v1/models and /health on a thread; `close()` stops it and frees the port."""
+
+    def __init__(
+        self,
+        address: str,
+        handle: Callable[[Request], int],
+        *,
+        lock: threading.Lock | None = None,
+        base_model: str = BASE_MODEL,
+    ) -> None:
+        host, port = parse_http_address(address)
+        self.base_model = base_model
+        self.requests = 0
+        self._handle = handle
+        self._lock = lock or threading.Lock()
+        server = self
+
+        class _Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _reply(self, code: int, obj: dict[str, Any]) -> None:
+                data = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _error(self, code: int, message: str) -> None:
+                self._reply(code, {"error": {"message": message, "type": "invalid_request_error", "code": code}})
+
+            def do_GET(self) -> None:
+                if self.path == "/v1/models":
+                    self._reply(200, {"object": "list", "data": [{"id": server.base_model, "object": "model"}]})
+                elif self.path == "/health":
+                    self._reply(200, {"status": "ok"})
+                else:
+                    self._error(404, f"no route {self.path}")
+
+            def do_POST(self) -> None:
+                if self.path != "/v1/completions":
+                    return self._error(404, f"no route {self.path}")
+                try:
+                    n = int(self.headers.get("Content-Length") or 0)
+                    if n > MAX_BODY:
+                        return self._error(413, "request body too large")
+                    body = json.loads(self.rfile.read(n) or b"{}")
+                    if not isinstance(body, dict):
+                        raise ValueError("the body must be a JSON object")
+                    self._reply(200, server.complete(body))
+                except ValueError as exc:
+                    self._error(400, str(exc))
+
+        self._httpd = ThreadingHTTPServer((host, port), _Handler)
+        self._httpd.daemon_threads = True
+        self.host, self.port = host, int(self._httpd.server_address[1])
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="kvevents-http", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def complete(self, body: dict[str, Any]) -> dict[str, Any]:
+        """One completions request: serve every prompt (publishing its events), answer as OpenAI does."""
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise ValueError("model must be a string")
+        salt = body.get("cache_salt")
+        if salt is not None and not isinstance(salt, str):
+            raise ValueError("cache_salt must be a string")
+        adapter = None if model in (None, "", self.base_model) else model
+        prompts = _prompts(body)
+        choices, prompt_tokens, cached = [], 0, 0
+        for i, tokens in enumerate(prompts):
+            req = Request(list(tokens), Namespace(adapter, salt), lora_name=adapter)
+            with self._lock:
+                cached += self._handle(req)
+                self.requests += 1
+            prompt_tokens += len(tokens)
+            choices.append({"index": i, "text": "", "logprobs": None, "finish_reason": "length"})
+        return {
+            "id": f"cmpl-kvevents-{self.requests}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": model or self.base_model,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": 0,
+                "total_tokens": prompt_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached},
+            },
+        }
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(2.0)
+
+    def __enter__(self) -> CompletionsServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def serve_http(address: str, worker: Any, publisher: Any, lock: threading.Lock) -> CompletionsServer:
+    """`kvevents serve --http`: the endpoint in front of one worker; the caller's serving loop holds
+    `lock` around each of its own steps. ValueError (one line) for a bad or busy address."""
+    try:
+        return CompletionsServer(address, lambda req: serve_and_publish(worker, publisher, req), lock=lock)
+    except OSError as exc:
+        raise ValueError(f"--http {address}: {exc}") from None

@@ -1,0 +1,20 @@
+"""The ZeroMQ transport: fan-out with replay and snapshots, and per-source sequencing and repair.
+
+| file | what it owns |
+|---|---|
+| `publisher.py` | `Publisher`: PUB socket, seqs, heartbeats, the never-blocking send queue |
+| `publisher_config.py` | `PublisherConfig`: the settings, named as vLLM's / SGLang's `KVEventsConfig` |
+| `replay_server.py` | the publisher's ROUTER: replay, KVE/SNAPSHOT, KVE/DESCRIBE, in slices |
+| `view.py` | the publisher's compact view of live block copies; snapshot batches rebuilt from it |
+| `subscriber.py` | `Subscriber`: the socket loop around the sequencer, many publishers |
+| `sequencer.py` | sans-IO per-(source, dp_rank) sequencing and repair, with an injectable clock |
+| `streams.py` | the sequencer's per-stream state and repair requests |
+| `source.py` | `Source`: one publisher to follow (endpoints, CURVE keys) and its `NAME=EP[,REPLAY]` form |
+| `engine_requests.py` | one-shot replay / DESCRIBE / SNAPSHOT requests to a replay ROUTER |
+| `wire.py` | wire constants and the endpoint rules (bind or connect, per-rank ports) |
+| `security.py` | opt-in CURVE: key files, socket options, ZAP allow-lists |
+| `metrics.py` | Prometheus metrics of publishers and subscribers, read at scrape time |
+
+Contract: schemas/README.md, "Wire format" and "Transport in one page". Imports the contract and
+`kvevents.feed` only.
+"""

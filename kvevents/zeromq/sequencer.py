@@ -1,0 +1,535 @@
+"""The subscriber's brain: per-(source, dp_rank) sequencing and repair as a pure state machine.
+
+Input: live frames, DEALER reply frames and connection events, each tagged with a source name,
+and time from an injectable monotonic clock. Output: `Delivery` and `Reset` objects in per-stream
+order, and commands for the socket loop (`Send` a request body on a source's DEALER, `DropDealer`
+so that a timed-out request's late replies die with it). No sockets, threads or sleeps here, so
+gap, replay, stale and restart logic is tested step by step (kvevents.zeromq.subscriber runs the sockets).
+
+Rules (schemas/README.md, "Transport in one page"): one request in flight per source; timeouts
+retry with backoff; a replay that cannot fill a gap becomes a Reset plus a snapshot request, and
+a snapshot that cannot be had a counted clean start. The default wire carries no epoch, so
+KVE/DESCRIBE confirms it: on first contact, after a reconnect or a stale spell, and before every
+gap replay; a new epoch (or a seq going backwards) is a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Sequence, Union
+
+import msgspec
+
+from kvevents.errors import DecodeError
+from kvevents.events import decode_batch
+from kvevents.feed import START_MODES, Delivery, Output, Reset, SourceStatus
+from kvevents.zeromq.source import Source
+from kvevents.zeromq.streams import Item, Request, SourceState, Stream
+from kvevents.zeromq.wire import DESCRIBE_REQUEST, END_SEQ, SEQ, SNAPSHOT_REQUEST, SNAPSHOT_SEQ, pack_seq
+
+__all__ = ["Sequencer", "Send", "DropDealer", "Command", "COUNTERS", "DESCRIBE_TIMEOUT_S"]
+
+log = logging.getLogger("kvevents.zeromq.subscriber")
+
+COUNTERS = (
+    "live", "replayed", "snapshot_batches", "heartbeats", "duplicates", "gaps", "replays_requested",
+    "replay_timeouts", "unrecoverable_gaps", "restarts", "resets", "snapshots_requested", "snapshots_applied",
+    "snapshot_failures", "losses", "bad_payloads", "bad_frames", "stale_buffered", "buffer_overflows",
+    "stale_sources", "callback_errors", "loop_errors", "describes_requested", "describe_timeouts", "reconnects",
+    "stale_returns", "dropped_ranks",
+)  # fmt: skip
+_U64 = 2**64
+DESCRIBE_TIMEOUT_S = 1.0  # a publisher without KVE/DESCRIBE (vLLM, SGLang) costs this once per (re)contact
+
+
+@dataclass(slots=True)
+class Send:
+    """Send `body` as one request on the DEALER of `source` (made when there is none)."""
+
+    source: str
+    body: bytes
+
+
+@dataclass(slots=True)
+class DropDealer:
+    """Close the DEALER of `source`: replies to a timed-out request must not arrive later."""
+
+    source: str
+
+
+Command = Union[Send, DropDealer]
+
+
+class Sequencer:
+    """Sequencing and repair state of every source; feed it with `on_*`, then `take()` the results."""
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        request_timeout_s: float = 2.0,
+        max_attempts: int = 3,
+        max_buffer: int = 100000,
+        max_ranks: int = 64,
+        start: str = "oldest",
+        stale_after_s: float = 5.0,
+        log_every: int = 100,
+    ) -> None:
+        if start not in START_MODES:
+            raise ValueError(f"start must be one of {', '.join(START_MODES)}, got {start!r}")
+        self.clock = clock
+        self.request_timeout_s = request_timeout_s
+        self.max_attempts = max(1, max_attempts)
+        self.max_buffer = max_buffer
+        self.max_ranks = max_ranks
+        self.start_mode = start
+        self.stale_after_s = stale_after_s
+        self.log_every = max(1, log_every)
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self._srcs = {s.name: SourceState(s) for s in sources}
+        self._out: list[Output] = []
+        self._commands: list[Command] = []
+        self._started_at = clock()
+
+    # ------------------------------------------------------------------ the loop's interface
+    def take(self) -> tuple[list[Output], list[Command]]:
+        """What became deliverable, and the socket commands to run (both in order), since the last take."""
+        out, cmds = self._out, self._commands
+        self._out, self._commands = [], []
+        return out, cmds
+
+    def wait_s(self, timeout_s: float) -> float:
+        """How long the loop may block before the next deadline or backoff falls due."""
+        now = self.clock()
+        wait = timeout_s
+        for s in self._srcs.values():
+            if s.active is not None:
+                wait = min(wait, max(0.0, s.active.deadline - now))
+            elif s.queue:
+                wait = min(wait, max(0.0, s.not_before - now))
+        return wait
+
+    def tick(self) -> None:
+        """Time passes: time out requests, start queued ones, notice stale sources."""
+        now = self.clock()
+        for s in self._srcs.values():
+            if s.active is not None and now >= s.active.deadline:
+                self._on_timeout(s)
+            if s.active is None:
+                self._pump(s)
+            self._check_stale(s, now)
+
+    def on_connect(self, name: str) -> None:
+        """The SUB of `name` (re)connected: after the first time, the publisher may be a new process."""
+        s = self._srcs[name]
+        s.connects += 1
+        if s.connects > 1:
+            self.counters["reconnects"] += 1
+            s.describes = None if s.describes is False else s.describes  # ask a new process again
+            s.unverify()
+
+    def status(self) -> dict[str, SourceStatus]:
+        """Per source: where its first rank stands, when it was last heard (wall clock), staleness."""
+        now = self.clock()
+        out = {}
+        for s in self._srcs.values():
+            streams = list(s.streams.items())  # one C-level copy: safe while the poll thread runs
+            first = streams[0][1] if streams else None
+            out[s.name] = SourceStatus(
+                name=s.name,
+                endpoint=s.source.endpoint,
+                next_seq=first.next_seq if first else None,
+                epoch=first.epoch if first else None,
+                last_heard=s.last_heard,
+                stale=self._is_stale(s, now),
+                ranks={r: st.next_seq for r, st in streams},
+                busy=any(st.busy for _, st in streams),
+            )
+        return out
+
+    def bad(self, what: str, detail: str, key: str = "bad_payloads") -> None:
+        """Count (and log once per `log_every`) something that was skipped."""
+        n = self.counters[key] = self.counters[key] + 1
+        if n % self.log_every == 1 or self.log_every == 1:
+            log.warning("%s (%d so far, logged once per %d): %s", what, n, self.log_every, detail)
+
+    # ------------------------------------------------------------------ live path
+    def on_live(self, name: str, frames: list[bytes], received_at: float | None = None) -> None:
+        """One live message of `name` (topic, 8-byte seq, payload); `received_at` is wall time."""
+        s = self._srcs[name]
+        now = time.time() if received_at is None else received_at
+        s.heard(now, self.clock())
+        if s.stale:  # back from a silence: the publisher may be a new process
+            s.stale = False
+            self.counters["stale_returns"] += 1
+            log.info("source %s: heard again after being stale", s.name)
+            s.unverify()
+        if len(frames) != 3 or len(frames[1]) != 8:
+            return self.bad(f"source {s.name}: malformed live message", f"{len(frames)} frames", "bad_frames")
+        topic_b, seq_b, payload = frames
+        try:
+            batch = decode_batch(payload)
+        except DecodeError as exc:
+            return self.bad(f"source {s.name}: undecodable payload", str(exc))
+        seq = SEQ.unpack(seq_b)[0]
+        rank = batch.data_parallel_rank
+        st = s.streams.get(rank)
+        if st is None:
+            if len(s.streams) >= self.max_ranks:
+                return self.bad(
+                    f"source {s.name}: more than {self.max_ranks} dp ranks", f"rank {rank}", "dropped_ranks"
+                )
+            # first contact: "now" takes the first live batch as the start, no loss counted
+            st = s.streams[rank] = Stream(rank, clean_start=(s.source.start or self.start_mode) == "now")
+        if not batch.events:
+            self.counters["heartbeats"] += 1
+        restart = (st.epoch is not None and batch.epoch is not None and batch.epoch != st.epoch) or (
+            st.last_live_seq is not None and seq < st.last_live_seq
+        )
+        item = Item(seq, topic_b, payload, batch, now)
+        if restart:
+            self.counters["restarts"] += 1
+            self._restart(s, st, batch.epoch, "restart", seq)
+        st.last_live_seq = seq
+        if st.busy:
+            if len(st.buffer) >= self.max_buffer:
+                self.counters["buffer_overflows"] += 1
+                st.buffer.clear()  # replay will have to cover it again
+            st.buffer.append(item)
+            return
+        self._sequence(s, st, item)
+
+    def _sequence(self, s: SourceState, st: Stream, it: Item) -> None:
+        """Apply one live item to a non-busy stream: deliver, drop as duplicate, or start a repair."""
+        if it.batch.epoch is not None and st.epoch is not None and it.batch.epoch != st.epoch:
+            self.counters["stale_buffered"] += 1
+            return
+        if not st.verified and s.can_describe:  # confirm the epoch before applying anything more
+            self._request(s, st, "describe", 0)
+            st.buffer.append(it)
+            return
+        if st.next_seq is None:
+            if it.batch.epoch is not None or not st.verified:
+                st.epoch = it.batch.epoch
+            if st.clean_start or it.seq == 0 or not s.source.replay_endpoint:
+                if it.seq > 0 and not st.clean_start:
+                    self.counters["losses"] += 1  # joined late with no replay: what came before is lost
+                st.clean_start = False
+                st.next_seq = it.seq
+            elif (s.source.start or self.start_mode) == "snapshot":  # first contact: the publisher's state
+                self._emit_reset(s, st, "first")
+                self._request(s, st, "snapshot", 0)
+                st.buffer.append(it)
+                return
+            else:
+                self._request(s, st, "replay", 0, first=True)
+                st.buffer.append(it)
+                return
+        if it.seq < st.next_seq:
+            self.counters["duplicates"] += 1
+            return
+        if it.seq > st.next_seq:
+            self.counters["gaps"] += 1
+            if s.source.replay_endpoint:
+                self._request(s, st, "replay", st.next_seq)
+                st.buffer.append(it)
+                return
+            self.counters["unrecoverable_gaps"] += 1
+            self.counters["losses"] += 1
+            self._emit_reset(s, st, "gap")
+            st.next_seq = it.seq
+        self._deliver(s, st, it, "live")
+        st.next_seq = it.seq + 1
+
+    def _deliver(self, s: SourceState, st: Stream, it: Item, kind: str, seq: int | None = None) -> None:
+        self.counters[{"live": "live", "replay": "replayed", "snapshot": "snapshot_batches"}[kind]] += 1
+        self._out.append(
+            Delivery(
+                s.name,
+                it.seq if seq is None else seq,
+                it.batch,
+                it.payload,
+                it.topic.decode("utf-8", "replace"),
+                kind,
+                st.rank,
+                st.epoch if it.batch.epoch is None else it.batch.epoch,
+                s.source.endpoint,
+                it.received_at,
+            )
+        )
+
+    def _emit_reset(self, s: SourceState, st: Stream, reason: str) -> None:
+        self.counters["resets"] += 1
+        self._out.append(Reset(s.name, st.rank, reason, st.epoch))
+
+    def _restart(self, s: SourceState, st: Stream, epoch: int | None, reason: str, seq: int) -> None:
+        """The publisher restarted: tell the consumer, forget the stream, resync.
+
+        With a replay endpoint: a snapshot, or, from a publisher known not to answer KVE/DESCRIBE
+        (vLLM, no snapshots either), a replay from seq 0 (the new process's whole history while its
+        ring still holds it; else the usual unrecoverable path). Without one: a counted clean start.
+        """
+        st.buffer.clear()
+        st.busy = False
+        st.last_live_seq = None
+        s.queue = deque(r for r in s.queue if r.stream is not st)
+        st.epoch = epoch
+        st.next_seq = None
+        if s.active is not None and s.active.stream is st:
+            s.active.aborting = True
+            s.active.superseded = True
+        self._emit_reset(s, st, reason)
+        if s.source.replay_endpoint and seq > 0:
+            if s.describes is False:
+                st.verified = True  # nothing to confirm it with
+                self._request(s, st, "replay", 0, first=True)
+            else:
+                self._request(s, st, "snapshot", 0)
+        else:
+            if seq > 0:
+                self.counters["losses"] += 1
+            st.clean_start = True
+
+    def _drain(self, s: SourceState, st: Stream) -> None:
+        """Re-feed live items buffered during a repair; a new gap starts the next repair."""
+        st.busy = False
+        items, st.buffer = st.buffer, []
+        for it in items:
+            if st.busy:
+                st.buffer.append(it)
+            else:
+                self._sequence(s, st, it)
+
+    # ------------------------------------------------------------------ staleness
+    def _is_stale(self, s: SourceState, now: float) -> bool:
+        ref = s.heard_at if s.heard_at is not None else self._started_at
+        return now - ref > self.stale_after_s
+
+    def _check_stale(self, s: SourceState, now: float) -> None:
+        stale = self._is_stale(s, now)
+        if stale and not s.stale:
+            self.counters["stale_sources"] += 1
+            log.warning("source %s: nothing heard for %.1fs (stale)", s.name, self.stale_after_s)
+        s.stale = stale
+
+    # ------------------------------------------------------------------ repair requests
+    def _request(self, s: SourceState, st: Stream, kind: str, start: int, *, first: bool = False) -> None:
+        st.busy = True
+        for r in s.queue:
+            if r.stream is st:
+                r.kind, r.start, r.first = kind, start, first
+                return
+        s.queue.append(Request(st, kind, start, first))
+        self._pump(s)
+
+    def _send(self, s: SourceState, body: bytes) -> None:
+        self._commands.append(Send(s.name, body))
+
+    def _pump(self, s: SourceState) -> None:
+        if s.active is not None or not s.queue or self.clock() < s.not_before:
+            return
+        req = s.queue.popleft()
+        if req.kind == "describe" or (req.kind == "replay" and not req.first and s.can_describe and not req.describing):
+            self.counters["describes_requested"] += 1
+            req.describing = True
+            self._send(s, DESCRIBE_REQUEST)
+            req.deadline = self.clock() + min(self.request_timeout_s, DESCRIBE_TIMEOUT_S)
+            s.active = req
+            return
+        if req.kind == "replay":
+            self.counters["replays_requested"] += 1
+            self._send(s, pack_seq(req.start))
+        else:
+            self.counters["snapshots_requested"] += 1
+            req.stream.snapshot = []
+            self._send(s, SNAPSHOT_REQUEST)
+        req.deadline = self.clock() + self.request_timeout_s
+        s.active = req
+
+    def _on_timeout(self, s: SourceState) -> None:
+        req = s.active
+        assert req is not None
+        s.active = None
+        self._commands.append(DropDealer(s.name))
+        st = req.stream
+        if req.describing:
+            return self._describe_unanswered(s, req)
+        self.counters["replay_timeouts"] += 1
+        if req.superseded:
+            return
+        req.attempts += 1
+        s.not_before = self.clock() + min(5.0, 0.1 * 2**req.attempts)
+        if req.attempts < self.max_attempts:
+            log.info("source %s: %s request timed out, retrying (%d)", s.name, req.kind, req.attempts)
+            s.queue.appendleft(req)
+            return
+        if req.kind == "replay":
+            self._unrecoverable(s, st, req.first)
+        else:
+            self._snapshot_failed(s, st)
+
+    def _unrecoverable(self, s: SourceState, st: Stream, first: bool) -> None:
+        self.counters["unrecoverable_gaps"] += 1
+        self._emit_reset(s, st, "first" if first else "gap")
+        st.next_seq = None
+        self._request(s, st, "snapshot", 0)
+
+    def _snapshot_failed(self, s: SourceState, st: Stream) -> None:
+        log.warning("source %s rank %s: no snapshot, starting clean (state lost)", s.name, st.rank)
+        self.counters["snapshot_failures"] += 1
+        self.counters["losses"] += 1
+        st.next_seq = None
+        st.clean_start = True
+        self._drain(s, st)
+
+    def _describe_unanswered(self, s: SourceState, req: Request) -> None:
+        """No DESCRIBE reply: a publisher without it (vLLM, SGLang). Go on without; seqs find restarts."""
+        self.counters["describe_timeouts"] += 1
+        log.info("source %s: no KVE/DESCRIBE reply; restarts are found by seqs going backwards only", s.name)
+        s.describes = False
+        req.describing = False
+        if req.superseded:
+            return
+        if req.kind == "replay":
+            s.queue.appendleft(req)  # the replay itself, at once
+            return
+        req.stream.verified = True  # nothing to confirm it with
+        self._drain(s, req.stream)
+
+    def _on_describe(self, s: SourceState, req: Request, payload: bytes) -> None:
+        """A DESCRIBE reply: a new epoch is a restart (Reset, then snapshot); else go on."""
+        try:
+            info = msgspec.msgpack.decode(payload)
+            epoch = info.get("epoch") if isinstance(info, dict) else None
+            if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int)):
+                raise ValueError(f"epoch is {type(epoch).__name__}")
+        except (msgspec.DecodeError, ValueError) as exc:
+            self.bad(f"source {s.name}: undecodable KVE/DESCRIBE reply", str(exc))
+            epoch = None
+        s.describes = True
+        st = req.stream
+        req.describing = False
+        if req.superseded:
+            s.active = None
+            self._pump(s)
+            return
+        st.verified = True
+        if st.epoch is not None and epoch is not None and epoch != st.epoch:
+            s.active = None
+            s.not_before = 0.0
+            self.counters["restarts"] += 1
+            log.info(
+                "source %s rank %s: new epoch %s (was %s): the publisher restarted", s.name, st.rank, epoch, st.epoch
+            )
+            self._restart(s, st, epoch, "restart", 1)
+            self._pump(s)
+            return
+        if epoch is not None:
+            st.epoch = epoch
+        if req.kind == "replay":  # the epoch holds: now the replay itself
+            self.counters["replays_requested"] += 1
+            self._send(s, pack_seq(req.start))
+            req.deadline = self.clock() + self.request_timeout_s
+            return
+        s.active = None
+        s.not_before = 0.0
+        self._drain(s, st)
+        self._pump(s)
+
+    def on_reply(self, name: str, frames: list[bytes]) -> None:
+        """One message on the DEALER of `name`: a DESCRIBE map, a replayed or snapshot batch, an end marker."""
+        s = self._srcs[name]
+        req = s.active
+        s.heard(time.time(), self.clock())
+        if req is not None and req.describing and len(frames) == 2 and frames[0] == b"":
+            return self._on_describe(s, req, frames[1])
+        if req is None or req.describing or len(frames) != 4 or frames[0] != b"":
+            return self.bad(f"source {s.name}: unexpected replay reply", f"{len(frames)} frames", "bad_frames")
+        st = req.stream
+        req.deadline = self.clock() + self.request_timeout_s  # progress extends the deadline
+        _, topic_b, seq_b, payload = frames
+        if seq_b == END_SEQ:
+            return self._finish(s, req, payload)
+        if req.aborting:
+            return
+        if req.kind == "snapshot":
+            if seq_b != SNAPSHOT_SEQ:
+                return self.bad(f"source {s.name}: snapshot reply with seq {seq_b.hex()}", "", "bad_frames")
+            try:
+                batch = decode_batch(payload)
+            except DecodeError as exc:
+                req.aborting = req.failed = True
+                return self.bad(f"source {s.name}: undecodable snapshot batch", str(exc))
+            st.snapshot.append(Item(0, topic_b, payload, batch, time.time()))
+            return
+        if len(seq_b) != 8:
+            return self.bad(f"source {s.name}: replay reply seq of {len(seq_b)} bytes", "", "bad_frames")
+        seq = SEQ.unpack(seq_b)[0]
+        first_reply = not req.got_any
+        req.got_any = True
+        if first_reply and seq > req.start:
+            req.aborting = req.failed = True  # the publisher no longer keeps next_seq
+            return
+        try:
+            batch = decode_batch(payload)
+        except DecodeError as exc:
+            self.bad(f"source {s.name}: undecodable replayed payload", str(exc))
+            if st.next_seq is not None and seq == st.next_seq:
+                st.next_seq += 1  # it will never decode: skip it, counted
+            return
+        if req.first and st.next_seq is None:
+            if batch.epoch is not None:
+                st.epoch = batch.epoch
+            st.next_seq = req.start
+        if batch.epoch is not None and st.epoch is not None and batch.epoch != st.epoch:
+            req.aborting = True  # the publisher restarted meanwhile: resync when this reply ends
+            req.new_epoch = batch.epoch
+            return
+        assert st.next_seq is not None
+        if seq < st.next_seq:
+            self.counters["duplicates"] += 1
+            return
+        if seq > st.next_seq:
+            req.aborting = req.failed = True  # a hole inside the ring (dropped batches)
+            return
+        self._deliver(s, st, Item(seq, topic_b, payload, batch, time.time()), "replay")
+        st.next_seq = seq + 1
+
+    def _finish(self, s: SourceState, req: Request, last: bytes) -> None:
+        s.active = None
+        s.not_before = 0.0
+        st = req.stream
+        if req.superseded:
+            self._pump(s)
+            return
+        if req.new_epoch is not None:
+            self.counters["restarts"] += 1
+            self._restart(s, st, req.new_epoch, "restart", 1)
+            self._pump(s)
+            return
+        if req.kind == "snapshot":
+            if req.failed or len(last) != 8:
+                self._snapshot_failed(s, st)
+            else:
+                S = SEQ.unpack(last)[0]
+                for it in st.snapshot:
+                    self._deliver(s, st, it, "snapshot", seq=S)
+                if st.snapshot and st.snapshot[0].batch.epoch is not None:
+                    st.epoch = st.snapshot[0].batch.epoch
+                st.snapshot = []
+                st.next_seq = (S + 1) % _U64
+                self.counters["snapshots_applied"] += 1
+                self._drain(s, st)
+        elif (
+            req.failed
+            or (not req.got_any and st.buffer and st.next_seq is not None and st.buffer[0].seq > st.next_seq)
+            or (req.first and not req.got_any)
+        ):
+            self._unrecoverable(s, st, req.first)
+        else:
+            self._drain(s, st)
+        self._pump(s)

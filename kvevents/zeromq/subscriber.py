@@ -1,0 +1,340 @@
+"""ZeroMQ subscriber: many publishers, per-(source, dp_rank) sequencing and repair.
+
+Gaps are filled by replay over a DEALER, duplicates dropped, live batches buffered while a
+replay is in flight; restarts and unrecoverable gaps become a `Reset` followed by snapshot
+deliveries (or a counted clean start). Drive it with `poll()` or run it on its own thread.
+
+Restarts are found without an epoch in the batch (schemas/README.md, "Restarts"): a seq that goes
+backwards, or a KVE/DESCRIBE epoch that changed, asked on first contact, after the SUB reconnects
+or a source comes back from stale, and before every gap replay. A publisher without a replay
+endpoint (plain vLLM, SGLang) has only the first signal.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable, Sequence
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+from kvevents.feed import (
+    START_MODES,
+    Delivery,
+    Output,
+    Reset,
+    SourceStatus,
+    dispatch,
+)
+from kvevents.zeromq.security import apply_client
+from kvevents.zeromq.sequencer import DropDealer, Send, Sequencer
+from kvevents.zeromq.source import Source, parse_source
+
+__all__ = ["Source", "parse_source", "Delivery", "Reset", "SourceStatus", "Subscriber", "START_MODES", "Output"]
+
+log = logging.getLogger("kvevents.zeromq.subscriber")
+
+
+class Subscriber:
+    """Receives from many publishers; outputs Delivery and Reset objects in per-stream order.
+
+    A thin socket loop (a SUB per source, a DEALER per source for repair requests, a monitor of
+    the SUB's connections) around a `kvevents.zeromq.sequencer.Sequencer`, which decides.
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[Source | str],
+        *,
+        topic: str = "",
+        on_delivery: Callable[[Delivery], object] | None = None,
+        on_reset: Callable[[Reset], object] | None = None,
+        stale_after_s: float = 5.0,
+        request_timeout_s: float = 2.0,
+        max_attempts: int = 3,
+        max_buffer: int = 100000,
+        log_every: int = 100,
+        hwm: int = 100000,
+        metrics_port: int | None = None,
+        context: zmq.Context | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        max_ranks: int = 64,
+        start: str = "oldest",
+    ) -> None:
+        """`clock` (monotonic seconds) times requests, backoff and staleness; tests may inject one.
+        `max_ranks`: dp ranks tracked per source; batches of further ranks are counted
+        (`dropped_ranks`) and dropped, so a publisher cannot make a stream (and a repair) per rank.
+        `start`: where each stream begins on first contact (START_MODES; a Source may override it)."""
+        if not sources:
+            raise ValueError("Subscriber: at least one source is needed")
+        if start not in START_MODES:
+            raise ValueError(f"Subscriber: start must be one of {', '.join(START_MODES)}, got {start!r}")
+        srcs = [s if isinstance(s, Source) else Source(s) for s in sources]
+        names = [str(s.name) for s in srcs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"Subscriber: source names must be unique, got {names}")
+        if metrics_port is not None and not 0 <= metrics_port <= 65535:
+            raise ValueError(f"Subscriber: metrics_port must be in 0..65535, got {metrics_port}")
+        self.topic = topic
+        self.on_delivery = on_delivery
+        self.on_reset = on_reset
+        self.stale_after_s = stale_after_s
+        self.hwm = hwm
+        self.clock = clock
+        self.log_every = max(1, log_every)
+        self.sequencer = Sequencer(
+            srcs, clock=clock, request_timeout_s=request_timeout_s, max_attempts=max_attempts,
+            max_buffer=max_buffer, max_ranks=max_ranks, start=start, stale_after_s=stale_after_s,
+            log_every=log_every,
+        )  # fmt: skip
+        self._sources = {str(s.name): s for s in srcs}
+        self._ctx = context or zmq.Context.instance()
+        self._subs: dict[str, zmq.Socket] = {}
+        self._dealers: dict[str, zmq.Socket] = {}
+        self._monitors: dict[str, zmq.Socket] = {}
+        self._by_sock: dict[zmq.Socket, tuple[str, str]] = {}  # socket -> (source name, "sub"|"dealer"|"monitor")
+        self._poller: zmq.Poller | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._closed = False
+        self._metrics_port = metrics_port
+        if metrics_port is not None:
+            from kvevents.zeromq import metrics
+
+            try:
+                self._metrics_port = metrics.serve_subscriber(self, metrics_port, ",".join(names))  # type: ignore[arg-type]
+            except OSError as exc:  # nothing is open yet: no socket or thread to release
+                raise ValueError(f"metrics port {metrics_port}: {exc}") from None
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def metrics_port(self) -> int | None:
+        """The port serving /metrics: the metrics_port given, or the free one picked for 0."""
+        return self._metrics_port
+
+    @property
+    def start_mode(self) -> str:
+        return self.sequencer.start_mode
+
+    def start(self) -> Subscriber:
+        """Run on a background thread, calling on_delivery / on_reset (on_delivery is required).
+
+        The sockets are opened here, so a bad endpoint is a ValueError now, not a thread error later.
+        """
+        if self.on_delivery is None:
+            raise ValueError("Subscriber.start: on_delivery is required in thread mode (or drive poll())")
+        if self._closed:
+            raise ValueError("Subscriber.start: the subscriber is stopped")
+        self._open()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="kvevents-subscriber", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop the thread (if any) and close every socket."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("subscriber thread did not stop within %.1fs", timeout)
+                return
+        self._close()
+
+    def __enter__(self) -> Subscriber:
+        return self.start() if self.on_delivery is not None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def poll(self, timeout_s: float = 0.0) -> list[Output]:
+        """Wait up to timeout_s for messages; return what became deliverable (in order).
+
+        Not while `start()`'s thread runs (it polls): a ValueError then.
+        """
+        if self._closed:
+            raise ValueError("Subscriber.poll: the subscriber is stopped")
+        if self._thread is not None and threading.current_thread() is not self._thread:
+            raise ValueError("Subscriber.poll: start() runs the poll loop on its own thread; use on_delivery")
+        return self._poll(timeout_s)
+
+    def status(self) -> dict[str, SourceStatus]:
+        """Per source: where its first rank stands, when it was last heard (wall clock), staleness."""
+        return self.sequencer.status()
+
+    def counters(self) -> dict[str, int]:
+        return dict(self.sequencer.counters)
+
+    def open_sockets(self) -> int:
+        """How many sockets are open now (SUBs, DEALERs, monitors): 0 once stopped."""
+        return len(self._subs) + len(self._dealers) + len(self._monitors)
+
+    # ------------------------------------------------------------------ the loop
+    def _poll(self, timeout_s: float) -> list[Output]:
+        self._open()
+        assert self._poller is not None
+        seq = self.sequencer
+        wait = seq.wait_s(timeout_s)
+        ready = self._poller.poll(int(wait * 1000)) if wait > 0 else self._poller.poll(0)
+        out: list[Output] = []
+        for sock, _ in ready:
+            name, kind = self._by_sock.get(sock, ("", ""))
+            if not name:
+                continue
+            if name in self._monitors and kind in ("sub", "monitor"):
+                self._read_monitor(name)  # a reconnect is noticed before the new connection's data
+                if kind == "monitor":
+                    continue
+            for _ in range(2000):
+                try:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.ZMQError:  # Again: drained
+                    break
+                if kind == "sub":
+                    seq.on_live(name, frames, time.time())
+                elif self._dealers.get(name) is sock:
+                    seq.on_reply(name, frames)
+                else:
+                    break
+            out += self._run_commands()
+        seq.tick()
+        out += self._run_commands()
+        return out
+
+    def _run_commands(self) -> list[Output]:
+        """Carry out the sequencer's socket commands, in order; return its outputs."""
+        out, cmds = self.sequencer.take()
+        for cmd in cmds:
+            if isinstance(cmd, Send):
+                dealer = self._dealers.get(cmd.source) or self._new_dealer(cmd.source)
+                try:
+                    dealer.send_multipart([b"", cmd.body], zmq.NOBLOCK)
+                except zmq.ZMQError as exc:  # the request times out and is retried
+                    log.debug("source %s: request not sent: %s", cmd.source, exc)
+            elif isinstance(cmd, DropDealer):
+                self._drop_dealer(cmd.source)
+        return out
+
+    def _run(self) -> None:
+        errors = 0
+        while not self._stop.is_set():
+            try:
+                items = self.poll(0.05)
+                errors = 0
+            except Exception:  # noqa: BLE001 - the thread must not die silently, nor spin on an error
+                errors += 1
+                self.sequencer.counters["loop_errors"] += 1
+                if errors % self.log_every == 1 or self.log_every == 1:
+                    log.exception("subscriber loop error (%d in a row, logged once per %d)", errors, self.log_every)
+                self._stop.wait(min(5.0, 0.05 * 2 ** min(errors - 1, 7)))  # back off: 50 ms .. 5 s
+                continue
+            assert self.on_delivery is not None  # start() requires it
+            self.sequencer.counters["callback_errors"] += dispatch(items, self.on_delivery, self.on_reset)
+        self._close()
+
+    # ------------------------------------------------------------------ sockets
+    def _open(self) -> None:
+        """Open every SUB (and check the replay endpoints); a bad endpoint is a ValueError, nothing stays open."""
+        if self._poller is not None:
+            return
+        self._poller = zmq.Poller()
+        for name, src in self._sources.items():
+            sub = self._ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.RCVHWM, self.hwm)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RECONNECT_IVL, 100)
+            sub.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)  # ZeroMQ retries forever, backing off
+            sub.setsockopt(zmq.SUBSCRIBE, self.topic.encode())
+            apply_client(sub, src.curve)
+            self._subs[name] = sub
+            self._by_sock[sub] = (name, "sub")
+            self._poller.register(sub, zmq.POLLIN)
+            if src.replay_endpoint and not src.endpoint.startswith("inproc://"):
+                # connection events: a reconnect may be a restarted publisher, to be asked DESCRIBE
+                mon = self._monitors[name] = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED)
+                self._by_sock[mon] = (name, "monitor")
+                self._poller.register(mon, zmq.POLLIN)
+            what, ep = "endpoint", src.endpoint
+            try:
+                if src.bind:
+                    sub.bind(ep)
+                else:
+                    sub.connect(ep)
+                if src.replay_endpoint:  # checked now; the DEALER itself is made at the first request
+                    what, ep = "replay endpoint", src.replay_endpoint
+                    probe = self._ctx.socket(zmq.DEALER)
+                    probe.setsockopt(zmq.LINGER, 0)
+                    apply_client(probe, src.curve)
+                    try:
+                        probe.connect(ep)
+                    finally:
+                        probe.close(0)
+            except zmq.ZMQError as exc:
+                self._close_sockets()
+                self._poller = None
+                raise ValueError(f"source {name!r}: cannot use {what} {ep!r}: {exc}") from None
+
+    def _new_dealer(self, name: str) -> zmq.Socket:
+        """A fresh DEALER (a timed-out request's late replies die with the old one)."""
+        self._drop_dealer(name)
+        src = self._sources[name]
+        d = self._ctx.socket(zmq.DEALER)
+        d.setsockopt(zmq.LINGER, 0)
+        d.setsockopt(zmq.RCVHWM, 0)
+        d.setsockopt(zmq.RECONNECT_IVL, 100)
+        d.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
+        apply_client(d, src.curve)
+        try:
+            d.connect(src.replay_endpoint)  # type: ignore[arg-type]
+        except zmq.ZMQError:
+            d.close(0)
+            raise
+        self._dealers[name] = d
+        self._by_sock[d] = (name, "dealer")
+        assert self._poller is not None
+        self._poller.register(d, zmq.POLLIN)
+        return d
+
+    def _drop_dealer(self, name: str) -> None:
+        d = self._dealers.pop(name, None)
+        if d is not None:
+            if self._poller is not None:
+                self._poller.unregister(d)
+            self._by_sock.pop(d, None)
+            d.close(0)
+
+    def _read_monitor(self, name: str) -> None:
+        """Drain connection events into the sequencer (each one a connection made or accepted)."""
+        mon = self._monitors[name]
+        while True:
+            try:
+                recv_monitor_message(mon, zmq.NOBLOCK)
+            except zmq.ZMQError:  # Again: drained
+                return
+            self.sequencer.on_connect(name)
+
+    def _close_sockets(self) -> None:
+        for name in list(self._dealers):
+            self._drop_dealer(name)
+        for name, mon in list(self._monitors.items()):
+            sub = self._subs.get(name)
+            if sub is not None and not sub.closed:
+                sub.disable_monitor()
+            mon.close(0)
+        self._monitors.clear()
+        for sub in self._subs.values():
+            sub.close(0)
+        self._subs.clear()
+        self._by_sock.clear()
+
+    def _close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._metrics_port is not None:
+            from kvevents.zeromq import metrics
+
+            metrics.forget_subscriber(self)
+        self._close_sockets()
