@@ -11,7 +11,7 @@ import pytest
 from kvevents.engines.vllm_wire import encode_vllm_batch, removed_event, stored_event
 from kvevents.recordlog import RecordWriter
 from kvevents.recordlog.reader import RecordReader
-from kvevents.recordlog.verify import make_verifier
+from kvevents.recordlog.verifiers import make_verifier
 from kvevents.sim.vllm import VllmSimWorker
 from kvevents.sim.worker import Workload
 

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from kvevents.cache.node import DIGEST, Node, hexes, published
 from kvevents.hashing import Namespace
-
-if TYPE_CHECKING:  # pragma: no cover
-    from kvevents.cache.radix import RadixCache
 
 __all__ = ["Match", "NodeInfo"]
 
@@ -41,7 +38,7 @@ class Match:
         events: bytes,
         page_data: list[bytes],
         node: Node,
-        cache: RadixCache,
+        cache: object,
         gen: int,
     ) -> None:
         self.num_tokens = num_tokens
@@ -59,8 +56,8 @@ class Match:
         return self._node
 
     @property
-    def cache(self) -> RadixCache:
-        """The cache this match was taken from."""
+    def cache(self) -> object:
+        """The cache this match was taken from (its owner: compared by identity, never called)."""
         return self._cache
 
     @property

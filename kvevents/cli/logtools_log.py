@@ -13,7 +13,7 @@ from rich.table import Table
 from kvevents.cli.app import CheckFailed, user_error
 from kvevents.cli.logtools_common import out_console, warn_damage
 from kvevents.recordlog import LogStats, RecordReader, StatsCollector, VerifyReport, apply_log, iter_jsonl, repair_log
-from kvevents.recordlog.verify import make_verifier
+from kvevents.recordlog.verifiers import make_verifier
 
 log_app = typer.Typer(help="Inspect, verify, repair, export and index record logs.", no_args_is_help=True)
 

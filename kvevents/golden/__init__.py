@@ -1,6 +1,24 @@
 """Golden-vector checks: this installation against values computed by running the engines' own code
-(SGLang 0.5.20, vLLM 0.33). `check_golden` takes a parsed golden file of either kind."""
+(SGLang 0.5.20, vLLM 0.33). `check_golden` takes a parsed golden file of either kind.
 
-from kvevents.golden.sglang import Item, check_golden
+| file | what it owns |
+|---|---|
+| `item.py` | `Item`: one golden item and its check outcome |
+| `sglang.py` | the contract's vectors (schemas/golden/sglang-0.5.20.json): cases, seeds, scenarios, wire bytes |
+| `vllm.py` | vLLM 0.33's own hash chain and events (schemas/golden/vllm-0.33.json) |
+"""
+
+from typing import Any
+
+from kvevents.golden.item import Item
+from kvevents.golden.sglang import check_sglang_golden
+from kvevents.golden.vllm import check_vllm_golden, is_vllm_golden
 
 __all__ = ["Item", "check_golden"]
+
+
+def check_golden(golden: dict[str, Any]) -> list[Item]:
+    """Check every section of a golden file of either kind; one Item per golden item, in file order."""
+    if is_vllm_golden(golden):  # schemas/golden/vllm-*.json: vLLM's own hash chain
+        return check_vllm_golden(golden)
+    return check_sglang_golden(golden)

@@ -13,12 +13,12 @@ import functools
 import hashlib
 import json
 from array import array
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import msgspec
 
 from kvevents.events import BlockStored, decode_batch, encode_batch, encode_event, event_to_dict
+from kvevents.golden.item import Item, short
 from kvevents.hashing import (
     Namespace,
     event_hashes,
@@ -31,44 +31,7 @@ from kvevents.hashing import (
     to_int64,
 )
 
-__all__ = ["Item", "check_golden", "expected_event_bytes", "expected_batch_bytes"]
-
-
-@dataclass
-class Item:
-    """One golden item (a case, a seed, a wire entry ...) and the outcome of its checks."""
-
-    section: str
-    name: str
-    checks: int = 0
-    failures: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return self.checks > 0 and not self.failures
-
-    @property
-    def detail(self) -> str:
-        more = f" (+{len(self.failures) - 1} more)" if len(self.failures) > 1 else ""
-        return (self.failures[0] if self.failures else "no checks ran") + more
-
-    def expect(self, what: str, got: Any, want: Any) -> None:
-        self.checks += 1
-        if got != want:
-            self.failures.append(f"{what}: got {_short(got)}, want {_short(want)}")
-
-    def run(self, what: str, fn: Callable[[], None]) -> None:
-        """Run a group of expectations; an exception counts as one failure, never escapes."""
-        try:
-            fn()
-        except Exception as exc:  # noqa: BLE001 - a broken vector is a failed check, not a crash
-            self.checks += 1
-            self.failures.append(f"{what}: {type(exc).__name__}: {exc}")
-
-
-def _short(v: Any) -> str:
-    text = repr(v)
-    return text if len(text) <= 80 else text[:77] + "..."
+__all__ = ["check_sglang_golden", "expected_event_bytes", "expected_batch_bytes"]
 
 
 # ------------------------------------------------------------------ msgpack raw spans
@@ -188,7 +151,7 @@ def _event_diffs(ev: Any, want: dict[str, Any]) -> list[str]:
     for k, v in ours.items():
         w = want.get(k)
         if v != w or type(v) is not type(w):
-            diffs.append(f"{k}: got {_short(v)}, want {_short(w)}")
+            diffs.append(f"{k}: got {short(v)}, want {short(w)}")
     return diffs
 
 
@@ -400,12 +363,8 @@ def _wire(wire: dict[str, Any]) -> list[Item]:
     return items
 
 
-def check_golden(golden: dict[str, Any]) -> list[Item]:
-    """Check every section of a golden file; returns one Item per golden item, in file order."""
-    from kvevents.golden.vllm import check_vllm_golden, is_vllm_golden
-
-    if is_vllm_golden(golden):  # schemas/golden/vllm-*.json: vLLM's own hash chain
-        return check_vllm_golden(golden)
+def check_sglang_golden(golden: dict[str, Any]) -> list[Item]:
+    """Check every section of an SGLang golden file; one Item per golden item, in file order."""
     items: list[Item] = []
     sections = {
         "cases": lambda v: [_case(c) for c in v],

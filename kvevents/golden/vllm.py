@@ -20,7 +20,7 @@ from kvevents.engines.vllm_wire import (
     stored_event,
 )
 from kvevents.events import BlockStored, decode_batch
-from kvevents.golden.sglang import Item
+from kvevents.golden.item import Item
 
 __all__ = ["check_vllm_golden", "is_vllm_golden"]
 

@@ -30,7 +30,7 @@ from kvevents.recordlog.format import Record
 from kvevents.recordlog.reader import Damage, feed_log
 from kvevents.recordlog.stats import SeqTracker
 
-__all__ = ["Violation", "VerifyReport", "ContractVerifier", "verify_log", "make_verifier"]
+__all__ = ["Violation", "VerifyReport", "ContractVerifier", "verify_log"]
 
 
 @dataclass(frozen=True)
@@ -298,23 +298,3 @@ def verify_log(
     v = ContractVerifier(page_size, salts)
     v.report.damage = list(feed_log(path, v.feed, on_damage=on_damage).damage)
     return v.report
-
-
-def make_verifier(
-    profile: str, page_size: int | None, salts: Iterable[str] = (), lora_paths: Iterable[str] = ()
-) -> Any:
-    """The verifier for `log inspect --verify --profile P`: the contract (needs a page size) or a
-    vLLM 0.33 stream (`vllm`: structure and links; `vllm-sha256` / `vllm-sha256_cbor`: hashes too,
-    seeded by PYTHONHASHSEED from the environment when set, as vLLM is). ValueError on bad input."""
-    if profile == "contract":
-        if page_size is None:
-            raise ValueError("--verify needs --page-size N")
-        return ContractVerifier(page_size, salts)
-    from kvevents.recordlog.verify_vllm import VllmVerifier, parse_lora_paths
-
-    return VllmVerifier(
-        profile,
-        hash_seed=os.environ.get("PYTHONHASHSEED"),
-        lora_paths=parse_lora_paths(lora_paths),
-        page_size=page_size,
-    )
