@@ -1,0 +1,155 @@
+"""`kvevents relay`: republish an engine's stream through kvevents' publisher (kvevents.relay)."""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from typing import Any, Optional
+
+import typer
+
+from kvevents.cli.app import app, user_error
+from kvevents.cli.keys import (
+    ALLOW_HELP,
+    CLIENT_CERT_HELP,
+    SECRET_HELP,
+    SERVER_KEY_HELP,
+    curve_client,
+    curve_server,
+    show_plain_bind_once,
+)
+
+_TAG = "kvevents relay:"
+
+
+def _out(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _default_replay(endpoint: str, ranks: int) -> str:
+    """The port right after the relay's last live port (tcp), as `kvevents serve` chooses it."""
+    head, _, port = endpoint.rpartition(":")
+    if endpoint.startswith("tcp://") and port.isdigit() and int(port) > 0:
+        return f"{head}:{int(port) + ranks}"
+    if endpoint.startswith("tcp://"):
+        return endpoint  # ephemeral: the OS picks a port
+    return endpoint + "-replay"
+
+
+def _build(
+    spec: str,
+    from_bind: bool,
+    server_key: Optional[str],
+    client_cert: Optional[str],
+    ranks: int,
+    topic: str,
+    settings: dict[str, Any],
+) -> Any:
+    """The Relay for the flags; every bad value is one line and exit 2, before a socket opens."""
+    from kvevents.relay import Relay
+    from kvevents.zeromq.publisher_config import PublisherConfig
+    from kvevents.zeromq.source import parse_source
+
+    try:
+        engine = parse_source(spec)
+    except ValueError as exc:
+        user_error(str(exc).replace("--publisher", "--from"))
+    engine.bind = from_bind
+    engine.curve = curve_client(server_key, client_cert)
+    curve_server(settings.get("curve_secret_key_file"), settings.get("curve_allow_dir"))
+    try:
+        config = PublisherConfig(**settings)
+    except ValueError as exc:
+        first = str(exc).splitlines()
+        user_error(f"relay publisher settings: {' '.join(first[1:3]) if len(first) > 2 else exc}")
+    try:
+        return Relay(engine, config, ranks=ranks, topic=topic)
+    except ValueError as exc:
+        user_error(str(exc))
+    except OSError as exc:  # zmq.ZMQError: an address in use, a bad interface
+        user_error(f"relay: cannot open {config.endpoint}: {exc}")
+
+
+@app.command()
+def relay(
+    source: str = typer.Option(
+        ...,
+        "--from",
+        metavar="NAME=ENDPOINT[,REPLAY]",
+        help="The engine's rank-0 live PUB endpoint and replay ROUTER endpoint (rank r: ports + r).",
+    ),
+    endpoint: str = typer.Option(..., "--endpoint", help="The relay's rank-0 live PUB endpoint (rank r: port + r)."),
+    replay_endpoint: Optional[str] = typer.Option(
+        None, "--replay-endpoint", help="The relay's replay ROUTER (default: the port after the last live port)."
+    ),
+    ranks: int = typer.Option(1, "--data-parallel-size", min=1, max=64, help="The engine's dp ranks."),
+    from_bind: bool = typer.Option(
+        False, "--from-bind", help="Bind the engine-side SUB (vLLM's PUB connects to a tcp://HOST:PORT endpoint)."
+    ),
+    bind: bool = typer.Option(True, help="Bind the relay's live endpoint (consumers connect to it)."),
+    topic: str = typer.Option("", help="The engine's topic; the relay republishes under it."),
+    buffer_steps: int = typer.Option(10000, min=0, help="Batches the relay keeps for replay."),
+    heartbeat: float = typer.Option(1.0, min=0.0, help="Heartbeat interval in seconds (0: none)."),
+    metrics_port: Optional[int] = typer.Option(
+        None, help="Serve Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed)."
+    ),
+    curve_secret: Optional[str] = typer.Option(None, "--curve-secret", help=SECRET_HELP),
+    curve_allow: Optional[str] = typer.Option(None, "--curve-allow", help=ALLOW_HELP),
+    curve_server_key: Optional[str] = typer.Option(None, "--curve-server-key", help="Engine side: " + SERVER_KEY_HELP),
+    curve_client_cert: Optional[str] = typer.Option(
+        None, "--curve-client-cert", help="Engine side: " + CLIENT_CERT_HELP
+    ),
+    duration: Optional[float] = typer.Option(None, min=0.0, help="Stop after this many seconds (default: Ctrl-C)."),
+) -> None:
+    """Republish an engine's KV events with replay, snapshots, DESCRIBE, heartbeats and CURVE."""
+    if metrics_port is not None and not 0 <= metrics_port <= 65535:
+        user_error(f"--metrics-port must be in 0..65535 (0: a free port), got {metrics_port}")
+    settings: dict[str, Any] = {
+        "endpoint": endpoint,
+        "bind": bind,
+        "replay_endpoint": replay_endpoint or _default_replay(endpoint, ranks),
+        "topic": topic,
+        "buffer_steps": buffer_steps,
+        "heartbeat_interval_s": heartbeat,
+        "metrics_port": metrics_port,
+        "curve_secret_key_file": curve_secret,
+        "curve_allow_dir": curve_allow,
+    }
+    show_plain_bind_once()
+    r = _build(source, from_bind, curve_server_key, curve_client_cert, ranks, topic, settings)
+    for rank, (src, pub) in enumerate(zip(r.sources, r.publishers)):
+        metrics = f" metrics http://127.0.0.1:{pub.metrics_port}/metrics" if pub.metrics_port is not None else ""
+        _out(
+            f"{_TAG} rank {rank} from {src.endpoint} (replay {src.replay_endpoint or '-'}) -> live {pub.endpoint} "
+            f"replay {pub.replay_endpoint or '-'} epoch {pub.epoch}{metrics}"
+        )
+    interrupted = _run(r, duration)
+    s = r.stats()
+    r.stop()
+    kinds = ", ".join(f"{k} {v}" for k, v in s["relayed"].items())
+    resets = ", ".join(f"{k} {v}" for k, v in s["resets"].items()) or "none"
+    _out(f"{_TAG} relayed {kinds}; resets {resets}; not republished {s['failed']}")
+    if interrupted:
+        raise typer.Exit(130)
+
+
+def _run(r: Any, duration: Optional[float]) -> bool:
+    """Relay until --duration, SIGTERM or Ctrl-C; True when interrupted by Ctrl-C."""
+    stop = {"flag": False}
+
+    def _on_term(signum: int, frame: Any) -> None:
+        stop["flag"] = True
+
+    old = signal.signal(signal.SIGTERM, _on_term)
+    deadline = None if duration is None else time.monotonic() + duration
+    r.start()
+    try:
+        while not stop["flag"] and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.1)
+    except KeyboardInterrupt:
+        return True
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    return False
