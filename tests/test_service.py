@@ -159,7 +159,7 @@ def test_score_workers_metrics_over_http(cluster):
         (json.dumps({"tokens": [1.5]}).encode(), "tokens.0"),
         (json.dumps({"tokens": [True]}).encode(), "tokens.0"),
         (json.dumps({"tokens": "abc"}).encode(), "tokens"),
-        (json.dumps({"cache_salt": "x"}).encode(), "tokens: Field required"),
+        (json.dumps({"cache_salt": "x"}).encode(), "give exactly one of tokens, prompt, messages (got none)"),
         (json.dumps({"tokens": [1], "colour": "red"}).encode(), "colour"),
         (json.dumps({"tokens": [1], "top_k": 0}).encode(), "top_k"),
         (json.dumps([1, 2, 3]).encode(), "body"),

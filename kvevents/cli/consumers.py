@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
@@ -31,6 +31,18 @@ def _host_port(spec: str) -> tuple[str, int]:
     if not 0 <= num <= 65535:
         user_error(f"--http {spec!r}: port must be in 0..65535")
     return host.strip("[]"), num
+
+
+def _renderer(directory: Optional[str]) -> Any:
+    """--tokenizer DIR -> a PromptRenderer (one line and exit 2 when it cannot be loaded)."""
+    if directory is None:
+        return None
+    from kvevents.consumers.prompts import PromptRenderer
+
+    try:
+        return PromptRenderer.from_dir(directory)
+    except ValueError as exc:
+        user_error(f"--tokenizer: {exc}")
 
 
 @app.command("route")
@@ -65,10 +77,18 @@ def route_cmd(
     ),
     curve_server_key: list[str] = typer.Option([], "--curve-server-key", help=SERVER_KEYS_HELP),
     curve_client_cert: Optional[str] = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
+    tokenizer: Optional[str] = typer.Option(
+        None,
+        "--tokenizer",
+        metavar="DIR",
+        help="A Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json with its chat "
+        "template): /score then takes prompt (text) or messages (chat) as the engine tokenizes them.",
+    ),
 ) -> None:
     """Subscribe to publishers, keep a block index, and rank workers for requests over HTTP.
 
-    POST /score takes a JSON object: tokens (token ids), cache_salt, lora_name, top_k, explain.
+    POST /score takes a JSON object: tokens (token ids), or prompt / messages with --tokenizer;
+    cache_salt, lora_name, top_k, explain.
 
     It answers the workers best first (worker, dp_rank, matched_pages, stale, ...).
 
@@ -96,6 +116,7 @@ def route_cmd(
     except ValueError as exc:
         user_error(str(exc))
     host, port = _host_port(http)
+    renderer = _renderer(tokenizer)
     # this command prints its own stale / back lines (below): the subscriber's warning would repeat them
     logging.getLogger("kvevents.zeromq.subscriber").setLevel(logging.ERROR)
     if nats_url is not None:  # kvevents.cli.nats: the JetStream feed (one line while NATS is unreachable)
@@ -108,6 +129,7 @@ def route_cmd(
             seed=seed,
             key_modes=modes,
             default_key_mode=default_mode,
+            renderer=renderer,
         )
     else:
         service = RouterService(
@@ -118,6 +140,7 @@ def route_cmd(
             stale_after_s=stale_after,
             key_modes=modes,
             default_key_mode=default_mode,
+            renderer=renderer,
         )
     stop = threading.Event()
     try:

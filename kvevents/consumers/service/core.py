@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvevents.consumers.indexer import BlockIndex, worker_label
 from kvevents.consumers.keying import SourceKeyer
+from kvevents.consumers.prompts import MAX_MESSAGES, PromptRenderer
 from kvevents.consumers.router import PrefixRouter, WorkerScore
 from kvevents.consumers.service.metrics import ServiceMetrics
 from kvevents.consumers.service.status import StatusBoard
@@ -39,6 +40,7 @@ log = logging.getLogger("kvevents.consumers.service.core")
 MAX_BODY_BYTES = 16 * 1024 * 1024
 MAX_NAME_CHARS = 256  # lora_name / cache_salt longer than this are refused (400): per-request strings stay small
 MAX_TOKENS = 4_000_000
+MAX_PROMPT_CHARS = 16_000_000  # a text prompt of ~4M tokens at most
 TokenId = Annotated[int, Field(strict=True, ge=0, le=2**32 - 1)]
 
 
@@ -47,7 +49,22 @@ class ScoreRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    tokens: list[TokenId] = Field(max_length=MAX_TOKENS, description="Token ids (0 .. 2**32-1) of the prompt.")
+    tokens: list[TokenId] | None = Field(
+        None, max_length=MAX_TOKENS, description="Token ids (0 .. 2**32-1) of the prompt (or `prompt`, or `messages`)."
+    )
+    prompt: str | None = Field(
+        None,
+        max_length=MAX_PROMPT_CHARS,
+        description="A completion prompt as text, tokenized as the engine does (needs `route --tokenizer`).",
+    )
+    messages: list[dict[str, Any]] | None = Field(
+        None,
+        max_length=MAX_MESSAGES,
+        description="A chat, rendered by the model's chat template and tokenized as the engine does "
+        "(needs `route --tokenizer`).",
+    )
+    add_generation_prompt: bool = Field(True, description="`messages`: end with the assistant turn's opening.")
+    continue_final_message: bool = Field(False, description="`messages`: continue the final message instead.")
     cache_salt: str | None = Field(
         None, max_length=MAX_NAME_CHARS, description="The tenant's cache_salt, as the engine was given it (null: none)."
     )
@@ -112,11 +129,13 @@ class RouterService:
         stale_after_s: float = 5.0,
         key_modes: Mapping[str, str] | None = None,
         default_key_mode: str = "contract",
+        renderer: PromptRenderer | None = None,
         **subscriber_options: Any,
     ) -> None:
         if (sources is None) == (feed is None):
             raise ValueError("RouterService: give either sources or feed")
         self.index = BlockIndex()
+        self.renderer = renderer  # text and chat prompts -> token ids (route --tokenizer)
         # per-source keying (kvevents.consumers.keying): contract, tokens (any engine's hashes) or auto-detected
         self.keyer = SourceKeyer(page_size, default_mode=default_key_mode, modes=key_modes)
         self.router = PrefixRouter(
@@ -267,14 +286,15 @@ class RouterService:
         t0 = time.perf_counter()
         extra: dict[str, Any] = {}
         try:
+            tokens = self.request_tokens(req)
             if req.explain:
                 with self.lock:
-                    detail = self.router.explain(req.tokens, req.cache_salt, req.lora_name)
+                    detail = self.router.explain(tokens, req.cache_salt, req.lora_name)
                     names = dict(self._names)
                 ranked = [_as_score(w) for w in detail["workers"]]
                 extra["hashes"] = [str(h) for h in detail["hashes"]]
             else:
-                hashes = self.router.hash_array(req.tokens, req.cache_salt)
+                hashes = self.router.hash_array(tokens, req.cache_salt)
                 with self.lock:
                     ranked = self.router.score_hashes(hashes, req.lora_name)  # type: ignore[arg-type]  # an int64 array
                     names = dict(self._names)
@@ -304,7 +324,7 @@ class RouterService:
         self.status.scored(top_pages)
         self.metrics.score_matched_pages.observe(top_pages)
         out = {
-            "pages": len(req.tokens) // self.router.page_size,
+            "pages": len(tokens) // self.router.page_size,
             "page_size": self.router.page_size,
             "best": best["worker"] if best else None,
             "best_dp_rank": best["dp_rank"] if best else None,
@@ -313,6 +333,24 @@ class RouterService:
             **extra,
         }
         return self._count(200, out)
+
+    def request_tokens(self, req: ScoreRequest) -> list[int]:
+        """The request's token ids: given, or its `prompt` / `messages` through the model's tokenizer
+        (kvevents.consumers.prompts); ValueError (a 400) when none or several are given."""
+        given = [name for name in ("tokens", "prompt", "messages") if getattr(req, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of tokens, prompt, messages (got {', '.join(given) or 'none'})")
+        if req.tokens is not None:
+            return req.tokens
+        if self.renderer is None:
+            raise ValueError(f"`{given[0]}` needs a tokenizer: start the router with --tokenizer DIR, or send tokens")
+        if req.prompt is not None:
+            return self.renderer.encode_prompt(req.prompt)
+        return self.renderer.encode_chat(
+            req.messages,
+            add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+            continue_final_message=req.continue_final_message,
+        )
 
     def _count(self, status: int, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         with self._count_lock:
