@@ -1,4 +1,4 @@
-"""`kvevents conformance hash|stream|drive`: the contract tests pointed at any engine.
+"""`kvevents conformance hash|stream|drive|render`: the contract tests pointed at any engine.
 
 Thin: parse, call kvevents.conformance, render a table (or `--json`). Exit 0 when every
 applicable rule passes, 1 when one fails, 2 for a usage error (one line on stderr).
@@ -194,6 +194,34 @@ def drive_cmd(
         report = drive(opts)
     except ProfileUnavailable as exc:
         user_error(str(exc))
+    except ValueError as exc:
+        user_error(str(exc))
+    return _emit(report, as_json)
+
+
+@conformance_app.command("render")
+def render_cmd(
+    http: str = typer.Option(
+        ..., "--http", help="Base URL of the engine (vLLM: its POST /tokenize), e.g. http://127.0.0.1:8000."
+    ),
+    tokenizer: str = typer.Option(..., "--tokenizer", metavar="DIR", help="The tokenizer directory route uses."),
+    cases: int = typer.Option(24, min=1, help="Generated prompts and chats."),
+    seed: int = typer.Option(20, help="Seed of the generated cases."),
+    timeout: float = typer.Option(5.0, min=0.1, help="Seconds to wait for each answer."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> int:
+    """Compare the engine's tokenization of prompts and chats with `route --tokenizer DIR`'s."""
+    from kvevents.conformance.render import check_render, render_cases
+    from kvevents.consumers.prompts import PromptRenderer
+
+    if not http.startswith(("http://", "https://")):
+        user_error(f"--http must be a URL (http://HOST:PORT), got {http!r}")
+    try:
+        renderer = PromptRenderer.from_dir(tokenizer)
+    except ValueError as exc:
+        user_error(f"--tokenizer: {exc}")
+    try:
+        report = check_render(http, renderer, render_cases(seed, cases), timeout)
     except ValueError as exc:
         user_error(str(exc))
     return _emit(report, as_json)

@@ -21,7 +21,7 @@ from kvevents.conformance.report import Report, RuleResult, Status
 from kvevents.conformance.stream import StreamObserver, StreamOptions
 from kvevents.events import BlockStored, KVEventBatch
 
-__all__ = ["DriveOptions", "PageFinder", "drive"]
+__all__ = ["DriveOptions", "PageFinder", "drive", "post_json"]
 
 
 @dataclass
@@ -68,7 +68,8 @@ class PageFinder:
         return out
 
 
-def _post(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+def post_json(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """POST a JSON body, return the JSON answer; ValueError naming the URL on any failure."""
     req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
@@ -108,7 +109,7 @@ class _Driver:
         body: dict[str, Any] = {"model": model or self.model, "prompt": tokens, "max_tokens": 1, **self.opts.extra_body}
         if salt is not None:
             body["cache_salt"] = salt
-        _post(self.url, body, self.opts.timeout)
+        post_json(self.url, body, self.opts.timeout)
         deadline = time.monotonic() + self.opts.timeout
         while True:
             found = self.finder.find(tokens, self.opts.page_size, since)

@@ -8,47 +8,18 @@ import time
 from pathlib import Path
 
 import pytest
-from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
 from kvevents.consumers.prompts import PromptRenderer, RenderError
 from kvevents.consumers.service.core import RouterService
 from kvevents.events import BlockStored
 from kvevents.hashing import event_hashes_int64
+from kvevents.testing.tokenizers import CHATML, WITH_BOS, make_tokenizer_dir
 from kvevents.zeromq.publisher import Publisher
 from kvevents.zeromq.source import Source
 
-SPECIALS = ["[UNK]", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "[INST]", "[/INST]", "<<SYS>>", "<</SYS>>"]
-CORPUS = ["hello world how are you", "you are a helpful assistant", "tell me a story about cats", "user system"]
-
-# a template that writes its own BOS (Llama-2 style) and one that has none (ChatML style)
-WITH_BOS = (
-    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}<<SYS>> {{ m['content'] }} <</SYS>> "
-    "{% elif m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]{% elif m['role'] == 'assistant' %}"
-    " {{ m['content'] }} {{ eos_token }}{% else %}{{ raise_exception('unknown role ' + m['role']) }}"
-    "{% endif %}{% endfor %}"
-)
-CHATML = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
 
 def _tokenizer_dir(tmp_path: Path, template: str | None, bos_on_encode: bool = True) -> Path:
-    tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(CORPUS, trainers.WordLevelTrainer(special_tokens=SPECIALS))
-    if bos_on_encode:  # the post-processor adds a BOS to every encoding with special tokens
-        tok.post_processor = processors.TemplateProcessing(
-            single="<s> $A", special_tokens=[("<s>", tok.token_to_id("<s>"))]
-        )
-    d = tmp_path / "tok"
-    d.mkdir(exist_ok=True)
-    tok.save(str(d / "tokenizer.json"))
-    cfg: dict = {"bos_token": "<s>", "eos_token": {"content": "</s>", "lstrip": False}}
-    if template is not None:
-        cfg["chat_template"] = template
-    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
-    return d
+    return make_tokenizer_dir(tmp_path, template, bos_on_encode=bos_on_encode)
 
 
 def _ids(r: PromptRenderer, text: str) -> list[int]:
