@@ -1,33 +1,260 @@
-"""`kvevents route`'s HTTP front under load (issue 18 item 6): keep-alive latency and a burst of
-new connections, with the clients in another process.
+"""`kvevents route`'s HTTP front against the floor of its stack (issue 30), side by side in one run.
 
-    python3 benchmarks/bench_http.py                 # 2,000 requests / 20 keep-alive connections, 100 new at once
-    python3 benchmarks/bench_http.py --requests 4000 --connections 40
+    python3 benchmarks/bench_http.py                      # 256, 2,048 and 8,192 tokens
+    python3 benchmarks/bench_http.py --requests 400 --sizes 2048
 
-Set-up: 4 sim workers publish a 2,000-request multi-tenant workload (sim.Workload, page size 16)
-on loopback; a RouterService follows them and serves HTTP on 127.0.0.1 (port 0). The client
-process then
-1. keep-alive: opens `--connections` persistent connections (one thread each) and sends
-   `--requests` POST /score in total, bodies from the same workload (salts and adapters
-   included); the latency of each request (send to full response) gives p50/p99/max;
-2. burst: `--burst` threads wait on a barrier, then each opens a new connection and sends one
-   POST /score (Connection: close); it counts answers by status and connection errors.
+Two servers, each in its own process on 127.0.0.1 (port 0):
+- route: a real `kvevents route` subscribed to 4 sim publishers (in this process) that published
+  a 2,000-request multi-tenant workload (page size 16) and then one document per body size, so
+  every /score matches whole pages of one worker;
+- floor: a bare FastAPI app on uvicorn (its defaults) whose POST /score decodes the same JSON body
+  with msgspec and answers a fixed JSON of a like size.
+The same client (raw sockets, threads, in this process) sends the same bodies to each, the two
+servers taking turns per mode: one keep-alive client, one new connection per request
+(Connection: close), and 20 concurrent keep-alive clients (requests/s too); then a burst of
+`--burst` new connections at once. Latency is send to full response (new connections: connect
+included). Server CPU per request comes from /proc. Bounded counts; everything stops by itself.
 """
 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
+import os
+import random
 import socket
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+PAGE = 16
+CLIENTS = 20
+TIMEOUT_S = 10.0
+FLOOR = Path(__file__).resolve().parent / "bench_http_floor.py"
+
+
+# ------------------------------------------------------------------ the client
+
+
+def request_bytes(body: bytes, close: bool) -> bytes:
+    head = f"POST /score HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    return (head + ("Connection: close\r\n" if close else "") + "\r\n").encode() + body
+
+
+class Conn:
+    """One client connection: send a request in one write, read one full response (Content-Length)."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+
+    def roundtrip(self, req: bytes) -> int:
+        self.sock.sendall(req)
+        while (end := self.buf.find(b"\r\n\r\n")) < 0:
+            self._fill()
+        head, self.buf = self.buf[:end].decode("latin-1"), self.buf[end + 4 :]
+        length = 0
+        for line in head.split("\r\n")[1:]:
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+        while len(self.buf) < length:
+            self._fill()
+        self.buf = self.buf[length:]
+        return int(head.split(" ", 2)[1])
+
+    def _fill(self) -> None:
+        chunk = self.sock.recv(1 << 16)
+        if not chunk:
+            raise ConnectionError("closed mid-response")
+        self.buf += chunk
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _timed(n: int, one: Callable[[], int], codes: Counter[int]) -> list[float]:
+    lat = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        codes[one()] += 1
+        lat.append((time.perf_counter() - t0) * 1e6)
+    return lat
+
+
+def keep_alive(port: int, body: bytes, n: int, codes: Counter[int]) -> list[float]:
+    conn = Conn(port)
+    req = request_bytes(body, close=False)
+    try:
+        _timed(min(20, n), lambda: conn.roundtrip(req), Counter())  # warm-up
+        return _timed(n, lambda: conn.roundtrip(req), codes)
+    finally:
+        conn.close()
+
+
+def new_connections(port: int, body: bytes, n: int, codes: Counter[int]) -> list[float]:
+    req = request_bytes(body, close=True)
+
+    def one() -> int:
+        conn = Conn(port)
+        try:
+            return conn.roundtrip(req)
+        finally:
+            conn.close()
+
+    _timed(min(20, n), one, Counter())
+    return _timed(n, one, codes)
+
+
+def concurrent(port: int, body: bytes, n: int, codes: Counter[int]) -> tuple[list[float], float]:
+    """CLIENTS keep-alive connections, n requests in all; latencies and wall seconds."""
+    req = request_bytes(body, close=False)
+    conns = [Conn(port) for _ in range(CLIENTS)]
+    for c in conns:
+        c.roundtrip(req)
+    go, lock, lat = threading.Barrier(CLIENTS + 1), threading.Lock(), []
+
+    def run(conn: Conn) -> None:
+        mine, got = [], Counter()
+        go.wait()
+        try:
+            mine = _timed(n // CLIENTS, lambda: conn.roundtrip(req), got)
+        except OSError as exc:
+            got[-1] += 1
+            print(f"client error: {exc}", file=sys.stderr)
+        with lock:
+            lat.extend(mine)
+            codes.update(got)
+
+    threads = [threading.Thread(target=run, args=(c,)) for c in conns]
+    for t in threads:
+        t.start()
+    go.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    for c in conns:
+        c.close()
+    return lat, wall
+
+
+def burst(port: int, body: bytes, n: int) -> tuple[Counter[str], list[float]]:
+    """n new connections at once, one request each: answers by status, latencies."""
+    req, go, lock = request_bytes(body, close=True), threading.Barrier(n), threading.Lock()
+    codes: Counter[str] = Counter()
+    lat: list[float] = []
+
+    def one() -> None:
+        go.wait()
+        t0 = time.perf_counter()
+        try:
+            conn = Conn(port)
+            try:
+                code = str(conn.roundtrip(req))
+            finally:
+                conn.close()
+        except OSError as exc:
+            code = type(exc).__name__
+        with lock:
+            codes[code] += 1
+            lat.append((time.perf_counter() - t0) * 1e6)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return codes, lat
+
+
+# ------------------------------------------------------------------ servers and their set-up
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def feed(sizes: list[int]) -> tuple[list, dict[int, list[int]]]:
+    """4 publishers on loopback with a published workload, then one document per size on worker
+    (size index % 4); returns the publishers (to close) and the documents."""
+    from kvevents.sim.worker import Request, SimWorker, Workload
+    from kvevents.zeromq.publisher import Publisher
+
+    workers = [SimWorker(f"w{i}", page_size=PAGE, capacity_pages=4000) for i in range(4)]
+    pubs = [Publisher(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", bind=True) for _ in workers]
+    for w, p in zip(workers, pubs):
+        p.publish(w.take_events())
+    for i, r in enumerate(Workload(seed=7, page_size=PAGE).take(2000)):
+        workers[i % 4].serve(r)
+        pubs[i % 4].publish(workers[i % 4].take_events())
+    rng, docs = random.Random(30), {}
+    for i, size in enumerate(sizes):
+        docs[size] = [rng.randrange(32000) for _ in range(size)]
+        workers[i % 4].serve(Request(docs[size]))
+        pubs[i % 4].publish(workers[i % 4].take_events())
+    return list(zip(workers, pubs)), docs
+
+
+def start(cmd: list[str], want: Callable[[str], int | None], pipe: str) -> tuple[subprocess.Popen, int]:
+    """Start a server process and read its port from its first matching line (stdout or stderr)."""
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ
+    )
+    stream = proc.stdout if pipe == "stdout" else proc.stderr
+    assert stream is not None
+    for line in stream:
+        port = want(line)
+        if port is not None:
+            threading.Thread(target=stream.read, daemon=True).start()  # drain
+            return proc, port
+    raise SystemExit(f"{cmd[2:4]} did not start: {proc.stderr.read() if proc.stderr else ''}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.stdin is not None:
+        proc.stdin.close()
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def wait_matched(port: int, docs: dict[int, list[int]]) -> None:
+    """Until route's /score matches every document's whole pages (its index caught up)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ok = True
+        for size, doc in docs.items():
+            conn = Conn(port)
+            try:
+                conn.sock.sendall(request_bytes(json.dumps({"tokens": doc}).encode(), close=True))
+                data = b""
+                while chunk := conn.sock.recv(1 << 16):
+                    data += chunk
+            finally:
+                conn.close()
+            answer = json.loads(data.split(b"\r\n\r\n", 1)[1])
+            ok = ok and bool(answer["workers"]) and answer["workers"][0]["matched_pages"] == size // PAGE
+        if ok:
+            return
+        time.sleep(0.1)
+    raise SystemExit("route did not catch up with the published documents within 60 s")
+
+
+# ------------------------------------------------------------------ the run
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -35,185 +262,122 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-# ------------------------------------------------------------------ client process
-
-
-def client(host: str, port: int, requests: int, connections: int, burst: int, bodies_path: str) -> None:
-    bodies = json.loads(Path(bodies_path).read_text())
-    lat: list[float] = []
-    statuses: Counter[int] = Counter()
-    errors: Counter[str] = Counter()
-    lock = threading.Lock()
-    per = requests // connections
-
-    def keep_alive(k: int) -> None:
-        conn = http.client.HTTPConnection(host, port, timeout=30)
-        mine, codes = [], Counter()
-        try:
-            for i in range(per):
-                body = json.dumps(bodies[(k * per + i) % len(bodies)]).encode()
-                t0 = time.perf_counter()
-                conn.request("POST", "/score", body, {"Content-Type": "application/json"})
-                resp = conn.getresponse()
-                resp.read()
-                mine.append((time.perf_counter() - t0) * 1000)
-                codes[resp.status] += 1
-        except OSError as exc:
-            with lock:
-                errors[type(exc).__name__] += 1
-        finally:
-            conn.close()
-        with lock:
-            lat.extend(mine)
-            statuses.update(codes)
-
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=keep_alive, args=(k,)) for k in range(connections)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-
-    go = threading.Barrier(burst)
-    burst_codes: Counter[str] = Counter()
-    burst_lat: list[float] = []
-    raw = json.dumps(bodies[0]).encode()
-    req = (
-        b"POST /score HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\nConnection: close\r\n"
-        b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n" + raw
-    )
-
-    def new_connection() -> None:
-        go.wait()
-        t1 = time.perf_counter()
-        try:
-            with socket.create_connection((host, port), timeout=30) as s:
-                s.sendall(req)
-                data = b""
-                while chunk := s.recv(65536):
-                    data += chunk
-            code = data.split(b" ", 2)[1].decode() if data.startswith(b"HTTP/") else "no answer"
-        except OSError as exc:
-            code = type(exc).__name__
-        with lock:
-            burst_codes[code] += 1
-            burst_lat.append((time.perf_counter() - t1) * 1000)
-
-    threads = [threading.Thread(target=new_connection) for _ in range(burst)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    print(
-        json.dumps(
-            {
-                "n": len(lat),
-                "wall_s": wall,
-                "p50_ms": _pct(lat, 0.5),
-                "p99_ms": _pct(lat, 0.99),
-                "max_ms": max(lat),
-                "statuses": dict(statuses),
-                "errors": dict(errors),
-                "burst": dict(burst_codes),
-                "burst_p50_ms": _pct(burst_lat, 0.5),
-                "burst_max_ms": max(burst_lat),
+def measure(
+    servers: dict[str, tuple[subprocess.Popen, int]], body: bytes, n: int, rounds: int
+) -> dict[str, dict[str, dict]]:
+    """Every mode against every server, in `rounds` turns each (so both see the same machine); per
+    mode and server: p50, p99, requests/s (20 clients: over their wall time), server CPU per request."""
+    out: dict[str, dict[str, dict]] = {}
+    modes: dict[str, Callable[[int, int, Counter[int]], tuple[list[float], float]]] = {
+        "keep-alive": lambda port, k, codes: (keep_alive(port, body, k, codes), 0.0),
+        "new connection": lambda port, k, codes: (new_connections(port, body, max(1, k // 2), codes), 0.0),
+        f"{CLIENTS} clients": lambda port, k, codes: concurrent(port, body, k, codes),
+    }
+    for mode, run in modes.items():
+        acc = {name: {"lat": [], "wall": 0.0, "cpu": 0.0, "codes": Counter()} for name in servers}
+        for r in range(rounds):
+            for name in sorted(servers, reverse=bool(r % 2)):  # floor first, then route first, ...
+                proc, port = servers[name]
+                cpu0, t0 = cpu_s(proc.pid), time.perf_counter()
+                lat, wall = run(port, max(CLIENTS, n // rounds), acc[name]["codes"])
+                acc[name]["wall"] += wall or time.perf_counter() - t0
+                acc[name]["cpu"] += cpu_s(proc.pid) - cpu0
+                acc[name]["lat"] += lat
+        out[mode] = {
+            name: {
+                "p50": _pct(a["lat"], 0.5),
+                "p99": _pct(a["lat"], 0.99),
+                "rps": len(a["lat"]) / a["wall"],
+                "cpu_us": a["cpu"] / max(1, len(a["lat"])) * 1e6,
+                "codes": dict(a["codes"]),
             }
+            for name, a in acc.items()
+        }
+    return out
+
+
+def report(size: int, res: dict[str, dict[str, dict]]) -> list[bool]:
+    """Print one size's rows; the targets met (p50 <= 1.5x, p99 <= 2x floor; 20 clients >= 0.7x req/s)."""
+    met = []
+    for mode, by in res.items():
+        f, r = by["floor"], by["route"]
+        if mode.endswith("clients"):
+            ok = r["rps"] >= 0.7 * f["rps"]
+            verdict = f"req/s {r['rps'] / f['rps']:.2f}x floor (>= 0.7x: {'met' if ok else 'MISSED'})"
+        else:
+            ok = r["p50"] <= 1.5 * f["p50"] and r["p99"] <= 2 * f["p99"]
+            verdict = f"p50 {r['p50'] / f['p50']:.2f}x, p99 {r['p99'] / f['p99']:.2f}x ({'met' if ok else 'MISSED'})"
+        met.append(ok)
+        bad = {k: v for k, v in {**f["codes"], **r["codes"]}.items() if k != 200}
+        print(
+            f"| {size:,} | {mode} | {r['p50']:,.0f} / {r['p99']:,.0f} | {f['p50']:,.0f} / {f['p99']:,.0f} | "
+            f"{r['rps']:,.0f} / {f['rps']:,.0f} | {r['cpu_us']:,.0f} / {f['cpu_us']:,.0f} | {verdict}"
+            f"{f' non-200: {bad}' if bad else ''} |"
         )
-    )
-
-
-# ------------------------------------------------------------------ server side
+    return met
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=2000)
-    ap.add_argument("--connections", type=int, default=20)
-    ap.add_argument("--burst", type=int, default=100)
-    ap.add_argument("--client", nargs=6, help=argparse.SUPPRESS)
+    ap.add_argument("--requests", type=int, default=1000, help="per server, size and mode (new connections: half)")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[256, 2048, 8192], help="tokens per body")
+    ap.add_argument("--rounds", type=int, default=5, help="turns per cell, the servers alternating")
+    ap.add_argument("--burst", type=int, default=100, help="new connections at once at the end (0: none)")
     args = ap.parse_args()
-    if args.client:
-        h, p, r, c, b, path = args.client
-        return client(h, int(p), int(r), int(c), int(b), path)
+    if args.requests < CLIENTS or min(args.sizes) < PAGE:
+        raise SystemExit(f"--requests must be >= {CLIENTS} and every size >= {PAGE}")
 
-    import tempfile
-
-    from kvevents.consumers.service.core import RouterService
-    from kvevents.sim.worker import SimWorker, Workload
-    from kvevents.zeromq.publisher import Publisher
-    from kvevents.zeromq.subscriber import Source
-
-    workers = [SimWorker(f"w{i}", page_size=16, capacity_pages=4000) for i in range(4)]
-    pubs = [Publisher(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", bind=True) for _ in workers]
-    service = RouterService(
-        [Source(p.endpoint, p.replay_endpoint, w.name) for p, w in zip(pubs, workers)], page_size=16
-    )
-    service.start()
+    pairs, docs = feed(args.sizes)
+    servers: dict[str, tuple[subprocess.Popen, int]] = {}
     try:
-        reqs = Workload(seed=7, page_size=16).take(2000)
-        for w, p in zip(workers, pubs):
-            p.publish(w.take_events())
-        for i, r in enumerate(reqs):
-            w, p = workers[i % 4], pubs[i % 4]
-            w.serve(r)
-            p.publish(w.take_events())
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if all((service.applied_seq(w.name) or -1) >= p.stats()["next_seq"] - 1 for w, p in zip(workers, pubs)):
-                break
-            time.sleep(0.05)
-        host, port = service.serve_http("127.0.0.1", 0)
-        bodies = [{"tokens": r.tokens, "cache_salt": r.namespace.cache_salt, "lora_name": r.lora_name} for r in reqs]
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-            json.dump(bodies, f)
-        import resource
-
-        ru0, rc0 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        out = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--client",
-                host,
-                str(port),
-                str(args.requests),
-                str(args.connections),
-                str(args.burst),
-                f.name,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        ru1, rc1 = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        server_cpu = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
-        client_cpu = (rc1.ru_utime + rc1.ru_stime) - (rc0.ru_utime + rc0.ru_stime)
-        Path(f.name).unlink()
-        if out.returncode:
-            sys.exit(f"client failed: {out.stderr.strip()}")
-        res = json.loads(out.stdout.strip().splitlines()[-1])
-        copies = service.stats()["copies"]
-        mean_tokens = sum(len(b["tokens"]) for b in bodies) / len(bodies)
-        print(f"index: {copies:,} block copies over 4 workers; request bodies {mean_tokens:.0f} tokens on average")
+        pubs = [f"--publisher={w.name}={p.endpoint},{p.replay_endpoint}" for w, p in pairs]
+        route_cmd = [sys.executable, "-m", "kvevents", "route", *pubs, "--http", "127.0.0.1:0", "--seed", "0"]
+        servers["route"] = start(route_cmd, _route_port, "stderr")
+        floor, floor_port = start([sys.executable, str(FLOOR)], _floor_port, "stdout")
+        servers["floor"] = (floor, floor_port)
+        wait_matched(servers["route"][1], docs)
         print(
-            f"keep-alive: {res['n']:,} requests over {args.connections} connections in {res['wall_s']:.2f} s "
-            f"({res['n'] / res['wall_s']:,.0f}/s): p50 {res['p50_ms']:.2f} ms, p99 {res['p99_ms']:.2f} ms, "
-            f"max {res['max_ms']:.2f} ms; statuses {res['statuses']}, errors {res['errors'] or 'none'}"
-        )
-        n_all = res["n"] + args.burst
-        print(
-            f"CPU per request: server {server_cpu / n_all * 1e3:.2f} ms, client process {client_cpu / n_all * 1e3:.2f} ms "
-            f"(both phases; 2 cores shared)"
+            f"loopback, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at the start; "
+            f"{args.requests} requests per cell ({args.rounds} turns each); floor: uvicorn {_FLOOR_SAYS['http']}"
         )
         print(
-            f"burst: {args.burst} new connections at once: {res['burst']} "
-            f"(p50 {res['burst_p50_ms']:.1f} ms, slowest {res['burst_max_ms']:.1f} ms)"
+            "| tokens | mode | route p50 / p99 us | floor p50 / p99 us | route / floor req/s | server CPU us/req route / floor | target |"
         )
+        print("|---|---|---|---|---|---|---|")
+        met = []
+        for size in args.sizes:
+            met += report(
+                size, measure(servers, json.dumps({"tokens": docs[size]}).encode(), args.requests, args.rounds)
+            )
+        if args.burst:
+            for name, (_, port) in servers.items():
+                codes, lat = burst(port, json.dumps({"tokens": docs[args.sizes[0]]}).encode(), args.burst)
+                print(
+                    f"burst {name}: {args.burst} new connections at once: {dict(codes)}, "
+                    f"p50 {_pct(lat, 0.5) / 1e3:.1f} ms, slowest {max(lat) / 1e3:.1f} ms"
+                )
+        print(f"targets met: {sum(met)} of {len(met)}")
     finally:
-        service.stop()
-        for p in pubs:
+        for proc, _ in servers.values():
+            stop(proc)
+        for _, p in pairs:
             p.close(0.2)
+
+
+def _route_port(line: str) -> int | None:
+    if line.startswith("kvevents route:") and "http://" in line:
+        return int(line.split("http://", 1)[1].split()[0].rsplit(":", 1)[1])
+    return None
+
+
+_FLOOR_SAYS: dict = {}
+
+
+def _floor_port(line: str) -> int | None:
+    if not line.startswith("{"):
+        return None
+    _FLOOR_SAYS.update(json.loads(line))
+    return int(_FLOOR_SAYS["port"])
 
 
 if __name__ == "__main__":

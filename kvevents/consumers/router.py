@@ -26,6 +26,7 @@ from kvevents.hashing import (
     event_hashes_int64,
     event_seed,
     pack_tokens,
+    packed_chain,
     packed_to_int64,
     packed_to_int64_array,
     split_pages,
@@ -107,6 +108,12 @@ class PrefixRouter:
         """`request_hashes` as an int64 numpy array (what the lookup consumes)."""
         seed = _event_seed(Namespace(cache_salt=cache_salt).cache_salt)
         return np.frombuffer(packed_to_int64_array(whole_pages_chain(token_ids, self.page_size, seed)), np.int64)
+
+    def hash_packed(self, packed: bytes, cache_salt: str | None = None) -> np.ndarray:
+        """`hash_array` of ids already packed (little-endian uint32, as `pack_tokens` gives them)."""
+        seed = _event_seed(Namespace(cache_salt=cache_salt).cache_salt)
+        whole = packed[: len(packed) - len(packed) % (4 * self.page_size)]
+        return np.frombuffer(packed_to_int64_array(packed_chain(whole, self.page_size, seed)), np.int64)
 
     def _pages(self, token_ids: Sequence[int], cache_salt: str | None) -> tuple[list[bytes], bytes | None]:
         """The request's whole pages as packed bytes (every id validated up front), and the event seed."""

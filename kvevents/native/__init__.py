@@ -33,6 +33,7 @@ __all__ = [
     "walk",
     "set_bits_each",
     "pack_u32",
+    "pack_json_u32",
     "all_int64",
     "chain_list",
     "portable_sha",
@@ -92,6 +93,12 @@ def portable_sha() -> Iterator[None]:
 def pack_u32(token_ids: list) -> bytes | None:
     """Little-endian uint32 bytes of a list of ints, or None when one is not in 0..2**32-1."""
     return _c.pack_u32(token_ids)  # type: ignore[union-attr]
+
+
+def pack_json_u32(text: Any) -> bytes | None:
+    """Little-endian uint32 bytes of a JSON array of plain token ids (digits only, 0..2**32-1), or
+    None for any other text (twin: consumers.score_body.pack_json_ids_py)."""
+    return _c.pack_json_u32(text)  # type: ignore[union-attr]
 
 
 def all_int64(hashes: list, prev: int | None) -> bool:

@@ -24,6 +24,7 @@
 #define MIX 0x9E3779B97F4A7C15ULL
 #define LIVE_BYTES 0x0101010101010101ULL
 #define MAX_PAGES ((Py_ssize_t)1 << 40)
+#define RELEASE_GIL_BYTES ((Py_ssize_t)1 << 20) /* chain_packed lets the GIL go from 1 MiB (~2.5 ms of SHA-256) */
 
 #if defined(__GNUC__) || defined(__clang__)
 #define PREFETCH(p) __builtin_prefetch((p), 0, 3)
@@ -164,7 +165,10 @@ static PyObject *chain_packed(PyObject *self, PyObject *args) {
     if (!out) { PyBuffer_Release(&b); return NULL; }
     uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
     const uint8_t *p = b.buf;
-    Py_BEGIN_ALLOW_THREADS
+    /* The GIL is let go only for a long chain: for a request's few pages (microseconds) another
+     * thread took it meanwhile and the caller waited to get it back (a /score at 256 tokens on the
+     * router's event loop: 2 us of hashing, ~20 us in all). */
+    PyThreadState *ts = b.len >= RELEASE_GIL_BYTES ? PyEval_SaveThread() : NULL;
     for (Py_ssize_t i = 0; i < npages; i++) {
         Py_ssize_t off = i * step, len = b.len - off < step ? b.len - off : step;
         if (have) kv_sha256_2(prev, 32, p + off, (size_t)len, o + 32 * i);
@@ -172,7 +176,7 @@ static PyObject *chain_packed(PyObject *self, PyObject *args) {
         memcpy(prev, o + 32 * i, 32);
         have = 1;
     }
-    Py_END_ALLOW_THREADS
+    if (ts) PyEval_RestoreThread(ts);
     PyBuffer_Release(&b);
     return out;
 }
@@ -305,6 +309,60 @@ bad:
     Py_DECREF(out);
     Py_RETURN_NONE;
 }
+
+/* pack_json_u32(text) -> little-endian uint32 bytes of a JSON array of token ids, or None unless the
+ * text is exactly that: '[' ids ']' with JSON whitespace, each id plain digits (no sign, fraction,
+ * exponent or leading zero) in 0..2**32-1. The /score body's tokens, read without an int object per
+ * id; anything else (None) is decoded the usual way, which accepts or names it. The twin of
+ * consumers.score_body.pack_json_ids_py. */
+#define JSON_WS(c) ((c) == ' ' || (c) == '\t' || (c) == '\n' || (c) == '\r')
+static PyObject *pack_json_u32(PyObject *self, PyObject *arg) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "pack_json_u32 needs a bytes-like object");
+        return NULL;
+    }
+    const uint8_t *p = (const uint8_t *)b.buf, *end = p + b.len;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (b.len / 2 + 1) * 4); /* ids <= (len + 1) / 2 */
+    if (!out) { PyBuffer_Release(&b); return NULL; }
+    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
+    Py_ssize_t n = 0;
+    while (p < end && JSON_WS(*p)) p++;
+    if (p == end || *p++ != '[') goto bad;
+    while (p < end && JSON_WS(*p)) p++;
+    if (p < end && *p == ']') { p++; goto tail; }
+    for (;;) {
+        if (p == end || *p < '0' || *p > '9') goto bad;
+        uint64_t v = (uint64_t)(*p++ - '0');
+        if (v == 0 && p < end && *p >= '0' && *p <= '9') goto bad; /* a leading zero */
+        int digits = 1;
+        while (p < end && *p >= '0' && *p <= '9') {
+            if (++digits > 10) goto bad;
+            v = v * 10 + (uint64_t)(*p++ - '0');
+        }
+        if (v > 0xFFFFFFFFULL) goto bad;
+        o[0] = (uint8_t)v; o[1] = (uint8_t)(v >> 8); o[2] = (uint8_t)(v >> 16); o[3] = (uint8_t)(v >> 24);
+        o += 4;
+        n++;
+        while (p < end && JSON_WS(*p)) p++;
+        if (p == end) goto bad;
+        if (*p == ']') { p++; break; }
+        if (*p++ != ',') goto bad;
+        while (p < end && JSON_WS(*p)) p++;
+    }
+tail:
+    while (p < end && JSON_WS(*p)) p++;
+    if (p != end) goto bad;
+    PyBuffer_Release(&b);
+    if (_PyBytes_Resize(&out, n * 4) < 0) return NULL;
+    return out;
+bad:
+    PyBuffer_Release(&b);
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+}
+#undef JSON_WS
 
 /* all_int64(hashes, prev) -> bool: every hash (and prev, unless None) an exact int in int64 range. */
 static PyObject *all_int64(PyObject *self, PyObject *args) {
@@ -1059,6 +1117,7 @@ static PyMethodDef methods[] = {
     {"digests_int64", digests_int64, METH_O, "digests_int64(digests) -> native int64 bytes (the published ints)"},
     {"pack_u32", pack_u32, METH_O, "pack_u32(list) -> little-endian uint32 bytes, or None (bad id)"},
     {"chain_list", chain_list, METH_VARARGS, "chain_list(tokens, page_size, prior, whole) -> digests, or None (bad id)"},
+    {"pack_json_u32", pack_json_u32, METH_O, "pack_json_u32(text) -> uint32 bytes of a JSON id array, or None"},
     {"all_int64", all_int64, METH_VARARGS, "all_int64(hashes, prev) -> every value an exact int in int64 range"},
     {"sha_impl", sha_impl, METH_NOARGS, "the SHA-256 compression in use: 'sha-ni' or 'portable'"},
     {"select_sha", select_sha, METH_O, "select_sha(allow_shani) -> the compression now in use"},

@@ -73,6 +73,11 @@ class CompletionsServer:
 
         class _Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # keep-alive answers went out as two writes (headers, body) with Nagle on: the body waited
+            # ~40 ms for the client's delayed ACK (issue 30). Now TCP_NODELAY, and a buffered wfile that
+            # handle_one_request flushes once per request: headers and body leave in one write.
+            disable_nagle_algorithm = True
+            wbufsize = -1
 
             def log_message(self, format: str, *args: Any) -> None:
                 pass

@@ -22,6 +22,15 @@ from kvevents.consumers.keying import SourceKeyer
 from kvevents.consumers.prompts import MAX_MESSAGES, PromptRenderer
 from kvevents.consumers.router import PrefixRouter, WorkerScore
 from kvevents.consumers.service.metrics import ServiceMetrics
+from kvevents.consumers.service.score_body import (
+    MAX_NAME_CHARS,
+    MAX_TOKEN_ID,
+    MAX_TOKENS,
+    ScoreBody,
+    ScoreHead,
+    decode_fast,
+    decode_packed,
+)
 from kvevents.consumers.service.status import StatusBoard
 from kvevents.zeromq.subscriber import Delivery, Reset, Source, SourceStatus, Subscriber, parse_source
 
@@ -38,10 +47,8 @@ __all__ = [
 log = logging.getLogger("kvevents.consumers.service.core")
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
-MAX_NAME_CHARS = 256  # lora_name / cache_salt longer than this are refused (400): per-request strings stay small
-MAX_TOKENS = 4_000_000
 MAX_PROMPT_CHARS = 16_000_000  # a text prompt of ~4M tokens at most
-TokenId = Annotated[int, Field(strict=True, ge=0, le=2**32 - 1)]
+TokenId = Annotated[int, Field(strict=True, ge=0, le=MAX_TOKEN_ID)]
 
 
 class ScoreRequest(BaseModel):
@@ -276,25 +283,26 @@ class RouterService:
 
         The request is hashed outside the index lock and looked up inside it.
         """
-        try:
-            req = ScoreRequest.model_validate_json(body)
-        except ValidationError as exc:
-            first: dict[str, Any] = dict(exc.errors()[0]) if exc.error_count() else {}
-            if first.get("type") == "json_invalid":
-                return self._count(400, {"error": f"body is not valid JSON: {first.get('msg', '')}"})
-            return self._count(400, {"error": _validation_message(exc)})
+        decoded = _decode_score(body)
+        if isinstance(decoded, str):
+            return self._count(400, {"error": decoded})
+        req, tokens = decoded
         t0 = time.perf_counter()
         extra: dict[str, Any] = {}
         try:
-            tokens = self.request_tokens(req)
-            if req.explain:
+            if isinstance(req, ScoreRequest) or tokens is None:  # the slow path: prompt or messages maybe
+                tokens = self.request_tokens(req)  # type: ignore[arg-type]  # (only ScoreRequest gives None)
+            if req.explain and isinstance(tokens, list):  # (packed ids never come with explain)
                 with self.lock:
                     detail = self.router.explain(tokens, req.cache_salt, req.lora_name)
                     names = dict(self._names)
                 ranked = [_as_score(w) for w in detail["workers"]]
                 extra["hashes"] = [str(h) for h in detail["hashes"]]
             else:
-                hashes = self.router.hash_array(tokens, req.cache_salt)
+                if isinstance(tokens, bytes):
+                    hashes = self.router.hash_packed(tokens, req.cache_salt)
+                else:
+                    hashes = self.router.hash_array(tokens, req.cache_salt)
                 with self.lock:
                     ranked = self.router.score_hashes(hashes, req.lora_name)  # type: ignore[arg-type]  # an int64 array
                     names = dict(self._names)
@@ -324,7 +332,7 @@ class RouterService:
         self.status.scored(top_pages)
         self.metrics.score_matched_pages.observe(top_pages)
         out = {
-            "pages": len(tokens) // self.router.page_size,
+            "pages": (len(tokens) // 4 if isinstance(tokens, bytes) else len(tokens)) // self.router.page_size,
             "page_size": self.router.page_size,
             "best": best["worker"] if best else None,
             "best_dp_rank": best["dp_rank"] if best else None,
@@ -468,6 +476,25 @@ class RouterService:
         self._http = server
         self.status.start()  # one sample a second for the status page's last minutes
         return bound
+
+
+def _decode_score(body: bytes) -> tuple[ScoreHead | ScoreBody | ScoreRequest, bytes | list[int] | None] | str:
+    """The /score body's fields and its token ids (packed uint32 bytes on the compiled path, else a
+    list; None for a prompt or chat), or the 400's message. The fast decoders take the usual body; ScoreRequest the rest."""
+    packed = decode_packed(body)  # ~3x cheaper than pydantic at 8,192 tokens: no int object per id
+    if packed is not None:
+        return packed
+    fast = decode_fast(body)  # explain, or not compiled
+    if fast is not None:
+        return fast, fast.tokens
+    try:
+        req = ScoreRequest.model_validate_json(body)
+    except ValidationError as exc:
+        first: dict[str, Any] = dict(exc.errors()[0]) if exc.error_count() else {}
+        if first.get("type") == "json_invalid":
+            return f"body is not valid JSON: {first.get('msg', '')}"
+        return _validation_message(exc)
+    return req, req.tokens
 
 
 def _as_score(d: dict[str, Any]) -> WorkerScore:
