@@ -13,16 +13,19 @@ import logging
 import threading
 import time
 from collections import Counter
-from typing import Annotated, Any, Mapping, Protocol, Sequence
+from typing import Annotated, Any, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kvevents.consumers.indexer import BlockIndex, worker_label
+from kvevents.consumers.indexer import BlockIndex
 from kvevents.consumers.keying import SourceKeyer
-from kvevents.consumers.router import PrefixRouter, WorkerScore
+from kvevents.consumers.router import LoadHints, PrefixRouter, WorkerScore
 from kvevents.consumers.service.metrics import ServiceMetrics
 from kvevents.consumers.service.status import StatusBoard
-from kvevents.zeromq.subscriber import Delivery, Reset, Source, SourceStatus, Subscriber, parse_source
+from kvevents.consumers.worker_key import WorkerKey
+from kvevents.events import rank_of
+from kvevents.feed import Delivery, EventFeed, FeedLoop, Reset, dispatch
+from kvevents.zeromq.subscriber import Source, Subscriber, parse_source
 
 __all__ = [
     "RouterService",
@@ -56,25 +59,6 @@ class ScoreRequest(BaseModel):
     )
     top_k: int | None = Field(None, ge=1, description="Return only the best k workers.")
     explain: bool = Field(False, description="Add the request's page hashes and each worker's pages by medium.")
-
-
-class EventFeed(Protocol):
-    """What RouterService consumes: kvevents.zeromq.subscriber.Subscriber's polling interface.
-
-    The service calls `start()` once, then `poll()` from its own thread and applies every Delivery
-    and Reset returned, in order; `status()` (name -> SourceStatus) and `counters()` feed
-    /workers, the stale flags and /metrics; `stop()` releases everything.
-    """
-
-    def start(self) -> object: ...
-
-    def stop(self) -> None: ...
-
-    def poll(self, timeout_s: float = 0.0) -> Sequence[Delivery | Reset]: ...
-
-    def status(self) -> Mapping[str, SourceStatus]: ...
-
-    def counters(self) -> Mapping[str, int]: ...
 
 
 def parse_publisher(spec: str) -> Source:
@@ -137,8 +121,8 @@ class RouterService:
         self.feed: EventFeed = feed if feed is not None else self.subscriber  # type: ignore[assignment]
         self._pump: threading.Thread | None = None
         self._stop = threading.Event()
+        self._pump_counters: Counter[str] = Counter()  # loop_errors, callback_errors of the feed pump
         self._state: dict[str, _SourceState] = {}
-        self._names: dict[str, tuple[str, int]] = {}  # index label -> (source name, dp rank)
         self._batches: Counter[tuple[str, str]] = Counter()
         self._resets: Counter[tuple[str, str]] = Counter()
         self._count_lock = threading.Lock()  # HTTP threads count requests
@@ -152,12 +136,9 @@ class RouterService:
     # ---------------------------------------------------------------- feed
 
     def _on_delivery(self, d: Delivery) -> None:
-        rank = d.dp_rank if isinstance(d.dp_rank, int) and d.dp_rank >= 0 else 0
-        batch_rank = d.batch.data_parallel_rank  # the rank BlockIndex files the blocks under
-        label_rank = batch_rank if isinstance(batch_rank, int) and batch_rank >= 0 else 0
+        rank = rank_of(d.dp_rank)
         with self.lock:
             self.keyer.apply(self.index, d.source, d.batch, d.payload or None)
-            self._names.setdefault(worker_label(d.source, label_rank), (d.source, label_rank))
             st = self._state.get(d.source)
             if st is None:
                 st = self._state[d.source] = _SourceState()
@@ -172,7 +153,7 @@ class RouterService:
             self.events_applied += len(d.batch.events)
 
     def _on_reset(self, r: Reset) -> None:
-        rank = r.dp_rank if isinstance(r.dp_rank, int) and r.dp_rank >= 0 else 0  # as BlockIndex.apply
+        rank = rank_of(r.dp_rank)  # as BlockIndex.apply
         with self.lock:
             self.index.drop_source(r.source, rank)
             self.keyer.reset(r.source, rank)
@@ -183,13 +164,12 @@ class RouterService:
                 st.ranks.pop(rank, None)
 
     def process(self, timeout_s: float = 0.0) -> int:
-        """Drive the feed without a thread: poll once and apply; returns items handled."""
-        items = self.feed.poll(timeout_s)
-        for item in items:
-            if isinstance(item, Delivery):
-                self._on_delivery(item)
-            else:
-                self._on_reset(item)
+        """Drive the feed without a thread: poll once and apply (kvevents.feed.dispatch: an item
+        that fails to apply is logged, counted and skipped); returns items handled."""
+        items = list(self.feed.poll(timeout_s))
+        failed = dispatch(items, self._on_delivery, self._on_reset)
+        if failed:
+            self._pump_counters["callback_errors"] += failed
         return len(items)
 
     def applied_seq(self, source: str, dp_rank: int = 0) -> int | None:
@@ -205,17 +185,12 @@ class RouterService:
             return self
         if self._pump is None:
             self.feed.start()
-            self._pump = threading.Thread(target=self._pump_feed, name="kvevents-route-feed", daemon=True)
-            self._pump.start()
+            loop = FeedLoop(
+                self.feed.poll, self._on_delivery, self._on_reset, stop=self._stop, counters=self._pump_counters,
+                logger=log, name="kvevents-route-feed",
+            )  # fmt: skip
+            self._pump = loop.start()
         return self
-
-    def _pump_feed(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.process(0.05)
-            except Exception as exc:  # noqa: BLE001 - a feed error must not end the service silently
-                log.error("event feed poll failed: %s: %s", type(exc).__name__, exc)
-                self._stop.wait(0.5)
 
     def stop(self) -> None:
         """Stop HTTP (if serving) and the feed; closes every socket."""
@@ -243,7 +218,7 @@ class RouterService:
         cache_salt: str | None = None,
         lora_name: str | None = None,
         *,
-        loads: Mapping[str, float] | None = None,
+        loads: LoadHints | None = None,
     ) -> list[WorkerScore]:
         """Rank workers for a request (ValueError on bad token ids); `loads` breaks ties."""
         t0 = time.perf_counter()
@@ -267,17 +242,13 @@ class RouterService:
         t0 = time.perf_counter()
         extra: dict[str, Any] = {}
         try:
-            if req.explain:
-                with self.lock:
-                    detail = self.router.explain(req.tokens, req.cache_salt, req.lora_name)
-                    names = dict(self._names)
-                ranked = [_as_score(w) for w in detail["workers"]]
-                extra["hashes"] = [str(h) for h in detail["hashes"]]
+            if req.explain:  # the hashes as a list, to show them
+                hashes: Any = self.router.request_hashes(req.tokens, req.cache_salt)
+                extra["hashes"] = [str(h) for h in hashes]
             else:
                 hashes = self.router.hash_array(req.tokens, req.cache_salt)
-                with self.lock:
-                    ranked = self.router.score_hashes(hashes, req.lora_name)  # type: ignore[arg-type]  # an int64 array
-                    names = dict(self._names)
+            with self.lock:
+                ranked = self.router.score_hashes(hashes, req.lora_name)
         except ValueError as exc:
             return self._count(400, {"error": str(exc)})
         self.metrics.score_seconds.observe(time.perf_counter() - t0)
@@ -286,10 +257,10 @@ class RouterService:
             ranked = ranked[: req.top_k]
         workers = []
         for w in ranked:
-            name, rank = names.get(w.worker, (w.worker, 0))
+            name = w.key.source
             entry: dict[str, Any] = {
                 "worker": name,
-                "dp_rank": rank,
+                "dp_rank": w.key.dp_rank,
                 "score": round(w.score, 6),
                 "matched_pages": w.matched_pages,
                 "matched_tokens": w.matched_tokens,
@@ -338,13 +309,13 @@ class RouterService:
         status = self.feed.status()
         now = time.time()
         with self.lock:
-            counts = self.index.block_counts()
+            counts = self.index.worker_block_counts()
             out: list[dict[str, Any]] = []
             for name, sst in status.items():
                 st = self._state.get(name, _SourceState())
                 ranks = sorted(st.ranks) or [0]  # a source with nothing applied yet shows as rank 0
                 for rank in ranks:
-                    media = counts.get(worker_label(name, rank), {})
+                    media = counts.get(WorkerKey(name, rank), {})
                     out.append(
                         {
                             "worker": name,
@@ -363,10 +334,10 @@ class RouterService:
                     )
             return {"workers": out, "index": self.index.stats()}
 
-    def adapter_counts(self) -> dict[str, dict[str, int]]:
-        """Per worker label: adapter (lora_name, "" for the base model) -> block copies. O(index)."""
+    def adapter_counts(self) -> dict[WorkerKey, dict[str, int]]:
+        """Per worker: adapter (lora_name, "" for the base model) -> block copies. O(index)."""
         with self.lock:
-            return self.index.adapter_counts()
+            return self.index.worker_adapter_counts()
 
     def status_view(self) -> dict[str, Any]:
         """GET /status.json: /workers plus copies by adapter, per-source repairs, /score outcomes."""
@@ -393,9 +364,16 @@ class RouterService:
                 "blocks": self.index.block_counts(),
                 "entries": self.index.distinct_hashes,
                 "sources": sources,
-                "subscriber": dict(self.feed.counters()),
+                "subscriber": self._feed_counters(),
                 "score_requests": score_requests,
             }
+
+    def _feed_counters(self) -> dict[str, int]:
+        """The feed's counters, plus the errors of the service's own pump (a feed without a thread)."""
+        out = dict(self.feed.counters())
+        for key, n in self._pump_counters.items():
+            out[key] = out.get(key, 0) + n
+        return out
 
     def stats(self) -> dict[str, Any]:
         """Plain counters for reports: batches by kind, resets by reason, index counters."""
@@ -430,13 +408,6 @@ class RouterService:
         self._http = server
         self.status.start()  # one sample a second for the status page's last minutes
         return bound
-
-
-def _as_score(d: dict[str, Any]) -> WorkerScore:
-    """A WorkerScore back from PrefixRouter.explain's dicts."""
-    return WorkerScore(
-        d["worker"], d["score"], d["matched_pages"], d["matched_tokens"], d["load"], d["pages_by_medium"]
-    )
 
 
 def _validation_message(exc: ValidationError) -> str:
