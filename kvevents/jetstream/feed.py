@@ -325,18 +325,7 @@ class JetStreamFeed:
                 stop=self._stop.is_set,
             )
             js = nc.jetstream()
-            waited = False
-            while True:
-                try:
-                    info = await js.stream_info(self.stream, subjects_filter=stream_filter(self.stream))
-                    break
-                except NotFoundError:
-                    if not waited:
-                        log.warning("JetStream stream %s not found yet; waiting for a bridge to create it", self.stream)
-                        waited = True
-                except Exception as exc:  # noqa: BLE001 - NATS restarting: retry
-                    log.debug("stream info: %s", exc)
-                await asyncio.sleep(0.5)
+            info = await self._stream_info(js)
             self._connected.set()
             subjects = info.state.subjects or {}
             last = int(info.state.last_seq or 0)
@@ -381,6 +370,22 @@ class JetStreamFeed:
         finally:
             if nc is not None:
                 await close(nc)
+
+    async def _stream_info(self, js: Any) -> Any:
+        """The stream's info (with its subjects), waiting for a bridge to create the stream."""
+        from nats.js.errors import NotFoundError
+
+        waited = False
+        while True:
+            try:
+                return await js.stream_info(self.stream, subjects_filter=stream_filter(self.stream))
+            except NotFoundError:
+                if not waited:
+                    log.warning("JetStream stream %s not found yet; waiting for a bridge to create it", self.stream)
+                    waited = True
+            except Exception as exc:  # noqa: BLE001 - NATS restarting: retry
+                log.debug("stream info: %s", exc)
+            await asyncio.sleep(0.5)
 
     async def _ordered(self, js: Any, cfg: Any) -> None:
         """Everything from the configured start, on an ordered push consumer (recreated after gaps or a restart)."""

@@ -1,10 +1,11 @@
 """The consumer service: subscribe to many publishers, keep a BlockIndex, answer over HTTP.
 
 `RouterService` is the glue: deliveries from an event feed (a kvevents Subscriber by default, or
-any object with its start/stop/poll/status/counters interface) are applied to the index (a Reset
-drops that source's state first), a PrefixRouter scores requests, and a FastAPI app on uvicorn
+any `kvevents.feed.EventFeed`, e.g. the JetStream feed) are applied to the index (a Reset drops
+that worker's state first), a PrefixRouter scores requests, and a FastAPI app on uvicorn
 (kvevents.consumers.service.http_api) serves POST /score, GET /workers, GET /metrics, /openapi.json and the status page. One lock
 guards the index: the feed's thread applies, HTTP requests hash outside it and look up inside.
+Workers are `WorkerKey`s throughout; the answers show a key as its source name and dp rank.
 """
 
 from __future__ import annotations
