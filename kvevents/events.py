@@ -30,6 +30,7 @@ __all__ = [
     "event_to_dict",
     "batch_json_schema",
     "SCHEMA_ID",
+    "is_rank",
     "rank_of",
 ]
 
@@ -127,9 +128,17 @@ class KVEventBatch(msgspec.Struct, array_like=True, gc=False):
 SCHEMA_ID = "urn:kvevents:schema:kvevent-batch:v1"
 
 
+def is_rank(data_parallel_rank: object) -> bool:
+    """True for what a batch may carry as its rank: nil or a non-negative int. A bool is not a
+    rank (True == 1 in Python, never on the wire: the decoders refuse it)."""
+    r = data_parallel_rank
+    return r is None or (isinstance(r, int) and not isinstance(r, bool) and r >= 0)
+
+
 def rank_of(data_parallel_rank: object) -> int:
     """The dp rank a consumer files a batch under: the batch's rank, or 0 when it is nil or not a
-    non-negative int (the one rank rule: SGLang and vLLM send nil for a single rank)."""
+    rank (`is_rank`: a bool, a negative or a non-int). The one rank rule (SGLang and vLLM send nil
+    for a single rank); every consumer calls it rather than testing the rank itself."""
     r = data_parallel_rank
     return r if isinstance(r, int) and not isinstance(r, bool) and r >= 0 else 0
 

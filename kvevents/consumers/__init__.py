@@ -6,5 +6,6 @@ Consumers use only kvevents' public API (kvevents, hashing, events, subscriber, 
 
 from kvevents.consumers.indexer import BlockIndex
 from kvevents.consumers.router import DEFAULT_MEDIUM_WEIGHTS, PrefixRouter, WorkerScore
+from kvevents.consumers.worker_key import WorkerKey
 
-__all__ = ["BlockIndex", "PrefixRouter", "WorkerScore", "DEFAULT_MEDIUM_WEIGHTS"]
+__all__ = ["BlockIndex", "PrefixRouter", "WorkerKey", "WorkerScore", "DEFAULT_MEDIUM_WEIGHTS"]

@@ -14,31 +14,43 @@ import numpy as np
 
 from kvevents.consumers.copies import WORD, Extra, iter_copies, set_bits, view_tally
 from kvevents.consumers.table import HAS_PARENT, HashTable, as_hashes
+from kvevents.consumers.worker_key import WorkerKey, worker_label
 
 __all__ = ["IndexReports", "WorkerEntry", "WorkerKey", "worker_label"]
 
-WorkerKey = tuple[str, int]
 
-
-def worker_label(source: str, dp_rank: int) -> str:
-    """The name a worker is reported under: the source, with `#dp<r>` for data-parallel ranks > 0."""
-    return source if dp_rank == 0 else f"{source}#dp{dp_rank}"
-
-
-@dataclass
+@dataclass(slots=True)
 class WorkerEntry:
-    """One (source, dp_rank) the index knows: its bit index and the label it is reported under."""
+    """One worker the index knows: its key, its bit index (the C fast path's small int) and the
+    label it is displayed under."""
 
     index: int
-    source: str
-    dp_rank: int
-    label: str
+    key: WorkerKey
+    label: str  # key.label, kept: reports and the router read it per worker
+
+    @property
+    def source(self) -> str:
+        return self.key.source
+
+    @property
+    def dp_rank(self) -> int:
+        return self.key.dp_rank
+
+
+def by_label(counts: dict[WorkerKey, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """Per-worker counts re-keyed by display label (workers sharing a label are summed)."""
+    out: dict[str, dict[str, int]] = {}
+    for key, per in counts.items():
+        row = out.setdefault(key.label, {})
+        for name, n in per.items():
+            row[name] = row.get(name, 0) + n
+    return out
 
 
 class IndexReports:
     """The reporting half of BlockIndex (which sets every attribute below)."""
 
-    _workers: dict[WorkerKey, WorkerEntry]
+    _workers: dict[tuple[str, int], WorkerEntry]  # every key is a WorkerKey (see BlockIndex.__init__)
     _by_index: dict[int, WorkerEntry]
     _views: list[HashTable]
     _cols: dict[tuple[int, int], int]
@@ -49,8 +61,12 @@ class IndexReports:
     _loras: list[str | None]
 
     def workers(self) -> list[str]:
-        """Labels of every known worker, in registration order."""
+        """Labels of every known worker, in registration order (for display: see `worker_keys`)."""
         return [w.label for w in self._workers.values()]
+
+    def worker_keys(self) -> list[WorkerKey]:
+        """Every known worker, in registration order."""
+        return [w.key for w in self._workers.values()]
 
     def _rows(self, block_hash: int) -> list[np.ndarray]:
         try:
@@ -61,16 +77,20 @@ class IndexReports:
 
     def workers_for(self, block_hash: int, medium: str | None = None) -> set[str]:
         """Labels of the workers holding at least one copy of `block_hash` (on `medium` if given)."""
+        return {key.label for key in self.keys_for(block_hash, medium)}
+
+    def keys_for(self, block_hash: int, medium: str | None = None) -> set[WorkerKey]:
+        """The workers holding at least one copy of `block_hash` (on `medium` if given)."""
         mi = None
         if medium is not None:
             mi = self._medium_ix.get(medium)
             if mi is None:
                 return set()
-        out: set[str] = set()
+        out: set[WorkerKey] = set()
         for row in self._rows(block_hash):
             for (m, word), col in self._cols.items():
                 if mi is None or m == mi:
-                    out.update(self._by_index[word * WORD + b].label for b in set_bits(int(row[col])))
+                    out.update(self._by_index[word * WORD + b].key for b in set_bits(int(row[col])))
         return out
 
     def parent_of(self, block_hash: int) -> int | None:
@@ -109,13 +129,17 @@ class IndexReports:
                     out[h] += n
         return out
 
-    def block_counts(self) -> dict[str, dict[str, int]]:
-        """Per worker label: medium -> copies held (media with zero copies omitted)."""
-        out: dict[str, dict[str, int]] = {w.label: {} for w in self._workers.values()}
+    def worker_block_counts(self) -> dict[WorkerKey, dict[str, int]]:
+        """Per worker: medium -> copies held (media with zero copies omitted)."""
+        out: dict[WorkerKey, dict[str, int]] = {w.key: {} for w in self._workers.values()}
         for (wi, mi), n in self._counts.items():
             if n:
-                out[self._by_index[wi].label][str(self._media[mi])] = n
+                out[self._by_index[wi].key][str(self._media[mi])] = n
         return out
+
+    def block_counts(self) -> dict[str, dict[str, int]]:
+        """`worker_block_counts` by display label (for JSON and metrics)."""
+        return by_label(self.worker_block_counts())
 
     def source_counts(self) -> dict[str, int]:
         """Per source name (all dp ranks): copies held on every medium."""
@@ -135,16 +159,21 @@ class IndexReports:
                 out[key] = out.get(key, 0) + n
         return out
 
-    def adapter_counts(self) -> dict[str, dict[str, int]]:
-        """Per worker label: adapter (lora_name; "" for the base model) -> copies held. O(index),
-        for status pages (one bit count per mask column and view)."""
-        out: dict[str, dict[str, int]] = {w.label: {} for w in self._workers.values()}
+    def worker_adapter_counts(self) -> dict[WorkerKey, dict[str, int]]:
+        """Per worker: adapter (lora_name; "" for the base model) -> copies held. O(index), for
+        status pages (one bit count per mask column and view)."""
+        out: dict[WorkerKey, dict[str, int]] = {w.key: {} for w in self._workers.values()}
         for (vid, wi), n in view_tally(self._views, self._cols, self._extra).items():
             w = self._by_index.get(wi)
             if w is not None and n:
                 name = self._loras[vid] or ""
-                out[w.label][name] = out[w.label].get(name, 0) + n
+                row = out[w.key]
+                row[name] = row.get(name, 0) + n
         return out
+
+    def adapter_counts(self) -> dict[str, dict[str, int]]:
+        """`worker_adapter_counts` by display label."""
+        return by_label(self.worker_adapter_counts())
 
     def __len__(self) -> int:
         """Number of block copies held (all workers, media, lora names)."""

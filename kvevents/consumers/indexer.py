@@ -31,7 +31,7 @@ from kvevents.consumers.copies import (
 from kvevents.consumers.index_reports import IndexReports, WorkerEntry, WorkerKey, worker_label
 from kvevents.consumers.lookup import PrefixMatch, WordLayout, bind_walk, make_plan, walk_plan
 from kvevents.consumers.table import HashTable, as_hashes
-from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, rank_of
+from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, is_rank, rank_of
 
 __all__ = ["BlockIndex", "WorkerKey", "worker_label", "FIXED_MEDIA", "KNOWN_MEDIA"]
 
@@ -80,7 +80,8 @@ class BlockIndex(IndexReports):
         self._table_changes = [0]  # bumped by every view whose cview() changes (HashTable(changes=))
         self._views: list[HashTable] = [HashTable(1, changes=self._table_changes)]
         self._extra: Extra = {}  # (view, medium, worker, hash) -> copies beyond the first
-        self._workers: dict[WorkerKey, WorkerEntry] = {}
+        # WorkerKey -> entry; typed by the plain tuple a WorkerKey equals, so apply looks up without building one
+        self._workers: dict[tuple[str, int], WorkerEntry] = {}
         self._by_index: dict[int, WorkerEntry] = {}
         self._free: list[int] = []
         self._word_bits: dict[int, int] = {}  # worker word -> bits of the known workers in it
@@ -91,6 +92,7 @@ class BlockIndex(IndexReports):
         self._plans: dict[tuple[str | None, bool], list[tuple[HashTable, np.ndarray | None]]] = {}  # router cache
         self._layout_version = 0  # bumped by _changed(): lookups re-read the layout
         self._labels: tuple[int, Mapping[int, str]] | None = None
+        self._keys: tuple[int, Mapping[int, WorkerKey]] | None = None
         self._layout_cache: tuple[int, Callable[[str | None], float], list[float], list[WordLayout]] | None = None
         # (lora_name, strict, medium_weight) -> the compiled walk bound to its plan and layout; valid
         # until _changed() or a table's cview() changes (then all go: they pin their tables' arrays)
@@ -108,17 +110,18 @@ class BlockIndex(IndexReports):
         self._walkers.clear()
         self._layout_version += 1
 
-    def _worker(self, source: str, dp_rank: int) -> WorkerEntry | None:
-        key = (source, dp_rank)
+    def _worker(self, key: WorkerKey) -> WorkerEntry | None:
+        """The worker's entry (its bit index), made on first use unless its source has too many ranks."""
         w = self._workers.get(key)
         if w is None:
+            source = key.source
             if self._ranks[source] >= self.max_ranks_per_source:
                 return None
             self._ranks[source] += 1
             idx = min(self._free) if self._free else len(self._by_index)
             if self._free:
                 self._free.remove(idx)
-            w = WorkerEntry(idx, source, dp_rank, worker_label(source, dp_rank))
+            w = WorkerEntry(idx, key, key.label)
             self._workers[key] = w
             self._by_index[idx] = w
             self._word_bits[idx // WORD] = self._word_bits.get(idx // WORD, 0) | 1 << (idx % WORD)
@@ -184,9 +187,12 @@ class BlockIndex(IndexReports):
     # ---------------------------------------------------------------- applying events
 
     def apply(self, source: str, batch: KVEventBatch) -> None:
-        """Apply one decoded batch from `source` (its dp rank comes from the batch)."""
+        """Apply one decoded batch from `source`, filed under `WorkerKey.of(source, its dp rank)`
+        (a rank that is not one, e.g. a bool, is counted as `bad_rank` and filed as rank 0)."""
         rank = batch.data_parallel_rank
-        w = self._worker(source, rank_of(rank))
+        if rank is not None and not is_rank(rank):
+            self.counters["bad_rank"] += 1
+        w = self._workers.get((source, rank_of(rank))) or self._worker(WorkerKey.of(source, rank))
         if w is None:
             self.counters["dropped_rank"] += 1
             return
@@ -338,7 +344,7 @@ class BlockIndex(IndexReports):
         """
         dropped = 0
         for key, w in list(self._workers.items()):
-            if key[0] != source or (dp_rank is not None and key[1] != dp_rank):
+            if w.source != source or (dp_rank is not None and w.dp_rank != dp_rank):
                 continue
             dropped += self._clear_worker(w)
             if forget:
@@ -413,9 +419,16 @@ class BlockIndex(IndexReports):
             self._walkers[key] = bound
         return bound(hashes)
 
+    def keys_by_index(self) -> Mapping[int, WorkerKey]:
+        """Worker index (what `prefix_match` results are keyed by) -> WorkerKey, for every known
+        worker: the one map between the C path's small ints and the keys. A read-only view,
+        rebuilt only when the workers change."""
+        if self._keys is None or self._keys[0] != self._layout_version:
+            self._keys = (self._layout_version, MappingProxyType({wi: w.key for wi, w in self._by_index.items()}))
+        return self._keys[1]
+
     def labels(self) -> Mapping[int, str]:
-        """Worker index -> label, for every known worker (what `prefix_match` results are keyed by).
-        A read-only view, rebuilt only when the workers change."""
+        """Worker index -> display label (`keys_by_index`, rendered; labels need not be unique)."""
         if self._labels is None or self._labels[0] != self._layout_version:
             self._labels = (self._layout_version, MappingProxyType({wi: w.label for wi, w in self._by_index.items()}))
         return self._labels[1]

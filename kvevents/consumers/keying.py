@@ -37,6 +37,7 @@ from kvevents.consumers.keys import (
     mix_extra_keys,
     request_keys,
 )
+from kvevents.consumers.worker_key import WorkerKey
 from kvevents.engines.vllm_wire import (
     VllmBlockRemoved,
     VllmBlockStored,
@@ -49,6 +50,7 @@ from kvevents.events import (
     BlockStored,
     KVEventBatch,
     decode_batch,
+    rank_of,
 )
 from kvevents.hashing import (
     Namespace,
@@ -147,7 +149,7 @@ class SourceKeyer:
         self._modes: dict[str, str] = {}
         self._configured: dict[str, str] = {}
         self._pending: dict[str, list[tuple[KVEventBatch, bytes | None]]] = {}
-        self._chains: dict[tuple[str, int], _Chain] = {}
+        self._chains: dict[WorkerKey, _Chain] = {}
         self._canon: dict[bytes, bytes] = {}
         self._counters: dict[str, Counter[str]] = {}
         self._only_interned = _refs_when_only_interned()
@@ -189,7 +191,7 @@ class SourceKeyer:
 
     def mapped_blocks(self, source: str | None = None) -> int:
         """Engine hashes held in the maps (all sources, or one)."""
-        return sum(len(c.digests) for (s, _), c in self._chains.items() if source is None or s == source)
+        return sum(len(c.digests) for key, c in self._chains.items() if source is None or key.source == source)
 
     def interned_digests(self) -> int:
         """Distinct key digests held (shared by every map)."""
@@ -290,10 +292,10 @@ class SourceKeyer:
             events, rank, ts = batch.events, batch.data_parallel_rank, batch.ts
         else:
             raise ValueError("translate needs a decoded batch or its payload")
-        r = _rank(rank)
-        chain = self._chains.get((source, r))
+        worker = WorkerKey.of(source, rank)  # the worker BlockIndex files the batch under
+        chain = self._chains.get(worker)
         if chain is None:
-            chain = self._chains[(source, r)] = _Chain()
+            chain = self._chains[worker] = _Chain()
         out: list[Any] = []
         c["batches"] += 1
         for ev in events:
@@ -490,19 +492,14 @@ class SourceKeyer:
 
     def reset(self, source: str, dp_rank: int | None = None) -> None:
         """Drop the maps of a source (one dp rank, or all) and any batches `auto` still holds."""
-        for key in [k for k in self._chains if k[0] == source and (dp_rank is None or k[1] == dp_rank)]:
+        for key in [k for k in self._chains if k.source == source and (dp_rank is None or k.dp_rank == dp_rank)]:
             chain = self._chains.pop(key)
             self._drop_chain(chain)
         pending = self._pending.get(source)
         if pending:  # batches held by auto from before the reset must not be applied after it
-            kept = [(b, p) for b, p in pending if dp_rank is not None and _rank(b.data_parallel_rank) != dp_rank]
+            kept = [(b, p) for b, p in pending if dp_rank is not None and rank_of(b.data_parallel_rank) != dp_rank]
             self._count(source)["auto_dropped_on_reset"] += len(pending) - len(kept)
             if kept:
                 self._pending[source] = kept
             else:
                 del self._pending[source]
-
-
-def _rank(rank: Any) -> int:
-    """A batch's dp rank as BlockIndex files it (None or invalid: 0)."""
-    return rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 else 0

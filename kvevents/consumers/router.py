@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass, field
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -19,6 +19,7 @@ from kvevents.consumers.indexer import BlockIndex
 from kvevents.consumers.keys import request_keys
 from kvevents.consumers.lookup import PrefixMatch
 from kvevents.consumers.table import as_hashes
+from kvevents.consumers.worker_key import WorkerKey
 from kvevents.hashing import (
     Namespace,
     check_page_size,
@@ -33,7 +34,7 @@ from kvevents.hashing import (
     whole_pages_chain,
 )
 
-__all__ = ["PrefixRouter", "WorkerScore", "DEFAULT_MEDIUM_WEIGHTS"]
+__all__ = ["PrefixRouter", "WorkerScore", "DEFAULT_MEDIUM_WEIGHTS", "LoadKey", "LoadHints"]
 
 DEFAULT_MEDIUM_WEIGHTS: dict[str, float] = {"GPU": 1.0, "CPU_PINNED": 0.8, "STORAGE": 0.5}
 _MIX = 0x9E3779B97F4A7C15
@@ -42,16 +43,27 @@ _FIRST_CHUNK = 32  # pages hashed before score() first asks the index whether to
 # pages hashed so far then double per chunk (see PrefixRouter.prefix_hashes)
 
 
+#: A load hint's key: the worker, or its display label (what earlier releases keyed hints by).
+LoadKey = Union[WorkerKey, str]
+#: Load hints by worker, by label, or both.
+LoadHints = Union[Mapping[LoadKey, float], Mapping[WorkerKey, float], Mapping[str, float]]
+
+
 @dataclass(slots=True)
 class WorkerScore:
     """One worker's credit for a request: `score` = matched pages weighted by their best medium."""
 
-    worker: str
+    key: WorkerKey
     score: float
     matched_pages: int
     matched_tokens: int
     load: float = 0.0
     pages_by_medium: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def worker(self) -> str:
+        """The worker's display label (`key.label`); the key itself is `key`."""
+        return self.key.label
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -94,7 +106,7 @@ class PrefixRouter:
         self.medium_weights: Mapping[str, float] = MappingProxyType(weights)  # fixed: layouts are cached
         self.default_weight = float(default_weight)
         self.lora_strict = lora_strict
-        self.loads: dict[str, float] = {}
+        self.loads: dict[LoadKey, float] = {}
         self._rng = random.Random(seed)
 
     # ---------------------------------------------------------------- hashing
@@ -127,8 +139,9 @@ class PrefixRouter:
             return float(self.medium_weights.get("GPU", 1.0))
         return float(self.medium_weights.get(medium, self.default_weight))
 
-    def set_load(self, worker: str, load: float) -> None:
-        """Load hint used to break ties (lower first): queue depth, running requests, ..."""
+    def set_load(self, worker: LoadKey, load: float) -> None:
+        """Load hint used to break ties (lower first): queue depth, running requests, ... Keyed by
+        WorkerKey (or by display label: a hint for a label holds for every worker shown under it)."""
         self.loads[worker] = float(load)
 
     # ---------------------------------------------------------------- scoring
@@ -139,7 +152,7 @@ class PrefixRouter:
         cache_salt: str | None = None,
         lora_name: str | None = None,
         *,
-        loads: Mapping[str, float] | None = None,
+        loads: LoadHints | None = None,
         page_extra_keys: Sequence[Sequence[Any] | None] | None = None,
     ) -> list[WorkerScore]:
         """Every known worker, best first: longest consecutive prefix weighted by medium.
@@ -179,7 +192,7 @@ class PrefixRouter:
         hashes: Sequence[int] | np.ndarray,
         lora_name: str | None = None,
         *,
-        loads: Mapping[str, float] | None = None,
+        loads: LoadHints | None = None,
     ) -> list[WorkerScore]:
         """`score` for a request whose int64 event hashes are already known (the lookup part alone)."""
         found = self.index.prefix_match(
@@ -203,27 +216,33 @@ class PrefixRouter:
             "workers": [s.as_dict() for s in ranked],
         }
 
-    def _rank(self, found: PrefixMatch, loads: Mapping[str, float] | None) -> list[WorkerScore]:
+    def _rank(self, found: PrefixMatch, loads: LoadHints | None) -> list[WorkerScore]:
         """Every known worker, best score first; ties by lower load hint, then in a random order."""
-        hint = self.loads if loads is None else {**self.loads, **loads}
+        hint: Mapping[Any, float] = self.loads if loads is None else {**self.loads, **loads}
         salt = self._rng.getrandbits(64)  # one draw per call: ties fall in a random order
         page_size = self.page_size
         matches = found.workers
         keyed = []
-        for wi, label in self.index.labels().items():
+        for wi, key in self.index.keys_by_index().items():
             got = matches.get(wi)
             score = got.score if got is not None else 0.0
-            load = hint.get(label, 0.0) if hint else 0.0
-            keyed.append((-score, load, (((wi + 1) ^ salt) * _MIX) & _M64, wi, label, got))
+            load = _load(hint, key) if hint else 0.0
+            keyed.append((-score, load, (((wi + 1) ^ salt) * _MIX) & _M64, wi, key, got))
         keyed.sort(key=lambda k: k[:4])
         out = []
-        for _, load, _, _, label, got in keyed:
+        for _, load, _, _, key, got in keyed:
             if got is None:
-                out.append(WorkerScore(label, 0.0, 0, 0, float(load)))
+                out.append(WorkerScore(key, 0.0, 0, 0, float(load)))
             else:
                 by_medium = {str(m): k for m, k in got.pages_by_medium.items()}
-                out.append(WorkerScore(label, got.score, got.pages, got.pages * page_size, float(load), by_medium))
+                out.append(WorkerScore(key, got.score, got.pages, got.pages * page_size, float(load), by_medium))
         return out
+
+
+def _load(hint: Mapping[Any, float], key: WorkerKey) -> float:
+    """A worker's load hint: by its key, else by its display label, else 0."""
+    got = hint.get(key)
+    return got if got is not None else hint.get(key.label, 0.0)
 
 
 def _event_seed(cache_salt: str | None) -> bytes | None:

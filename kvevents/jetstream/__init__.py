@@ -5,6 +5,7 @@
 | `link.py` | what bridge and feed share: subjects, headers, connection options, the stream |
 | `bridge.py` | the bridge: Subscriber deliveries (gap-repaired) into JetStream, snapshots stored in the stream |
 | `feed.py` | `JetStreamFeed`: a consumer's `EventFeed` over a kvevents JetStream stream |
+| `messages.py` | the feed's queue items, and a stored message's subject and headers parsed with a guard |
 | `order.py` | what JetStream holds back, put into per-(source, dp_rank) engine order |
 | `admin.py` | looking at a stream from outside (`kvevents doctor --nats`) |
 

@@ -19,6 +19,8 @@ from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
+from kvevents.events import rank_of
+from kvevents.feed import Delivery, Reset
 from kvevents.jetstream.link import (
     H_EPOCH,
     H_FROM,
@@ -46,7 +48,7 @@ from kvevents.zeromq.engine_requests import EngineRequestError
 from kvevents.zeromq.engine_requests import describe as request_describe
 from kvevents.zeromq.engine_requests import snapshot as request_snapshot
 from kvevents.zeromq.security import client_context
-from kvevents.zeromq.subscriber import Delivery, Reset, Source, Subscriber
+from kvevents.zeromq.subscriber import Source, Subscriber
 
 __all__ = ["Bridge", "msg_id"]
 
@@ -64,10 +66,6 @@ def msg_id(source: str, rank: int, seq: int, epoch: int | None, payload: bytes) 
     """
     digest = hashlib.blake2b(payload, digest_size=8).hexdigest()
     return f"{source}.{rank}.{epoch_text(epoch) or 'x'}.{seq}.{digest}"
-
-
-def _rank(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 class Bridge:
@@ -290,7 +288,7 @@ class Bridge:
             if it.kind == "snapshot":  # the engine's snapshot for the Subscriber's own resync:
                 self._counters["engine_snapshot_batches_skipped"] += 1  # the bridge stores its own
                 continue
-            rank = _rank(it.dp_rank)
+            rank = rank_of(it.dp_rank)
             epoch = it.epoch if it.epoch is not None else await self._epoch_of(it.source)
             headers = {
                 H_SOURCE: it.source,
@@ -437,7 +435,7 @@ class Bridge:
         if before is None or after is None or before.get("epoch") != after.get("epoch"):
             return self._snapshot_failed(name, "the engine restarted (or stopped answering) during the snapshot")
         epoch = before.get("epoch") if isinstance(before.get("epoch"), int) else None
-        rank = _rank(before.get("dp_rank"))
+        rank = rank_of(before.get("dp_rank"))
         self._snap_n += 1
         sid = f"{self.bridge_id}-{self._snap_n}"
         base = {

@@ -17,15 +17,9 @@ import time
 from collections import deque
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from kvevents.feed import dispatch
+from kvevents.events import rank_of
+from kvevents.feed import Delivery, FeedLoop, Reset, SourceStatus
 from kvevents.jetstream.link import (
-    H_EPOCH,
-    H_FROM,
-    H_KIND,
-    H_PART,
-    H_PARTS,
-    H_SEQ,
-    H_SNAP,
     ROOT,
     LoopThread,
     NatsOptions,
@@ -33,9 +27,17 @@ from kvevents.jetstream.link import (
     check_token,
     close,
     connect,
-    parse_epoch,
     parse_subject,
     stream_filter,
+)
+from kvevents.jetstream.messages import (
+    BadMessage,
+    CaughtUp,
+    QueueItem,
+    Snapshots,
+    Stop,
+    StoredMsg,
+    parse_message,
 )
 from kvevents.jetstream.order import (
     LiveMsg,
@@ -43,45 +45,33 @@ from kvevents.jetstream.order import (
     SnapshotAssembler,
     StreamOrder,
 )
-from kvevents.zeromq.subscriber import Delivery, Reset, SourceStatus
 
 __all__ = ["JetStreamFeed", "JetStreamSource", "pick_snapshots", "positions_from_records"]
 
 log = logging.getLogger("kvevents.jetstream")
 
-_STOP = object()
+_LOG_BAD_EVERY = 100  # bad messages are logged the first time and once per this many after
 
 
-def _meta(subject: str, headers: dict[str, str], stream_seq: int) -> dict[str, Any] | None:
-    parsed = parse_subject(subject)
-    if parsed is None:
-        return None
-    source, rank, _ = parsed
-    try:
-        seq = int(headers.get(H_SEQ, ""))
-    except ValueError:
-        return None
-    return {
-        "source": source,
-        "rank": rank,
-        "seq": seq,
-        "epoch": parse_epoch(headers.get(H_EPOCH)),
-        "start": int(headers.get(H_FROM) or 0),
-        "stream_seq": stream_seq,
-    }
+def pick_snapshots(
+    msgs: Sequence[tuple[str, Mapping[str, str], bytes, int]], on_bad: Callable[[str], object] | None = None
+) -> dict[tuple[str, int], Snapshot]:
+    """The newest complete snapshot per (source, rank) among stored snapshot messages (stream order).
 
-
-def pick_snapshots(msgs: Sequence[tuple[str, dict[str, str], bytes, int]]) -> dict[tuple[str, int], Snapshot]:
-    """The newest complete snapshot per (source, rank) among stored snapshot messages (stream order)."""
+    A message whose subject or headers cannot be used is skipped, and `on_bad` told why."""
     asm = SnapshotAssembler(keep=1 << 20)
     best: dict[tuple[str, int], Snapshot] = {}
     for subject, headers, data, sseq in msgs:
-        kind, sid = headers.get(H_KIND), headers.get(H_SNAP, "")
-        if kind == "part":
-            asm.add_part(sid, int(headers.get(H_PART, "-1")), data)
-        elif kind == "end":
-            meta = _meta(subject, headers, sseq)
-            snap = asm.add_end(sid, int(headers.get(H_PARTS, "-1")), meta) if meta else None
+        try:
+            m = parse_message(subject, headers)
+        except BadMessage as exc:
+            if on_bad is not None:
+                on_bad(f"stream seq {sseq}: {exc}")
+            continue
+        if m.kind == "part":
+            asm.add_part(m.snap_id, m.part, data)
+        elif m.kind == "end":
+            snap = asm.add_end(m.snap_id, m.parts, m.snapshot_fields(sseq))
             if snap is not None:
                 best[(snap.source, snap.rank)] = snap  # later in the stream = newer
     return best
@@ -139,7 +129,7 @@ class JetStreamFeed:
             self.order.resume(source, rank, epoch, next_seq)
         self._handled: deque[tuple[int, Any]] = deque()  # durable mode: (stream seq, msg) not yet acknowledged
         self._asm = SnapshotAssembler()
-        self._q: queue.Queue = queue.Queue()
+        self._q: queue.Queue[QueueItem] = queue.Queue()
         self._lt: LoopThread | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -156,14 +146,17 @@ class JetStreamFeed:
         """Connect in the background; with on_delivery set, also deliver on a thread (as Subscriber.start)."""
         self._open()
         if self.on_delivery is not None and self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="kvevents-jetstream", daemon=True)
-            self._thread.start()
+            loop = FeedLoop(
+                self.poll, self.on_delivery, self.on_reset, stop=self._stop, counters=self._counters_extra,
+                logger=log, name="kvevents-jetstream",
+            )  # fmt: skip
+            self._thread = loop.start()
         return self
 
     def stop(self, timeout: float = 3.0) -> None:
         """Stop the delivery thread and the NATS connection (durable mode: consumed messages acked first)."""
         self._stop.set()
-        self._q.put(_STOP)
+        self._q.put(Stop())
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         if self._lt is not None and self._handled:
@@ -195,7 +188,7 @@ class JetStreamFeed:
                 item = self._q.get(timeout=wait) if wait > 0 and not got else self._q.get_nowait()
             except queue.Empty:
                 break
-            if item is _STOP:
+            if isinstance(item, Stop):
                 break
             self._handle(item)
             got += 1
@@ -242,57 +235,53 @@ class JetStreamFeed:
         return self._error
 
     # ------------------------------------------------------------------ the poll side
-    def _run(self) -> None:
-        errors = 0
-        while not self._stop.is_set():
-            try:
-                items = self.poll(0.05)
-                errors = 0
-            except Exception:  # noqa: BLE001 - the thread must not die silently
-                errors += 1
-                self._counters_extra["loop_errors"] = self._counters_extra.get("loop_errors", 0) + 1
-                log.exception("jetstream source loop error")
-                self._stop.wait(min(5.0, 0.05 * 2 ** min(errors, 7)))
-                continue
-            assert self.on_delivery is not None  # start() requires it
-            failed = dispatch(items, self.on_delivery, self.on_reset)
-            if failed:
-                self._counters_extra["callback_errors"] = self._counters_extra.get("callback_errors", 0) + failed
+    def _handle(self, item: QueueItem) -> None:
+        if isinstance(item, CaughtUp):
+            self._mark_synced()
+        elif isinstance(item, Snapshots):
+            self._take_snapshots(item)
+        elif isinstance(item, StoredMsg):
+            self._take_message(item)
 
-    def _handle(self, item: tuple) -> None:
-        kind = item[0]
-        if kind == "caught_up":
-            return self._mark_synced()
-        if kind == "snapshots":
-            for snap in item[1].values():
-                if self.only is None or snap.source in self.only:
-                    self.order.snapshot(snap)
-            self._sync_target = item[2]
-            if item[2] == 0 or item[3]:
-                self._mark_synced()
-            return
-        _, subject, headers, data, sseq, ackable = item
+    def _take_snapshots(self, item: Snapshots) -> None:
+        for why in item.bad:
+            self._bad("bad_snapshot_messages", why)
+        for snap in item.chosen.values():
+            if self.only is None or snap.source in self.only:
+                self.order.snapshot(snap)
+        self._sync_target = item.last_seq
+        if item.last_seq == 0 or item.synced:
+            self._mark_synced()
+
+    def _take_message(self, msg: StoredMsg) -> None:
+        sseq = msg.stream_seq
         self._counters_extra["messages"] += 1
-        if ackable is not None:
-            self._handled.append((sseq, ackable))
-        parsed = parse_subject(subject)
-        meta = _meta(subject, headers, sseq) if parsed else None
-        if meta is None:
-            self._counters_extra["bad_messages"] += 1
-        elif self.only is None or meta["source"] in self.only:
-            hk = headers.get(H_KIND, "live")
-            if not parsed[2]:  # type: ignore[index]
-                self.order.live(
-                    LiveMsg(meta["source"], meta["rank"], meta["seq"], meta["epoch"], data, sseq, self.clock(), subject)
-                )
-            elif hk == "part":
-                self._asm.add_part(headers.get(H_SNAP, ""), int(headers.get(H_PART, "-1")), data)
-            elif hk == "end":
-                snap = self._asm.add_end(headers.get(H_SNAP, ""), int(headers.get(H_PARTS, "-1")), meta)
-                if snap is not None:
-                    self.order.snapshot(snap)
+        if msg.ack is not None:
+            self._handled.append((sseq, msg.ack))
+        try:
+            m = parse_message(msg.subject, msg.headers)
+        except BadMessage as exc:
+            self._bad("bad_messages", f"stream seq {sseq}: {exc}")
+        else:
+            if self.only is None or m.source in self.only:
+                if m.kind == "live":
+                    self.order.live(
+                        LiveMsg(m.source, m.rank, m.seq, m.epoch, msg.data, sseq, self.clock(), msg.subject)
+                    )
+                elif m.kind == "part":
+                    self._asm.add_part(m.snap_id, m.part, msg.data)
+                else:
+                    snap = self._asm.add_end(m.snap_id, m.parts, m.snapshot_fields(sseq))
+                    if snap is not None:
+                        self.order.snapshot(snap)
         if self._sync_target is not None and sseq >= self._sync_target:
             self._mark_synced()
+
+    def _bad(self, counter: str, why: str) -> None:
+        """Count a message that cannot be used; log the first, then one per _LOG_BAD_EVERY."""
+        n = self._counters_extra[counter] = self._counters_extra.get(counter, 0) + 1
+        if n % _LOG_BAD_EVERY == 1:
+            log.warning("jetstream stream %s: message skipped (%s; %d %s so far)", self.stream, why, n, counter)
 
     def _ack_consumed(self, wait: bool = False) -> None:
         """Durable mode: acknowledge every handled message whose batches were handed out.
@@ -336,18 +325,7 @@ class JetStreamFeed:
                 stop=self._stop.is_set,
             )
             js = nc.jetstream()
-            waited = False
-            while True:
-                try:
-                    info = await js.stream_info(self.stream, subjects_filter=stream_filter(self.stream))
-                    break
-                except NotFoundError:
-                    if not waited:
-                        log.warning("JetStream stream %s not found yet; waiting for a bridge to create it", self.stream)
-                        waited = True
-                except Exception as exc:  # noqa: BLE001 - NATS restarting: retry
-                    log.debug("stream info: %s", exc)
-                await asyncio.sleep(0.5)
+            info = await self._stream_info(js)
             self._connected.set()
             subjects = info.state.subjects or {}
             last = int(info.state.last_seq or 0)
@@ -358,17 +336,18 @@ class JetStreamFeed:
                     resumed = True  # our own position survives: no snapshot, go on after the last ack
                 except NotFoundError:
                     pass
-            chosen = {}
+            chosen: dict[tuple[str, int], Snapshot] = {}
             if self.start_time is not None:
                 import datetime as dt
 
                 when = dt.datetime.fromtimestamp(self.start_time, dt.timezone.utc)
-                self._q.put(("snapshots", {}, last, last == 0))
+                self._q.put(Snapshots({}, last, last == 0))
                 return await self._ordered(
                     js, ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=when)
                 )
+            bad: list[str] = []
             if not resumed and any(s.endswith(".snap") for s in subjects):
-                chosen = await self._read_snapshots(js, subjects)
+                chosen = await self._read_snapshots(js, bad.append)
             live = {(p[0], p[1]) for p in map(parse_subject, subjects) if p is not None and not p[2]}
             if self.only is not None:
                 live = {k for k in live if k[0] in self.only}
@@ -379,7 +358,7 @@ class JetStreamFeed:
             else:  # a source without a stored snapshot: read all that is kept (it may start at seq 0)
                 start = int(info.state.first_seq or 1)
                 cfg = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
-            self._q.put(("snapshots", chosen, last, last < start or resumed))
+            self._q.put(Snapshots(chosen, last, last < start or resumed, tuple(bad)))
             if self.durable is not None:
                 return await self._pull(js, cfg)
             await self._ordered(js, cfg)
@@ -392,11 +371,27 @@ class JetStreamFeed:
             if nc is not None:
                 await close(nc)
 
+    async def _stream_info(self, js: Any) -> Any:
+        """The stream's info (with its subjects), waiting for a bridge to create the stream."""
+        from nats.js.errors import NotFoundError
+
+        waited = False
+        while True:
+            try:
+                return await js.stream_info(self.stream, subjects_filter=stream_filter(self.stream))
+            except NotFoundError:
+                if not waited:
+                    log.warning("JetStream stream %s not found yet; waiting for a bridge to create it", self.stream)
+                    waited = True
+            except Exception as exc:  # noqa: BLE001 - NATS restarting: retry
+                log.debug("stream info: %s", exc)
+            await asyncio.sleep(0.5)
+
     async def _ordered(self, js: Any, cfg: Any) -> None:
         """Everything from the configured start, on an ordered push consumer (recreated after gaps or a restart)."""
 
         async def on_msg(msg: Any) -> None:
-            self._q.put(("msg", msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream, None))
+            self._q.put(StoredMsg(msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream))
 
         sub = await js.subscribe(
             stream_filter(self.stream),
@@ -416,7 +411,7 @@ class JetStreamFeed:
                     except Exception:  # noqa: BLE001 - asked again next turn
                         continue
                     if ci.num_pending == 0:  # all stored so far is delivered: once handled, we are synced
-                        self._q.put(("caught_up",))
+                        self._q.put(CaughtUp())
         finally:
             try:
                 await sub.unsubscribe()
@@ -454,10 +449,13 @@ class JetStreamFeed:
                 await asyncio.sleep(0.5)
                 continue
             for msg in msgs:
-                self._q.put(("msg", msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream, msg))
+                self._q.put(
+                    StoredMsg(msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream, msg)
+                )
 
-    async def _read_snapshots(self, js: Any, subjects: dict[str, int]) -> dict[tuple[str, int], Snapshot]:
-        """Every stored snapshot message (a few per source), then the newest complete one of each."""
+    async def _read_snapshots(self, js: Any, on_bad: Callable[[str], object]) -> dict[tuple[str, int], Snapshot]:
+        """Every stored snapshot message (a few per source), then the newest complete one of each
+        (`on_bad` hears why a message was skipped)."""
         from nats.js.api import DeliverPolicy
 
         msgs: list[tuple[str, dict[str, str], bytes, int]] = []
@@ -488,7 +486,7 @@ class JetStreamFeed:
                         break
         finally:
             await sub.unsubscribe()
-        return pick_snapshots(msgs)
+        return pick_snapshots(msgs, on_bad)
 
 
 def positions_from_records(records: Iterable[Any]) -> dict[tuple[str, int], tuple[int | None, int]]:
@@ -498,7 +496,7 @@ def positions_from_records(records: Iterable[Any]) -> dict[tuple[str, int], tupl
     """
     out: dict[tuple[str, int], tuple[int | None, int]] = {}
     for r in records:
-        rank = r.dp_rank if isinstance(r.dp_rank, int) and r.dp_rank >= 0 else 0
+        rank = rank_of(r.dp_rank)
         if r.kind == "reset":
             if r.dp_rank is None:
                 for k in [k for k in out if k[0] == r.source]:

@@ -15,7 +15,7 @@ from typing import Callable
 
 from kvevents.errors import DecodeError
 from kvevents.events import KVEventBatch, decode_batch
-from kvevents.zeromq.subscriber import Delivery, Reset
+from kvevents.feed import Delivery, Reset, ResetReason
 
 __all__ = ["LiveMsg", "Snapshot", "SnapshotAssembler", "StreamOrder"]
 
@@ -76,7 +76,7 @@ class _Stream:
     rank: int
     epoch: int | None = None
     next_seq: int | None = None  # None: waiting for a snapshot (or seq 0) to start from
-    reason: str = "first"  # why it waits: first | gap | restart
+    reason: ResetReason = "first"  # why it waits
     dirty: bool = False  # delivered something since the last Reset
     pending: dict[int, LiveMsg] = field(default_factory=dict)
     gap_since: float | None = None
@@ -226,7 +226,7 @@ class StreamOrder:
         st.spare = None
         self._wait(st, "restart")
 
-    def _wait(self, st: _Stream, reason: str) -> None:
+    def _wait(self, st: _Stream, reason: ResetReason) -> None:
         """Stop delivering (source, rank): its state is dropped now and rebuilt by a resync."""
         st.next_seq = None
         st.reason = reason

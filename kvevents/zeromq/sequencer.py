@@ -25,7 +25,7 @@ import msgspec
 
 from kvevents.errors import DecodeError
 from kvevents.events import decode_batch
-from kvevents.feed import START_MODES, Delivery, Output, Reset, SourceStatus
+from kvevents.feed import START_MODES, Delivery, DeliveryKind, Output, Reset, ResetReason, SourceStatus
 from kvevents.zeromq.source import Source
 from kvevents.zeromq.streams import Item, Request, SourceState, Stream
 from kvevents.zeromq.wire import DESCRIBE_REQUEST, END_SEQ, SEQ, SNAPSHOT_REQUEST, SNAPSHOT_SEQ, pack_seq
@@ -245,7 +245,7 @@ class Sequencer:
         self._deliver(s, st, it, "live")
         st.next_seq = it.seq + 1
 
-    def _deliver(self, s: SourceState, st: Stream, it: Item, kind: str, seq: int | None = None) -> None:
+    def _deliver(self, s: SourceState, st: Stream, it: Item, kind: DeliveryKind, seq: int | None = None) -> None:
         self.counters[{"live": "live", "replay": "replayed", "snapshot": "snapshot_batches"}[kind]] += 1
         self._out.append(
             Delivery(
@@ -262,11 +262,11 @@ class Sequencer:
             )
         )
 
-    def _emit_reset(self, s: SourceState, st: Stream, reason: str) -> None:
+    def _emit_reset(self, s: SourceState, st: Stream, reason: ResetReason) -> None:
         self.counters["resets"] += 1
         self._out.append(Reset(s.name, st.rank, reason, st.epoch))
 
-    def _restart(self, s: SourceState, st: Stream, epoch: int | None, reason: str, seq: int) -> None:
+    def _restart(self, s: SourceState, st: Stream, epoch: int | None, reason: ResetReason, seq: int) -> None:
         """The publisher restarted: tell the consumer, forget the stream, resync.
 
         With a replay endpoint: a snapshot, or, from a publisher known not to answer KVE/DESCRIBE

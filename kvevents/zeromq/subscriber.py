@@ -23,10 +23,10 @@ from zmq.utils.monitor import recv_monitor_message
 from kvevents.feed import (
     START_MODES,
     Delivery,
+    FeedLoop,
     Output,
     Reset,
     SourceStatus,
-    dispatch,
 )
 from kvevents.zeromq.security import apply_client
 from kvevents.zeromq.sequencer import DropDealer, Send, Sequencer
@@ -129,8 +129,11 @@ class Subscriber:
             raise ValueError("Subscriber.start: the subscriber is stopped")
         self._open()
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="kvevents-subscriber", daemon=True)
-            self._thread.start()
+            loop = FeedLoop(
+                self.poll, self.on_delivery, self.on_reset, stop=self._stop, counters=self.sequencer.counters,
+                logger=log, name="kvevents-subscriber", log_every=self.log_every, on_exit=self._close,
+            )  # fmt: skip
+            self._thread = loop.start()
         return self
 
     def stop(self, timeout: float = 2.0) -> None:
@@ -216,23 +219,6 @@ class Subscriber:
             elif isinstance(cmd, DropDealer):
                 self._drop_dealer(cmd.source)
         return out
-
-    def _run(self) -> None:
-        errors = 0
-        while not self._stop.is_set():
-            try:
-                items = self.poll(0.05)
-                errors = 0
-            except Exception:  # noqa: BLE001 - the thread must not die silently, nor spin on an error
-                errors += 1
-                self.sequencer.counters["loop_errors"] += 1
-                if errors % self.log_every == 1 or self.log_every == 1:
-                    log.exception("subscriber loop error (%d in a row, logged once per %d)", errors, self.log_every)
-                self._stop.wait(min(5.0, 0.05 * 2 ** min(errors - 1, 7)))  # back off: 50 ms .. 5 s
-                continue
-            assert self.on_delivery is not None  # start() requires it
-            self.sequencer.counters["callback_errors"] += dispatch(items, self.on_delivery, self.on_reset)
-        self._close()
 
     # ------------------------------------------------------------------ sockets
     def _open(self) -> None:

@@ -1,10 +1,11 @@
 """The consumer service: subscribe to many publishers, keep a BlockIndex, answer over HTTP.
 
 `RouterService` is the glue: deliveries from an event feed (a kvevents Subscriber by default, or
-any object with its start/stop/poll/status/counters interface) are applied to the index (a Reset
-drops that source's state first), a PrefixRouter scores requests, and a FastAPI app on uvicorn
+any `kvevents.feed.EventFeed`, e.g. the JetStream feed) are applied to the index (a Reset drops
+that worker's state first), a PrefixRouter scores requests, and a FastAPI app on uvicorn
 (kvevents.consumers.service.http_api) serves POST /score, GET /workers, GET /metrics, /openapi.json and the status page. One lock
 guards the index: the feed's thread applies, HTTP requests hash outside it and look up inside.
+Workers are `WorkerKey`s throughout; the answers show a key as its source name and dp rank.
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ import logging
 import threading
 import time
 from collections import Counter
-from typing import Annotated, Any, Mapping, Protocol, Sequence
+from typing import Annotated, Any, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kvevents.consumers.indexer import BlockIndex, worker_label
+from kvevents.consumers.indexer import BlockIndex
 from kvevents.consumers.keying import SourceKeyer
 from kvevents.consumers.prompts import MAX_MESSAGES, PromptRenderer
-from kvevents.consumers.router import PrefixRouter, WorkerScore
+from kvevents.consumers.router import LoadHints, PrefixRouter, WorkerScore
 from kvevents.consumers.service.metrics import ServiceMetrics
 from kvevents.consumers.service.score_body import (
     MAX_NAME_CHARS,
@@ -32,7 +33,10 @@ from kvevents.consumers.service.score_body import (
     decode_packed,
 )
 from kvevents.consumers.service.status import StatusBoard
-from kvevents.zeromq.subscriber import Delivery, Reset, Source, SourceStatus, Subscriber, parse_source
+from kvevents.consumers.worker_key import WorkerKey
+from kvevents.events import rank_of
+from kvevents.feed import Delivery, EventFeed, FeedLoop, Reset, dispatch
+from kvevents.zeromq.subscriber import Source, Subscriber, parse_source
 
 __all__ = [
     "RouterService",
@@ -80,25 +84,6 @@ class ScoreRequest(BaseModel):
     )
     top_k: int | None = Field(None, ge=1, description="Return only the best k workers.")
     explain: bool = Field(False, description="Add the request's page hashes and each worker's pages by medium.")
-
-
-class EventFeed(Protocol):
-    """What RouterService consumes: kvevents.zeromq.subscriber.Subscriber's polling interface.
-
-    The service calls `start()` once, then `poll()` from its own thread and applies every Delivery
-    and Reset returned, in order; `status()` (name -> SourceStatus) and `counters()` feed
-    /workers, the stale flags and /metrics; `stop()` releases everything.
-    """
-
-    def start(self) -> object: ...
-
-    def stop(self) -> None: ...
-
-    def poll(self, timeout_s: float = 0.0) -> Sequence[Delivery | Reset]: ...
-
-    def status(self) -> Mapping[str, SourceStatus]: ...
-
-    def counters(self) -> Mapping[str, int]: ...
 
 
 def parse_publisher(spec: str) -> Source:
@@ -163,8 +148,8 @@ class RouterService:
         self.feed: EventFeed = feed if feed is not None else self.subscriber  # type: ignore[assignment]
         self._pump: threading.Thread | None = None
         self._stop = threading.Event()
+        self._pump_counters: Counter[str] = Counter()  # loop_errors, callback_errors of the feed pump
         self._state: dict[str, _SourceState] = {}
-        self._names: dict[str, tuple[str, int]] = {}  # index label -> (source name, dp rank)
         self._batches: Counter[tuple[str, str]] = Counter()
         self._resets: Counter[tuple[str, str]] = Counter()
         self._count_lock = threading.Lock()  # HTTP threads count requests
@@ -178,12 +163,9 @@ class RouterService:
     # ---------------------------------------------------------------- feed
 
     def _on_delivery(self, d: Delivery) -> None:
-        rank = d.dp_rank if isinstance(d.dp_rank, int) and d.dp_rank >= 0 else 0
-        batch_rank = d.batch.data_parallel_rank  # the rank BlockIndex files the blocks under
-        label_rank = batch_rank if isinstance(batch_rank, int) and batch_rank >= 0 else 0
+        rank = rank_of(d.dp_rank)
         with self.lock:
             self.keyer.apply(self.index, d.source, d.batch, d.payload or None)
-            self._names.setdefault(worker_label(d.source, label_rank), (d.source, label_rank))
             st = self._state.get(d.source)
             if st is None:
                 st = self._state[d.source] = _SourceState()
@@ -198,7 +180,7 @@ class RouterService:
             self.events_applied += len(d.batch.events)
 
     def _on_reset(self, r: Reset) -> None:
-        rank = r.dp_rank if isinstance(r.dp_rank, int) and r.dp_rank >= 0 else 0  # as BlockIndex.apply
+        rank = rank_of(r.dp_rank)  # as BlockIndex.apply
         with self.lock:
             self.index.drop_source(r.source, rank)
             self.keyer.reset(r.source, rank)
@@ -209,13 +191,12 @@ class RouterService:
                 st.ranks.pop(rank, None)
 
     def process(self, timeout_s: float = 0.0) -> int:
-        """Drive the feed without a thread: poll once and apply; returns items handled."""
-        items = self.feed.poll(timeout_s)
-        for item in items:
-            if isinstance(item, Delivery):
-                self._on_delivery(item)
-            else:
-                self._on_reset(item)
+        """Drive the feed without a thread: poll once and apply (kvevents.feed.dispatch: an item
+        that fails to apply is logged, counted and skipped); returns items handled."""
+        items = list(self.feed.poll(timeout_s))
+        failed = dispatch(items, self._on_delivery, self._on_reset)
+        if failed:
+            self._pump_counters["callback_errors"] += failed
         return len(items)
 
     def applied_seq(self, source: str, dp_rank: int = 0) -> int | None:
@@ -231,17 +212,12 @@ class RouterService:
             return self
         if self._pump is None:
             self.feed.start()
-            self._pump = threading.Thread(target=self._pump_feed, name="kvevents-route-feed", daemon=True)
-            self._pump.start()
+            loop = FeedLoop(
+                self.feed.poll, self._on_delivery, self._on_reset, stop=self._stop, counters=self._pump_counters,
+                logger=log, name="kvevents-route-feed",
+            )  # fmt: skip
+            self._pump = loop.start()
         return self
-
-    def _pump_feed(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.process(0.05)
-            except Exception as exc:  # noqa: BLE001 - a feed error must not end the service silently
-                log.error("event feed poll failed: %s: %s", type(exc).__name__, exc)
-                self._stop.wait(0.5)
 
     def stop(self) -> None:
         """Stop HTTP (if serving) and the feed; closes every socket."""
@@ -269,7 +245,7 @@ class RouterService:
         cache_salt: str | None = None,
         lora_name: str | None = None,
         *,
-        loads: Mapping[str, float] | None = None,
+        loads: LoadHints | None = None,
     ) -> list[WorkerScore]:
         """Rank workers for a request (ValueError on bad token ids); `loads` breaks ties."""
         t0 = time.perf_counter()
@@ -292,20 +268,15 @@ class RouterService:
         try:
             if isinstance(req, ScoreRequest) or tokens is None:  # the slow path: prompt or messages maybe
                 tokens = self.request_tokens(req)  # type: ignore[arg-type]  # (only ScoreRequest gives None)
-            if req.explain and isinstance(tokens, list):  # (packed ids never come with explain)
-                with self.lock:
-                    detail = self.router.explain(tokens, req.cache_salt, req.lora_name)
-                    names = dict(self._names)
-                ranked = [_as_score(w) for w in detail["workers"]]
-                extra["hashes"] = [str(h) for h in detail["hashes"]]
+            if req.explain:  # the hashes as a list, to show them (packed ids never come with explain)
+                hashes: Any = self.router.request_hashes(tokens, req.cache_salt)  # type: ignore[arg-type]
+                extra["hashes"] = [str(h) for h in hashes]
+            elif isinstance(tokens, bytes):
+                hashes = self.router.hash_packed(tokens, req.cache_salt)
             else:
-                if isinstance(tokens, bytes):
-                    hashes = self.router.hash_packed(tokens, req.cache_salt)
-                else:
-                    hashes = self.router.hash_array(tokens, req.cache_salt)
-                with self.lock:
-                    ranked = self.router.score_hashes(hashes, req.lora_name)  # type: ignore[arg-type]  # an int64 array
-                    names = dict(self._names)
+                hashes = self.router.hash_array(tokens, req.cache_salt)
+            with self.lock:
+                ranked = self.router.score_hashes(hashes, req.lora_name)
         except ValueError as exc:
             return self._count(400, {"error": str(exc)})
         self.metrics.score_seconds.observe(time.perf_counter() - t0)
@@ -314,10 +285,10 @@ class RouterService:
             ranked = ranked[: req.top_k]
         workers = []
         for w in ranked:
-            name, rank = names.get(w.worker, (w.worker, 0))
+            name = w.key.source
             entry: dict[str, Any] = {
                 "worker": name,
-                "dp_rank": rank,
+                "dp_rank": w.key.dp_rank,
                 "score": round(w.score, 6),
                 "matched_pages": w.matched_pages,
                 "matched_tokens": w.matched_tokens,
@@ -384,13 +355,13 @@ class RouterService:
         status = self.feed.status()
         now = time.time()
         with self.lock:
-            counts = self.index.block_counts()
+            counts = self.index.worker_block_counts()
             out: list[dict[str, Any]] = []
             for name, sst in status.items():
                 st = self._state.get(name, _SourceState())
                 ranks = sorted(st.ranks) or [0]  # a source with nothing applied yet shows as rank 0
                 for rank in ranks:
-                    media = counts.get(worker_label(name, rank), {})
+                    media = counts.get(WorkerKey(name, rank), {})
                     out.append(
                         {
                             "worker": name,
@@ -409,10 +380,10 @@ class RouterService:
                     )
             return {"workers": out, "index": self.index.stats()}
 
-    def adapter_counts(self) -> dict[str, dict[str, int]]:
-        """Per worker label: adapter (lora_name, "" for the base model) -> block copies. O(index)."""
+    def adapter_counts(self) -> dict[WorkerKey, dict[str, int]]:
+        """Per worker: adapter (lora_name, "" for the base model) -> block copies. O(index)."""
         with self.lock:
-            return self.index.adapter_counts()
+            return self.index.worker_adapter_counts()
 
     def status_view(self) -> dict[str, Any]:
         """GET /status.json: /workers plus copies by adapter, per-source repairs, /score outcomes."""
@@ -439,9 +410,16 @@ class RouterService:
                 "blocks": self.index.block_counts(),
                 "entries": self.index.distinct_hashes,
                 "sources": sources,
-                "subscriber": dict(self.feed.counters()),
+                "subscriber": self._feed_counters(),
                 "score_requests": score_requests,
             }
+
+    def _feed_counters(self) -> dict[str, int]:
+        """The feed's counters, plus the errors of the service's own pump (a feed without a thread)."""
+        out = dict(self.feed.counters())
+        for key, n in self._pump_counters.items():
+            out[key] = out.get(key, 0) + n
+        return out
 
     def stats(self) -> dict[str, Any]:
         """Plain counters for reports: batches by kind, resets by reason, index counters."""
@@ -480,7 +458,8 @@ class RouterService:
 
 def _decode_score(body: bytes) -> tuple[ScoreHead | ScoreBody | ScoreRequest, bytes | list[int] | None] | str:
     """The /score body's fields and its token ids (packed uint32 bytes on the compiled path, else a
-    list; None for a prompt or chat), or the 400's message. The fast decoders take the usual body; ScoreRequest the rest."""
+    list; None for a prompt or chat), or the 400's message. The fast decoders take the usual body;
+    ScoreRequest the rest."""
     packed = decode_packed(body)  # ~3x cheaper than pydantic at 8,192 tokens: no int object per id
     if packed is not None:
         return packed
@@ -495,13 +474,6 @@ def _decode_score(body: bytes) -> tuple[ScoreHead | ScoreBody | ScoreRequest, by
             return f"body is not valid JSON: {first.get('msg', '')}"
         return _validation_message(exc)
     return req, req.tokens
-
-
-def _as_score(d: dict[str, Any]) -> WorkerScore:
-    """A WorkerScore back from PrefixRouter.explain's dicts."""
-    return WorkerScore(
-        d["worker"], d["score"], d["matched_pages"], d["matched_tokens"], d["load"], d["pages_by_medium"]
-    )
 
 
 def _validation_message(exc: ValidationError) -> str:

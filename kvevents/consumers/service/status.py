@@ -18,6 +18,8 @@ from importlib import resources
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
+from kvevents.consumers.worker_key import WorkerKey
+
 if TYPE_CHECKING:  # pragma: no cover
     from kvevents.consumers.service.core import RouterService
 
@@ -68,7 +70,7 @@ class StatusBoard:
         # copies by adapter cost O(index) under the index lock (~50 ms at a million entries): they
         # are recounted at most every `adapter_refresh_s`, or 50x the last count's cost if longer
         self.adapter_refresh_s = 5.0
-        self._adapters: tuple[float, float, dict[str, dict[str, int]]] | None = None  # (at, cost, counts)
+        self._adapters: tuple[float, float, dict[WorkerKey, dict[str, int]]] | None = None  # (at, cost, counts)
 
     # ---------------------------------------------------------------- counting
 
@@ -176,7 +178,7 @@ class StatusBoard:
         media: set[str] = set()
         names: set[str] = set()
         for w in workers["workers"]:
-            w["blocks_by_adapter"] = adapters.get(_label(w["worker"], w["dp_rank"]), {})
+            w["blocks_by_adapter"] = adapters.get(WorkerKey(w["worker"], w["dp_rank"]), {})
             media.update(w["blocks_by_medium"])
             names.update(w["blocks_by_adapter"])
         act = self.activity()
@@ -191,7 +193,7 @@ class StatusBoard:
             **act,
         }
 
-    def _adapter_counts(self, service: RouterService) -> tuple[dict[str, dict[str, int]], float]:
+    def _adapter_counts(self, service: RouterService) -> tuple[dict[WorkerKey, dict[str, int]], float]:
         now = self.clock()
         cached = self._adapters
         if cached is not None and now - cached[0] < max(self.adapter_refresh_s, 50 * cached[1]):
@@ -200,12 +202,6 @@ class StatusBoard:
         counts = service.adapter_counts()
         self._adapters = (now, time.perf_counter() - t0, counts)
         return counts, now
-
-
-def _label(worker: str, dp_rank: int) -> str:
-    from kvevents.consumers.indexer import worker_label
-
-    return worker_label(worker, dp_rank)
 
 
 # ---------------------------------------------------------------- server-side rendering
