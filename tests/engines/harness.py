@@ -216,7 +216,10 @@ class Recording:
         return self.proc.returncode, err
 
     def batch_seqs(self) -> list[tuple[str, int | None]]:
-        return [(r.kind, r.seq) for r in read_records(self.path)]
+        """(kind, seq) of every record written so far (a torn tail of a log being written is skipped)."""
+        if not os.path.exists(self.path):
+            return []
+        return [(r.kind, r.seq) for r in read_records(self.path, on_damage=lambda d: None)]
 
 
 class Route:

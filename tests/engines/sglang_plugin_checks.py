@@ -259,8 +259,10 @@ def check_ranks_and_queue(report: Report, tmp: str) -> None:
         for r in workload(4, seed=3):
             engine.serve(r)
         skp.publish_kv_events()
-        time.sleep(0.2)
-        frames = dealer_exchange(pub.replay_endpoint, (0).to_bytes(8, "big"))
+        frames: list[list[bytes]] = []
+        deadline = time.monotonic() + 5.0
+        while len(frames) < 2 and time.monotonic() < deadline:  # the queue's sender thread sends it
+            frames = dealer_exchange(pub.replay_endpoint, (0).to_bytes(8, "big"))
         batch = msgspec.msgpack.Decoder(KVEventBatch).decode(frames[0][3])
         report.check("plugin_batch_carries_attn_dp_rank", batch.attn_dp_rank == 1, batch.attn_dp_rank)
         burst = KVEventBatch(ts=time.time(), events=list(batch.events))
