@@ -204,7 +204,9 @@ class Recording:
         cmd = [sys.executable, "-m", "kvevents", "record", "--publisher", spec, "-o", path, "--from", "oldest"]
         cmd += ["--count", str(count)]
         self.path = path
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ)
+        )
 
     def finish(self, timeout_s: float = 20.0) -> tuple[int | None, str]:
         try:

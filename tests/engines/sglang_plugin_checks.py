@@ -185,7 +185,9 @@ class PluginRun:
         d = diff_counts(tree_truth(self.engine.cache), +model)
         r.check("sglang_decoder_reads_plugin_replay", not d and ranks == {0} and replies[0][1] == b"kv", d or ranks)
         desc = msgspec.msgpack.decode(dealer_exchange(pub.replay_endpoint, DESCRIBE_REQUEST)[0][1])
-        r.check("plugin_describe_epoch", desc.get("epoch") == pub.publisher.epoch and desc.get("page_size") == PAGE, desc)
+        r.check(
+            "plugin_describe_epoch", desc.get("epoch") == pub.publisher.epoch and desc.get("page_size") == PAGE, desc
+        )
         time.sleep(0.5)  # idle: heartbeats are due every 0.2 s (KVEVENTS_HEARTBEAT_S)
         stats = pub.stats()
         r.check("plugin_heartbeats", stats["heartbeats"] >= 1, stats)
@@ -298,13 +300,19 @@ def check_curve(report: Report, tmp: str) -> None:
     os.environ.update({ENV_CURVE_SECRET: server_secret, ENV_CURVE_ALLOW: allow})
     try:
         engine = SGLangEngine(pages=16)
-        cfg = {"publisher": "kvevents", "endpoint": f"ipc://{tmp}/curve-pub", "replay_endpoint": f"ipc://{tmp}/curve-rp"}
+        cfg = {
+            "publisher": "kvevents",
+            "endpoint": f"ipc://{tmp}/curve-pub",
+            "replay_endpoint": f"ipc://{tmp}/curve-rp",
+        }
         skp = scheduler_publisher(cfg, engine)
     finally:
         for k in (ENV_CURVE_SECRET, ENV_CURVE_ALLOW):
             os.environ.pop(k)
     pub: SGLangPublisher = skp.kv_event_publisher
-    keyed = Consumer("curve", pub.endpoint, pub.replay_endpoint, curve=CurveClient.from_files(server_pub, client_secret))
+    keyed = Consumer(
+        "curve", pub.endpoint, pub.replay_endpoint, curve=CurveClient.from_files(server_pub, client_secret)
+    )
     plain = zmq.Context.instance().socket(zmq.SUB)
     plain.setsockopt(zmq.SUBSCRIBE, b"")
     plain.setsockopt(zmq.LINGER, 0)

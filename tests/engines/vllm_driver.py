@@ -96,8 +96,13 @@ def to_kvevents(events: list) -> list[Event]:
             parent = None if ev.parent_block_hash is None else signed(ev.parent_block_hash)
             out.append(
                 BlockStored(
-                    [signed(h) for h in ev.block_hashes], parent, list(ev.token_ids), ev.block_size,
-                    ev.lora_id, ev.medium, ev.lora_name,
+                    [signed(h) for h in ev.block_hashes],
+                    parent,
+                    list(ev.token_ids),
+                    ev.block_size,
+                    ev.lora_id,
+                    ev.medium,
+                    ev.lora_name,
                 )  # fmt: skip
             )
         else:
