@@ -201,7 +201,19 @@ class Recording:
 
     def __init__(self, name: str, endpoint: str, replay: str | None, path: str, count: int) -> None:
         spec = f"{name}={endpoint}" + (f",{replay}" if replay else "")
-        cmd = [sys.executable, "-m", "kvevents", "record", "--publisher", spec, "-o", path, "--from", "oldest"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "kvevents",
+            "record",
+            "--publisher",
+            spec,
+            "-o",
+            path,
+            "--from",
+            "oldest",
+            "--force",
+        ]
         cmd += ["--count", str(count)]
         self.path = path
         self.proc = subprocess.Popen(
