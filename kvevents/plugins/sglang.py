@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, Event
-from kvevents.publisher import Publisher, PublisherConfig
+from kvevents.zeromq.publisher import Publisher, PublisherConfig
 
 __all__ = [
     "PUBLISHER_NAME",

@@ -22,7 +22,7 @@ import zmq
 from harness import Consumer, LossyLink, Recording, Report, diff_counts, once_in_order
 
 from kvevents.events import Event
-from kvevents.publisher import Publisher
+from kvevents.zeromq.publisher import Publisher
 
 PER_STEP, STEPS = 3, 100
 LATE_AT, FLUSH_AT, RESTART_AT = 40, 60, 80

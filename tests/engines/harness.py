@@ -27,8 +27,8 @@ import zmq
 
 from kvevents.consumers.indexer import BlockIndex
 from kvevents.recordlog.reader import read_records
-from kvevents.subscriber import Delivery, Reset, Source, Subscriber
-from kvevents.transport.wire import unpack_seq
+from kvevents.zeromq.subscriber import Delivery, Reset, Source, Subscriber
+from kvevents.zeromq.wire import unpack_seq
 
 
 class Report:

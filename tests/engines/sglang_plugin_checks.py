@@ -25,8 +25,8 @@ from sglang.srt.managers.scheduler_components.kv_events_publisher import Schedul
 from sglang_engine import PAGE, SGLangEngine, tree_truth, workload
 
 from kvevents.plugins.sglang import ENV_CURVE_ALLOW, ENV_CURVE_SECRET, SGLangPublisher
-from kvevents.transport.security import CurveClient
-from kvevents.transport.wire import DESCRIBE_REQUEST, END_SEQ
+from kvevents.zeromq.security import CurveClient
+from kvevents.zeromq.wire import DESCRIBE_REQUEST, END_SEQ
 
 SOURCE = "plug"
 STEPS, PER_STEP = 100, 3

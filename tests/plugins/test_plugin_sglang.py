@@ -14,8 +14,8 @@ import pytest
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from kvevents.plugins import PLUGINS
 from kvevents.plugins import sglang as plug
-from kvevents.subscriber import Delivery, Source, Subscriber
-from kvevents.transport.testing import EPH
+from kvevents.testing.zeromq import EPH
+from kvevents.zeromq.subscriber import Delivery, Source, Subscriber
 from tests.conftest import REPO
 
 
