@@ -3,7 +3,7 @@
 SGLang loads entry points of group `sglang.srt.plugins` in its scheduler process before the
 scheduler is built; `register()` adds the publisher name "kvevents" to SGLang's
 `EventPublisherFactory`, so `--kv-events-config '{"publisher": "kvevents", "endpoint": ...,
-"replay_endpoint": ...}'` publishes through `kvevents.publisher.Publisher`: the same
+"replay_endpoint": ...}'` publishes through `kvevents.zeromq.publisher.Publisher`: the same
 `[ts, events, rank]` batches SGLang's own decoder reads, plus KVE/SNAPSHOT, KVE/DESCRIBE with an
 epoch, heartbeats, the bounded replay ROUTER, metrics and CURVE (schemas/README.md, "Transport in
 one page"). SGLang's config carries only its own fields, so the rest comes from the environment

@@ -3,7 +3,8 @@
 Two engine lifetimes (the second a restart: a fresh cache and a new publisher object on the same
 endpoints, seq from 0) of 100 scheduler steps of 3 requests each, a cache flush at step 60, and
 three consumers: `gap` behind a LossyLink that drops live seqs 12..16 of each lifetime, `late`
-joining at step 40, and `kvevents record`. After every step each consumer's BlockIndex must equal
+joining at step 40, and `kvevents record`; and a `kvevents.relay.Relay` beside the engine with a
+consumer of its own (`relay`), the relay itself restarted at step 90 (a new epoch downstream). After every step each consumer's BlockIndex must equal
 the engine's own cache (read from the engine's structures, never from what was published); at the
 end every batch must have arrived once, in order, the restart must be detected, and the engine's
 own decoder must read what kvevents' Publisher sent for the same steps.
@@ -22,10 +23,13 @@ import zmq
 from harness import Consumer, LossyLink, Recording, Report, diff_counts, once_in_order
 
 from kvevents.events import Event
+from kvevents.relay import Relay
 from kvevents.zeromq.publisher import Publisher
+from kvevents.zeromq.publisher_config import PublisherConfig
+from kvevents.zeromq.source import Source
 
 PER_STEP, STEPS = 3, 100
-LATE_AT, FLUSH_AT, RESTART_AT = 40, 60, 80
+LATE_AT, FLUSH_AT, RESTART_AT, RELAY_RESTART_AT = 40, 60, 80, 90
 DROP = set(range(12, 17))
 
 
@@ -65,7 +69,32 @@ class EngineRun:
         self.kv_sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.kv_sub.setsockopt(zmq.LINGER, 0)
         self.kv_sub.connect(self.kv_pub.endpoint)
+        self.relay_eps = (f"ipc://{tmp}/{name}-relay", f"ipc://{tmp}/{name}-relay-replay")
+        self.relay = self.new_relay()
+        self.relayed = Consumer(name, *self.relay_eps)
+        self.relay_resets: dict[str, int] = {}
         self.gap.settle(0.3)
+
+    def new_relay(self) -> Relay:
+        """kvevents relay beside the engine: its stream, gap-repaired, republished with snapshots."""
+        conf = PublisherConfig(endpoint=self.relay_eps[0], replay_endpoint=self.relay_eps[1], heartbeat_interval_s=0.2)
+        src = Source(self.ep, self.rp, self.side.source)
+        return Relay(src, conf, subscriber_options={"request_timeout_s": 1.0, "stale_after_s": 30.0}).start()
+
+    def restart_relay(self) -> None:
+        for reason, n in self.relay.stats()["resets"].items():
+            self.relay_resets[reason] = self.relay_resets.get(reason, 0) + n
+        self.relay.stop()
+        self.relay = self.new_relay()
+
+    def check_relayed(self, n: int, truth: Counter[int]) -> None:
+        """The relay's consumer equals the engine's cache (its seqs are the relay's, so wait for equality)."""
+        deadline = time.monotonic() + 6.0
+        d = diff_counts(truth, self.relayed.index.copies(self.side.source))
+        while d and time.monotonic() < deadline:
+            self.relayed.pump(0.02)
+            d = diff_counts(truth, self.relayed.index.copies(self.side.source))
+        self.report.check("relay_index_equals_engine_cache_every_step", not d, f"step {n}: {d}")
 
     def consumers(self) -> list[tuple[str, Consumer]]:
         return [("gap", self.gap)] + ([("late", self.late)] if self.late is not None else [])
@@ -94,6 +123,7 @@ class EngineRun:
             ok = c.wait_seq(seq, generation=None if lifetime == 0 else 1)
             d = diff_counts(truth, c.index.copies(s.source)) if ok else c.broken
             self.report.check(f"{name}_index_equals_engine_cache_every_step", not d, f"step {n} seq {seq}: {d}")
+        self.check_relayed(n, truth)
 
     def restart(self) -> None:
         self.side.shutdown(self.pub)
@@ -111,6 +141,8 @@ class EngineRun:
                 self.late.settle(0.3)
             if n == RESTART_AT:
                 self.restart()
+            if n == RELAY_RESTART_AT:
+                self.restart_relay()
             self.step(n, reqs[n * PER_STEP : (n + 1) * PER_STEP])
         for _, c in self.consumers():
             c.settle(0.2)
@@ -128,6 +160,15 @@ class EngineRun:
             self.link.dropped == 2 * len(DROP) and DROP <= replayed,
             f"link dropped {self.link.dropped}; replayed {sorted(replayed)[:20]}",
         )
+        for reason, k in self.relay.stats()["resets"].items():
+            self.relay_resets[reason] = self.relay_resets.get(reason, 0) + k
+        down = [x.reason for x in self.relayed.resets]
+        r.check(
+            "relay_republished_the_engine_restart",
+            self.relay_resets.get("restart") == 1,
+            f"relay resets {self.relay_resets} (the engine restarted once)",
+        )
+        r.check("relay_restart_seen_downstream", down.count("restart") == 1, f"downstream resets {down}")
         r.figures["batches"] = float(sum(self.published))
         self.check_record([s for n in self.published for s in range(n)])
         self.check_decoder()
@@ -160,6 +201,8 @@ class EngineRun:
     def close(self) -> None:
         for _, c in self.consumers():
             c.close()
+        self.relayed.close()
+        self.relay.stop()
         if self.rec.proc.poll() is None:
             self.rec.proc.kill()
             self.rec.finish()

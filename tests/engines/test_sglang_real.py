@@ -147,3 +147,15 @@ def test_plugin_config_and_extras(report: dict) -> None:
 
 def test_plugin_curve_from_env(report: dict) -> None:
     assert_checks(report, "plugin_curve_keyed_consumer_equals_cache", "plugin_curve_plain_consumer_reads_nothing")
+
+
+def test_relay_beside_the_engine(report: dict) -> None:
+    """kvevents relay follows the engine's own publisher: its consumer equals the engine's cache after
+    every step, across the engine's restart (republished as AllBlocksCleared) and the relay's own
+    restart (a new epoch: the consumer resyncs by the relay's snapshot)."""
+    assert_checks(
+        report,
+        "relay_index_equals_engine_cache_every_step",
+        "relay_republished_the_engine_restart",
+        "relay_restart_seen_downstream",
+    )

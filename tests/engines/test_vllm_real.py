@@ -14,6 +14,9 @@ pytestmark = pytest.mark.engines
 
 STANDINS: list[str] = []
 ASSERTED = {
+    "relay_index_equals_engine_cache_every_step",
+    "relay_republished_the_engine_restart",
+    "relay_restart_seen_downstream",
     "gap_index_equals_engine_cache_every_step",
     "late_index_equals_engine_cache_every_step",
     "gap_every_batch_once_in_order",
@@ -64,3 +67,15 @@ def test_publisher_restart_detected(report: dict) -> None:
 
 def test_vllm_decoder_reads_kvevents_publisher(report: dict) -> None:
     assert_checks(report, "vllm_decoder_reads_kvevents_publisher")
+
+
+def test_relay_beside_the_engine(report: dict) -> None:
+    """kvevents relay follows the engine's own publisher: its consumer equals the engine's cache after
+    every step, across the engine's restart (republished as AllBlocksCleared) and the relay's own
+    restart (a new epoch: the consumer resyncs by the relay's snapshot)."""
+    assert_checks(
+        report,
+        "relay_index_equals_engine_cache_every_step",
+        "relay_republished_the_engine_restart",
+        "relay_restart_seen_downstream",
+    )
