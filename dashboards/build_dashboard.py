@@ -268,6 +268,7 @@ def build() -> dict[str, Any]:
                 ("kvevents_subscriber_snapshots_requested_total", "snapshots requested"),
                 ("kvevents_subscriber_snapshots_applied_total", "snapshots applied"),
                 ("kvevents_subscriber_snapshot_failures_total", "snapshot failures"),
+                ("kvevents_subscriber_requests_abandoned_total", "abandoned (no usable answer)"),
             )
         ],
     )
@@ -278,6 +279,7 @@ def build() -> dict[str, Any]:
             for m, label in (
                 ("kvevents_subscriber_bad_payloads_total", "bad payloads"),
                 ("kvevents_subscriber_bad_frames_total", "bad frames"),
+                ("kvevents_subscriber_bad_replies_total", "bad replay replies"),
                 ("kvevents_subscriber_callback_errors_total", "callback errors"),
                 ("kvevents_subscriber_stale_sources_total", "went stale"),
             )

@@ -89,6 +89,7 @@ class SourceStatus:
     stale: bool
     ranks: dict[int | None, int | None] = field(default_factory=dict)  # dp_rank -> next_seq
     busy: bool = False  # a replay or snapshot is in flight
+    replay_framing: str | None = None  # "4-frame" | "3-frame" (zeromq/framing.py) once a reply was seen
 
 
 Output = Union[Delivery, Reset]

@@ -25,20 +25,40 @@ def payload(events: Sequence[Event], rank: int | None = 0, epoch: int | None = N
 class FakeEngine:
     """XPUB (so the test knows when the kit's SUB has joined) and an optional ROUTER serving replay.
 
+    framing: 4 replies `["", topic, seq, payload]`, end `["", "", ff*8, ""]` (vLLM >= 0.26);
+    3 replies `["", seq, payload]`, end `["", ff*8, ""]` (SGLang 0.5.20, vLLM < 0.26), written
+    here from that byte layout. Any request body is read as a big-endian start, as those engines
+    do, so KVE/DESCRIBE and KVE/SNAPSHOT get only the end marker (an empty replay).
     replay_mode: "ok" (ring items >= start, then the end marker), "no-end" (no end marker),
-    "skip" (never replays the seqs in `skip`).
+    "skip" (never replays the seqs in `skip`), "garbage" (one reply in neither form), "mute"
+    (never answers), "slow" (answers "ok" after `delay` seconds).
     """
 
-    def __init__(self, *, replay: bool = True, replay_mode: str = "ok", skip: Sequence[int] = ()) -> None:
+    MODES = ("ok", "no-end", "skip", "garbage", "mute", "slow")
+
+    def __init__(
+        self,
+        *,
+        replay: bool = True,
+        replay_mode: str = "ok",
+        skip: Sequence[int] = (),
+        framing: int = 4,
+        delay: float = 0.0,
+    ) -> None:
+        if replay_mode not in self.MODES or framing not in (3, 4):
+            raise ValueError(f"replay_mode {replay_mode!r} / framing {framing!r}")
         self.ctx = zmq.Context()
         self.pub = self.ctx.socket(zmq.XPUB)
         self.pub.setsockopt(zmq.LINGER, 0)
         self.pub.bind("tcp://127.0.0.1:*")
         self.endpoint = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.ring: dict[int, bytes] = {}
+        self.ring: dict[int, tuple[bytes, bytes]] = {}  # seq -> (topic, payload)
         self.lock = threading.Lock()
         self.mode = replay_mode
         self.skip = set(skip)
+        self.framing = framing
+        self.delay = delay
+        self.requests: list[bytes] = []  # request bodies received (serve thread appends)
         self.replay_endpoint: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -50,21 +70,31 @@ class FakeEngine:
             self._thread = threading.Thread(target=self._serve, daemon=True)
             self._thread.start()
 
+    def reply(self, topic: bytes, seq_frame: bytes, data: bytes) -> list[bytes]:
+        """One reply message after the identity, in this engine's framing."""
+        return [b"", topic, seq_frame, data] if self.framing == 4 else [b"", seq_frame, data]
+
     def _serve(self) -> None:
         while not self._stop.is_set():
             if not self.router.poll(20):
                 continue
-            ident, _, body = self.router.recv_multipart()
-            if len(body) != 8:  # KVE/DESCRIBE, KVE/SNAPSHOT: answered as vLLM does, an empty replay
-                self.router.send_multipart([ident, b"", b"", END_SEQ, b""])
+            frames = self.router.recv_multipart()
+            ident, body = frames[0], frames[-1]
+            self.requests.append(body)
+            if self.mode == "mute":
                 continue
-            start = int.from_bytes(body, "big")
+            if self.mode == "garbage":
+                self.router.send_multipart([ident, b"hello", b"not", b"a", b"replay", b"reply"])
+                continue
+            if self.mode == "slow" and self._stop.wait(self.delay):
+                return
+            start = int.from_bytes(body, "big")  # a 12-byte KVE/ command: far past any seq
             with self.lock:
-                items = sorted((s, p) for s, p in self.ring.items() if s >= start and s not in self.skip)
-            for s, p in items:
-                self.router.send_multipart([ident, b"", b"", pack_seq(s), p])
+                items = sorted((s, tp) for s, tp in self.ring.items() if s >= start and s not in self.skip)
+            for s, (topic, p) in items:
+                self.router.send_multipart([ident, *self.reply(topic, pack_seq(s), p)])
             if self.mode != "no-end":
-                self.router.send_multipart([ident, b"", b"", END_SEQ, b""])
+                self.router.send_multipart([ident, *self.reply(b"", END_SEQ, b"")])
 
     def wait_joined(self, timeout: float = 5.0) -> None:
         if not self.pub.poll(int(timeout * 1000)):
@@ -73,7 +103,7 @@ class FakeEngine:
 
     def send(self, seq: int, data: bytes, *, live: bool = True, topic: bytes = b"") -> None:
         with self.lock:
-            self.ring[seq] = data
+            self.ring[seq] = (topic, data)
         if live:
             self.pub.send_multipart([topic, pack_seq(seq), data])
 

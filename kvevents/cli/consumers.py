@@ -75,6 +75,12 @@ def route_cmd(
         "(auto, the default: detected from its first stored blocks; tokens: any engine, e.g. vLLM); "
         "a bare MODE sets it for every publisher not named.",
     ),
+    medium_weight: list[str] = typer.Option(
+        [],
+        "--medium-weight",
+        help="NAME=W: the credit of a page held on medium NAME (repeatable; W >= 0). Defaults: GPU 1.0, "
+        "CPU_PINNED and CPU (host memory) 0.8, STORAGE, DISK, EXTERNAL and FS 0.5, any other 0.5.",
+    ),
     curve_server_key: list[str] = typer.Option([], "--curve-server-key", help=SERVER_KEYS_HELP),
     curve_client_cert: Optional[str] = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
     tokenizer: Optional[str] = typer.Option(
@@ -95,6 +101,7 @@ def route_cmd(
     Request and response schemas: GET /openapi.json (README: "The router's HTTP API").
     """
     from kvevents.consumers.keying import parse_key_modes
+    from kvevents.consumers.router import parse_medium_weights
     from kvevents.consumers.service.core import RouterService, parse_publisher
     from kvevents.consumers.service.http_api import HttpLimits
 
@@ -113,6 +120,7 @@ def route_cmd(
     with_curve(sources, curve_server_key, curve_client_cert)
     try:
         default_mode, modes = parse_key_modes(key_mode, [s.name or "" for s in sources])
+        weights = parse_medium_weights(medium_weight)
     except ValueError as exc:
         user_error(str(exc))
     host, port = _host_port(http)
@@ -126,6 +134,7 @@ def route_cmd(
             feed=jetstream_source(nats_url, stream, "route", stale_after_s=stale_after),
             page_size=page_size,
             lora_strict=lora_strict,
+            medium_weights=weights,
             seed=seed,
             key_modes=modes,
             default_key_mode=default_mode,
@@ -136,6 +145,7 @@ def route_cmd(
             sources,
             page_size=page_size,
             lora_strict=lora_strict,
+            medium_weights=weights,
             seed=seed,
             stale_after_s=stale_after,
             key_modes=modes,

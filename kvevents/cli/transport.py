@@ -245,6 +245,9 @@ _NOTICES = {  # what each subscriber counter means, said once per notice
     "unrecoverable_gaps": "missed batches the replay endpoint no longer holds: state lost",
     "restarts": "the publisher restarted (new epoch): state resyncs",
     "bad_payloads": "an undecodable payload was skipped",
+    "bad_replies": "the replay endpoint answered in neither replay framing",
+    "requests_abandoned": "a replay, snapshot or describe request got no usable answer in time: "
+    "given up, live batches go on",
 }
 SILENCE_HINT_S = 3.0  # no message at all for this long: say what `kvevents doctor` would check
 
@@ -256,6 +259,14 @@ def _notice_detail(key: str, seen: int, replay: Optional[str]) -> str:
             return "joined mid-stream without --replay: earlier batches not seen"
         return "batches missed and not repaired" + ("" if replay else " (no --replay endpoint to ask)")
     return _NOTICES.get(key, "")
+
+
+def _framing_notice(framing: str) -> tuple[dict, str]:
+    """The notice (JSON object, text line) naming the replay framing the publisher's replies use."""
+    from kvevents.zeromq.framing import FRAMINGS, framing_label
+
+    obj = {"type": "notice", "what": "replay_framing", "framing": framing, "detail": FRAMINGS.get(framing, "")}
+    return obj, f"! replay framing {framing_label(framing)}"
 
 
 def _silence_hint(endpoint: str, replay: Optional[str], waited: float) -> str:
@@ -313,6 +324,7 @@ def tail(
     seen = 0
     last = sub.counters()
     was_stale = hinted = False
+    framing: Optional[str] = None  # the replay framing last announced
     t0 = time.monotonic()
 
     def emit(obj: dict, text: str) -> None:
@@ -328,7 +340,14 @@ def tail(
         while (count is None or seen < count) and (duration is None or time.monotonic() - t0 < duration):
             items = sub.poll(0.1)
             now = sub.counters()
-            for key in ("gaps", "replays_requested", "unrecoverable_gaps", "restarts", "bad_payloads", "losses"):
+            now_framing = sub.status()[endpoint].replay_framing
+            if now_framing is not None and now_framing != framing:
+                framing = now_framing
+                notice(*_framing_notice(framing))
+            for key in (
+                "gaps", "replays_requested", "unrecoverable_gaps", "restarts", "bad_payloads", "losses",
+                "bad_replies", "requests_abandoned",
+            ):  # fmt: skip
                 if now[key] > last[key]:
                     detail = _notice_detail(key, seen, replay)
                     notice(

@@ -12,6 +12,7 @@ import msgspec
 
 from kvevents.conformance import shape
 from kvevents.events import AllBlocksCleared, BlockStored
+from kvevents.zeromq.framing import parse_reply
 from kvevents.zeromq.wire import SNAPSHOT_SEQ, unpack_seq
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -54,27 +55,28 @@ def judge_describe(c: StreamChecker, reply: list[bytes] | None) -> None:
 def judge_snapshot(c: StreamChecker, replies: list[list[bytes]] | None, ended: bool) -> int | None:
     """Shape-check a snapshot reply; returns S (the seq it reflects) to compare at, or None."""
     t = c.t["snapshot"]
-    if not replies or (len(replies) == 1 and shape.is_end_marker(replies[0]) and len(replies[0][3]) != 8):
+    if not replies or (len(replies) == 1 and shape.is_end_marker(replies[0]) and len(replies[0][-1]) != 8):
         t.offered = False
         t.note = "no reply" if not replies else "answered as a replay (end marker only)"
         return None
     if not ended:
         t.fail(f"no end marker after {len(replies)} snapshot batches")
         return None
-    end = replies[-1]
-    if len(end[3]) != 8:
-        t.fail(f"end marker payload of {len(end[3])} bytes, want the 8-byte seq S")
+    end = replies[-1][-1]
+    if len(end) != 8:
+        t.fail(f"end marker payload of {len(end)} bytes, want the 8-byte seq S")
         return None
     snap: Counter[tuple[Any, int]] = Counter()
     for i, fr in enumerate(replies[:-1]):
-        if len(fr) != 4 or fr[0] != b"" or fr[2] != SNAPSHOT_SEQ:
-            t.fail(f"batch {i}: want ['', topic, ff*7 fe, payload]")
+        r = parse_reply(fr)
+        if r is None or r.seq != SNAPSHOT_SEQ:
+            t.fail(f"batch {i}: want ['', topic, ff*7 fe, payload] (or without the topic frame)")
             return None
-        problem = shape.batch_problem(fr[3], allow_epoch=c.allow_epoch)
+        problem = shape.batch_problem(r.payload, allow_epoch=c.allow_epoch)
         if problem:
             t.fail(f"batch {i}: {problem}")
             return None
-        batch = shape.decode(fr[3])
+        batch = shape.decode(r.payload)
         assert batch is not None
         if i == 0 and (not batch.events or not isinstance(batch.events[0], AllBlocksCleared)):
             t.fail("the first snapshot batch does not start with AllBlocksCleared")
@@ -84,7 +86,7 @@ def judge_snapshot(c: StreamChecker, replies: list[list[bytes]] | None, ended: b
                     snap[(ev.medium, h)] += 1
     t.ok()
     c.snapshot_copies = snap
-    return unpack_seq(end[3])
+    return unpack_seq(end)
 
 
 def compare_snapshot(c: StreamChecker, s: int) -> None:

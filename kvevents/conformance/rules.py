@@ -18,6 +18,7 @@ from kvevents.conformance.profiles import NotCheckable, Profile
 from kvevents.conformance.report import Report, RuleResult, Status
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from kvevents.hashing import Namespace, storage_hashes, to_int64
+from kvevents.zeromq.framing import framing_label, parse_reply, reply_problem
 from kvevents.zeromq.wire import unpack_seq
 
 __all__ = ["RULES", "StreamChecker"]
@@ -27,7 +28,8 @@ RULES = {
     "batch-shape": "every batch is exactly [ts float64, events (maps), dp_rank]",
     "seq-increasing": "live seqs strictly increase",
     "gaps-healed": "every seq gap is filled by replay",
-    "replay-protocol": "replay replies: topic, 8-byte seq from start on, bytes as live, end marker",
+    "replay-protocol": "replay replies in one framing (with or without topic), 8-byte seq from start on, "
+    "bytes as live, end marker",
     "hash-recompute": "every published hash recomputes from its token_ids under the profile",
     "parents-first": "a BlockStored's parent is live when the child is stored",
     "removes-live": "BlockRemoved names only live copies",
@@ -46,6 +48,7 @@ class _Tally:
     unknown: int = 0
     offered: bool = True
     note: str = ""
+    seen: str = ""  # what a pass observed, said in its detail (the replay framing)
     examples: list[str] = field(default_factory=list)
 
     def ok(self, n: int = 1) -> None:
@@ -78,6 +81,7 @@ class StreamChecker:
         self.live_payloads: dict[int, bytes] = {}
         self.batches = self.events = self.pages = 0
         self.replay_offered = False  # set by the observer when it has a replay endpoint
+        self.replay_framing: str | None = None  # of the first replay reply (zeromq.framing)
         self._gap_reported: int | None = None
         self._copies: dict[int, int] = {}  # live copies per hash, over all media
         self._media: set[Any] = set()
@@ -144,17 +148,16 @@ class StreamChecker:
         prev: int | None = None
         good: list[tuple[int, bytes]] = []
         for i, fr in enumerate(replies):
+            r = parse_reply(fr)
+            if r is not None and not self._same_framing(start, i, r.framing):
+                continue
             if shape.is_end_marker(fr):
                 break
-            if len(fr) != 4 or fr[0] != b"":
-                t.fail(f"replay from {start}: reply {i} has {len(fr)} frames, want ['', topic, seq, payload]")
+            if r is None:
+                t.fail(f"replay from {start}: reply {i}: {reply_problem(fr)}")
                 continue
-            topic, seq_b, payload = fr[1], fr[2], fr[3]
-            if len(seq_b) != 8:
-                t.fail(f"replay from {start}: reply {i} seq frame of {len(seq_b)} bytes, want 8")
-                continue
-            seq = unpack_seq(seq_b)
-            if self.topic is not None and topic != self.topic:
+            topic, seq, payload = r.topic, unpack_seq(r.seq), r.payload
+            if topic is not None and self.topic is not None and topic != self.topic:
                 t.fail(f"replay from {start}: seq {seq} topic {topic!r}, live topic {self.topic!r}")
             elif seq < start:
                 t.fail(f"replay from {start}: sent seq {seq}, older than asked")
@@ -191,6 +194,17 @@ class StreamChecker:
             self._gap_reported = upto
         elif heal:
             self.t["gaps-healed"].ok()
+
+    def _same_framing(self, start: int, i: int, framing: str) -> bool:
+        """Every reply of the publisher in the framing of its first (either is right; a mix is not)."""
+        t = self.t["replay-protocol"]
+        if self.replay_framing is None:
+            self.replay_framing = framing
+            t.seen = f"framing {framing_label(framing)}"
+        if framing == self.replay_framing:
+            return True
+        t.fail(f"replay from {start}: reply {i} in the {framing} framing, earlier replies {self.replay_framing}")
+        return False
 
     # ------------------------------------------------------------------ applying a batch
     def _apply(self, seq: int, payload: bytes, how: str) -> None:
@@ -366,10 +380,13 @@ class StreamChecker:
                 detail = (f"{t.checked} checked" if t.checked else f"no gaps in {self.batches} batches") + (
                     f", {t.unknown} not checkable" if t.unknown else ""
                 )
+                detail += f"; {t.seen}" if t.seen else ""
             else:
                 status = Status.NOT_CHECKABLE
                 detail = t.note or (f"{t.unknown} references before the window" if t.unknown else "nothing to check")
             out.append(RuleResult(name, status, detail, t.checked, list(t.examples)))
         rep = Report("conformance stream", out)
         rep.figures = {"batches": self.batches, "events": self.events, "pages": self.pages, "complete": self.complete}
+        if self.replay_framing is not None:
+            rep.figures["replay_framing"] = self.replay_framing
         return rep

@@ -109,5 +109,9 @@ def decode(payload: bytes) -> KVEventBatch | None:
 
 
 def is_end_marker(frames: list[bytes]) -> bool:
-    """A DEALER-side end marker: ["", "", ff*8, payload] (payload "" after a replay, S after a snapshot)."""
-    return len(frames) == 4 and frames[0] == b"" and frames[1] == b"" and frames[2] == END_SEQ
+    """A DEALER-side end marker in either replay framing: ["", "", ff*8, payload] (vLLM >= 0.26,
+    kvevents) or ["", ff*8, payload] (SGLang 0.5.20, vLLM < 0.26); payload "" after a replay, S
+    after a snapshot."""
+    if len(frames) == 4:
+        return frames[0] == b"" and frames[1] == b"" and frames[2] == END_SEQ
+    return len(frames) == 3 and frames[0] == b"" and frames[1] == END_SEQ

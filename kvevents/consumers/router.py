@@ -7,6 +7,7 @@ engines use (pages hashed lazily in growing chunks), then asks the BlockIndex's 
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -34,9 +35,42 @@ from kvevents.hashing import (
     whole_pages_chain,
 )
 
-__all__ = ["PrefixRouter", "WorkerScore", "DEFAULT_MEDIUM_WEIGHTS", "LoadKey", "LoadHints"]
+__all__ = ["PrefixRouter", "WorkerScore", "DEFAULT_MEDIUM_WEIGHTS", "LoadKey", "LoadHints", "parse_medium_weights"]
 
-DEFAULT_MEDIUM_WEIGHTS: dict[str, float] = {"GPU": 1.0, "CPU_PINNED": 0.8, "STORAGE": 0.5}
+# Host memory: SGLang's host tier is "CPU_PINNED"; vLLM and LMCache publish host-offloaded blocks as
+# "CPU" (the same tier, so the same weight). Beyond the host: SGLang's "STORAGE", and "DISK",
+# "EXTERNAL", "FS" of the engines' storage tiers. Media not listed weigh PrefixRouter's default_weight.
+DEFAULT_MEDIUM_WEIGHTS: dict[str, float] = {
+    "GPU": 1.0,
+    "CPU_PINNED": 0.8,
+    "CPU": 0.8,
+    "STORAGE": 0.5,
+    "DISK": 0.5,
+    "EXTERNAL": 0.5,
+    "FS": 0.5,
+}
+
+
+def parse_medium_weights(specs: Sequence[str], base: Mapping[str, float] | None = None) -> dict[str, float]:
+    """`NAME=W` specs (route --medium-weight) over `base` (default: DEFAULT_MEDIUM_WEIGHTS); a later
+    spec for a name wins. ValueError naming the spec: no `=`, an empty name, W not a finite number >= 0."""
+    weights = dict(DEFAULT_MEDIUM_WEIGHTS if base is None else base)
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        name = name.strip()
+        usage = f"--medium-weight {spec!r}: expected NAME=WEIGHT with WEIGHT a number >= 0, e.g. CPU=0.8"
+        if not sep or not name:
+            raise ValueError(usage)
+        try:
+            w = float(value)
+        except ValueError:
+            raise ValueError(usage) from None
+        if not math.isfinite(w) or w < 0:
+            raise ValueError(usage)
+        weights[name] = w
+    return weights
+
+
 _MIX = 0x9E3779B97F4A7C15
 _M64 = (1 << 64) - 1
 _FIRST_CHUNK = 32  # pages hashed before score() first asks the index whether to go on; the

@@ -20,10 +20,11 @@ from kvevents.errors import DecodeError
 from kvevents.events import KVEventBatch, decode_batch
 from kvevents.recordlog.format import Record
 from kvevents.recordlog.verify import ContractVerifier
-from kvevents.zeromq.engine_requests import EngineRequestError
+from kvevents.zeromq.engine_requests import EngineRequestError, NotOffered, replay_replies
 from kvevents.zeromq.engine_requests import describe as describe_request
 from kvevents.zeromq.engine_requests import replay as replay_request
 from kvevents.zeromq.engine_requests import snapshot as request_snapshot
+from kvevents.zeromq.framing import framing_label
 from kvevents.zeromq.wire import SEQ
 
 __all__ = ["Check", "DoctorReport", "run_doctor", "fetch_replay", "request_describe", "ProbeError"]
@@ -335,8 +336,13 @@ def _replay_checks(rep: DoctorReport, seen: _Seen, replay: str | None, timeout: 
         rep.add("describe answers", SKIP, "no --replay endpoint given")
         return None
     start = seen.newest if seen.newest is not None else 0
+    framings: list[str] = []  # of each reply, in order (zeromq.framing)
     try:
-        got = list(fetch_replay(replay, start, timeout=min(timeout, 3.0), context=ctx))
+        got = []
+        for r in replay_replies(replay, start, timeout=min(timeout, 3.0), context=ctx):
+            framings.append(r.framing)
+            if not r.is_end:
+                got.append((r.topic, SEQ.unpack(r.seq)[0], r.payload))
     except ProbeError as exc:
         port = _TCP.match(replay)
         rep.add(
@@ -363,10 +369,26 @@ def _replay_checks(rep: DoctorReport, seen: _Seen, replay: str | None, timeout: 
                 f"asked from seq {start}, first reply is seq {got[0][1]}",
                 "the ring no longer holds the newest seq seen live: is buffer_steps tiny?",
             )
+        elif len(set(framings)) > 1:
+            rep.add(
+                "replay answers",
+                WARN,
+                f"replies mix the replay framings {sorted(set(framings))}",
+                "consumers read each reply on its own, but one publisher should use one framing",
+            )
         else:
-            rep.add("replay answers", OK, f"replay from seq {start}: {len(got)} batches then the end marker")
+            rep.add(
+                "replay answers",
+                OK,
+                f"replay from seq {start}: {len(got)} batches then the end marker; "
+                f"framing {framing_label(framings[-1])}",
+            )
+        rep.seen["replay_framing"] = framings[-1]
     try:
         d = request_describe(replay, timeout=min(timeout, 2.0), context=ctx)
+    except NotOffered as exc:
+        rep.add("describe answers", SKIP, f"not offered: {exc}")
+        return None
     except ProbeError as exc:
         rep.add(
             "describe answers",

@@ -122,6 +122,16 @@ SUBSCRIBER_METRICS: dict[str, tuple[str, str, str]] = {
     "snapshots_applied": ("kvevents_subscriber_snapshots_applied_total", "Snapshots delivered whole", "counter"),
     "snapshot_failures": ("kvevents_subscriber_snapshot_failures_total", "Snapshots that could not be used", "counter"),
     "bad_frames": ("kvevents_subscriber_bad_frames_total", "Malformed live messages", "counter"),
+    "bad_replies": (
+        "kvevents_subscriber_bad_replies_total",
+        "Replay endpoint replies in neither replay framing (or of the wrong kind)",
+        "counter",
+    ),
+    "requests_abandoned": (
+        "kvevents_subscriber_requests_abandoned_total",
+        "Replay, snapshot or describe requests given up without a usable answer (no retry)",
+        "counter",
+    ),
     "buffer_overflows": (
         "kvevents_subscriber_buffer_overflows_total",
         "Live buffers dropped during a long repair",

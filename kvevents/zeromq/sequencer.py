@@ -11,6 +11,12 @@ retry with backoff; a replay that cannot fill a gap becomes a Reset plus a snaps
 a snapshot that cannot be had a counted clean start. The default wire carries no epoch, so
 KVE/DESCRIBE confirms it: on first contact, after a reconnect or a stale spell, and before every
 gap replay; a new epoch (or a seq going backwards) is a restart.
+
+Replies come in either replay framing (zeromq.framing), read per reply; the one a source
+uses is shown in `status()`. No repair may hold the live stream hostage: a reply in neither form,
+or a request not finished within `request_budget_s` however busily it trickles, fails that
+request at once (no retry), and the resync goes on to its next step, so the buffered live
+batches are delivered after at most a counted loss.
 """
 
 from __future__ import annotations
@@ -18,17 +24,16 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
-from typing import Callable, Sequence, Union
-
-import msgspec
+from typing import Callable, Sequence
 
 from kvevents.errors import DecodeError
-from kvevents.events import decode_batch
+from kvevents.events import KVEventBatch, decode_batch
 from kvevents.feed import START_MODES, Delivery, DeliveryKind, Output, Reset, ResetReason, SourceStatus
+from kvevents.zeromq.commands import Command, DropDealer, Send
+from kvevents.zeromq.framing import Reply, describe_epoch, framing_label, parse_reply, reply_problem
 from kvevents.zeromq.source import Source
 from kvevents.zeromq.streams import Item, Request, SourceState, Stream
-from kvevents.zeromq.wire import DESCRIBE_REQUEST, END_SEQ, SEQ, SNAPSHOT_REQUEST, SNAPSHOT_SEQ, pack_seq
+from kvevents.zeromq.wire import DESCRIBE_REQUEST, SEQ, SNAPSHOT_REQUEST, SNAPSHOT_SEQ, pack_seq
 
 __all__ = ["Sequencer", "Send", "DropDealer", "Command", "COUNTERS", "DESCRIBE_TIMEOUT_S"]
 
@@ -39,28 +44,10 @@ COUNTERS = (
     "replay_timeouts", "unrecoverable_gaps", "restarts", "resets", "snapshots_requested", "snapshots_applied",
     "snapshot_failures", "losses", "bad_payloads", "bad_frames", "stale_buffered", "buffer_overflows",
     "stale_sources", "callback_errors", "loop_errors", "describes_requested", "describe_timeouts", "reconnects",
-    "stale_returns", "dropped_ranks",
+    "stale_returns", "dropped_ranks", "bad_replies", "requests_abandoned", "describes_unsupported",
 )  # fmt: skip
 _U64 = 2**64
 DESCRIBE_TIMEOUT_S = 1.0  # a publisher without KVE/DESCRIBE (vLLM, SGLang) costs this once per (re)contact
-
-
-@dataclass(slots=True)
-class Send:
-    """Send `body` as one request on the DEALER of `source` (made when there is none)."""
-
-    source: str
-    body: bytes
-
-
-@dataclass(slots=True)
-class DropDealer:
-    """Close the DEALER of `source`: replies to a timed-out request must not arrive later."""
-
-    source: str
-
-
-Command = Union[Send, DropDealer]
 
 
 class Sequencer:
@@ -72,6 +59,7 @@ class Sequencer:
         *,
         clock: Callable[[], float] = time.monotonic,
         request_timeout_s: float = 2.0,
+        request_budget_s: float = 10.0,
         max_attempts: int = 3,
         max_buffer: int = 100000,
         max_ranks: int = 64,
@@ -83,6 +71,7 @@ class Sequencer:
             raise ValueError(f"start must be one of {', '.join(START_MODES)}, got {start!r}")
         self.clock = clock
         self.request_timeout_s = request_timeout_s
+        self.request_budget_s = max(request_timeout_s, request_budget_s)  # a request's whole time, replies or not
         self.max_attempts = max(1, max_attempts)
         self.max_buffer = max_buffer
         self.max_ranks = max_ranks
@@ -108,7 +97,7 @@ class Sequencer:
         wait = timeout_s
         for s in self._srcs.values():
             if s.active is not None:
-                wait = min(wait, max(0.0, s.active.deadline - now))
+                wait = min(wait, max(0.0, min(s.active.deadline, s.active.give_up_at) - now))
             elif s.queue:
                 wait = min(wait, max(0.0, s.not_before - now))
         return wait
@@ -117,8 +106,8 @@ class Sequencer:
         """Time passes: time out requests, start queued ones, notice stale sources."""
         now = self.clock()
         for s in self._srcs.values():
-            if s.active is not None and now >= s.active.deadline:
-                self._on_timeout(s)
+            if s.active is not None and now >= min(s.active.deadline, s.active.give_up_at):
+                self._on_timeout(s, now)
             if s.active is None:
                 self._pump(s)
             self._check_stale(s, now)
@@ -135,21 +124,7 @@ class Sequencer:
     def status(self) -> dict[str, SourceStatus]:
         """Per source: where its first rank stands, when it was last heard (wall clock), staleness."""
         now = self.clock()
-        out = {}
-        for s in self._srcs.values():
-            streams = list(s.streams.items())  # one C-level copy: safe while the poll thread runs
-            first = streams[0][1] if streams else None
-            out[s.name] = SourceStatus(
-                name=s.name,
-                endpoint=s.source.endpoint,
-                next_seq=first.next_seq if first else None,
-                epoch=first.epoch if first else None,
-                last_heard=s.last_heard,
-                stale=self._is_stale(s, now),
-                ranks={r: st.next_seq for r, st in streams},
-                busy=any(st.busy for _, st in streams),
-            )
-        return out
+        return {s.name: s.status(self._is_stale(s, now)) for s in self._srcs.values()}
 
     def bad(self, what: str, detail: str, key: str = "bad_payloads") -> None:
         """Count (and log once per `log_every`) something that was skipped."""
@@ -171,6 +146,7 @@ class Sequencer:
         if len(frames) != 3 or len(frames[1]) != 8:
             return self.bad(f"source {s.name}: malformed live message", f"{len(frames)} frames", "bad_frames")
         topic_b, seq_b, payload = frames
+        s.topic = topic_b
         try:
             batch = decode_batch(payload)
         except DecodeError as exc:
@@ -326,8 +302,13 @@ class Sequencer:
         s.queue.append(Request(st, kind, start, first))
         self._pump(s)
 
-    def _send(self, s: SourceState, body: bytes) -> None:
+    def _send(self, s: SourceState, req: Request, body: bytes, timeout_s: float) -> None:
+        """Send `body` for `req`, now the one in flight: no reply within `timeout_s` is a timeout,
+        and no end within `request_budget_s` abandons it."""
         self._commands.append(Send(s.name, body))
+        now = self.clock()
+        req.deadline, req.give_up_at = now + timeout_s, now + self.request_budget_s
+        s.active = req
 
     def _pump(self, s: SourceState) -> None:
         if s.active is not None or not s.queue or self.clock() < s.not_before:
@@ -336,41 +317,58 @@ class Sequencer:
         if req.kind == "describe" or (req.kind == "replay" and not req.first and s.can_describe and not req.describing):
             self.counters["describes_requested"] += 1
             req.describing = True
-            self._send(s, DESCRIBE_REQUEST)
-            req.deadline = self.clock() + min(self.request_timeout_s, DESCRIBE_TIMEOUT_S)
-            s.active = req
-            return
+            return self._send(s, req, DESCRIBE_REQUEST, min(self.request_timeout_s, DESCRIBE_TIMEOUT_S))
         if req.kind == "replay":
             self.counters["replays_requested"] += 1
-            self._send(s, pack_seq(req.start))
-        else:
-            self.counters["snapshots_requested"] += 1
-            req.stream.snapshot = []
-            self._send(s, SNAPSHOT_REQUEST)
-        req.deadline = self.clock() + self.request_timeout_s
-        s.active = req
+            return self._send(s, req, pack_seq(req.start), self.request_timeout_s)
+        self.counters["snapshots_requested"] += 1
+        req.stream.snapshot = []
+        self._send(s, req, SNAPSHOT_REQUEST, self.request_timeout_s)
 
-    def _on_timeout(self, s: SourceState) -> None:
+    def _on_timeout(self, s: SourceState, now: float) -> None:
         req = s.active
         assert req is not None
+        if now >= req.give_up_at:  # answering, maybe, but never finishing: a retry would do the same
+            return self._abandon(s, req, f"not finished within {self.request_budget_s:g}s")
         s.active = None
         self._commands.append(DropDealer(s.name))
-        st = req.stream
         if req.describing:
-            return self._describe_unanswered(s, req)
+            self.counters["describe_timeouts"] += 1
+            log.info("source %s: no KVE/DESCRIBE reply; restarts are found by seqs going backwards only", s.name)
+            return self._without_describe(s, req)
         self.counters["replay_timeouts"] += 1
         if req.superseded:
             return
         req.attempts += 1
         s.not_before = self.clock() + min(5.0, 0.1 * 2**req.attempts)
-        if req.attempts < self.max_attempts:
+        if req.attempts < (1 if s.failing else self.max_attempts):  # retry only an endpoint that answers
             log.info("source %s: %s request timed out, retrying (%d)", s.name, req.kind, req.attempts)
             s.queue.appendleft(req)
             return
+        self._give_up(s, req, f"unanswered ({req.attempts} attempt{'s' if req.attempts > 1 else ''})")
+
+    def _abandon(self, s: SourceState, req: Request, why: str) -> None:
+        """`req` will get no usable answer: end it now (its DEALER too, so nothing more of it arrives)
+        and go on to the resync's next step, without the retries a lost request gets."""
+        self.counters["requests_abandoned"] += 1
+        s.active = None
+        s.not_before = 0.0
+        self._commands.append(DropDealer(s.name))
+        if req.describing:
+            log.info("source %s: KVE/DESCRIBE %s; going on without it", s.name, why)
+            self._without_describe(s, req)
+        elif not req.superseded:
+            self._give_up(s, req, why)
+        self._pump(s)
+
+    def _give_up(self, s: SourceState, req: Request, why: str) -> None:
+        """The end of a replay (a Reset and a snapshot follow) or a snapshot request (a clean start)."""
+        s.failing = True  # until a request to it ends well, no retries: the next step comes sooner
         if req.kind == "replay":
-            self._unrecoverable(s, st, req.first)
+            log.warning("source %s rank %s: replay %s; resync by snapshot", s.name, req.stream.rank, why)
+            self._unrecoverable(s, req.stream, req.first)
         else:
-            self._snapshot_failed(s, st)
+            self._snapshot_failed(s, req.stream, f"snapshot {why}")
 
     def _unrecoverable(self, s: SourceState, st: Stream, first: bool) -> None:
         self.counters["unrecoverable_gaps"] += 1
@@ -378,18 +376,16 @@ class Sequencer:
         st.next_seq = None
         self._request(s, st, "snapshot", 0)
 
-    def _snapshot_failed(self, s: SourceState, st: Stream) -> None:
-        log.warning("source %s rank %s: no snapshot, starting clean (state lost)", s.name, st.rank)
+    def _snapshot_failed(self, s: SourceState, st: Stream, why: str = "no snapshot") -> None:
+        log.warning("source %s rank %s: %s, starting clean (state lost)", s.name, st.rank, why)
         self.counters["snapshot_failures"] += 1
         self.counters["losses"] += 1
         st.next_seq = None
         st.clean_start = True
         self._drain(s, st)
 
-    def _describe_unanswered(self, s: SourceState, req: Request) -> None:
-        """No DESCRIBE reply: a publisher without it (vLLM, SGLang). Go on without; seqs find restarts."""
-        self.counters["describe_timeouts"] += 1
-        log.info("source %s: no KVE/DESCRIBE reply; restarts are found by seqs going backwards only", s.name)
+    def _without_describe(self, s: SourceState, req: Request) -> None:
+        """A publisher without KVE/DESCRIBE (vLLM, SGLang): go on without; seqs alone find restarts."""
         s.describes = False
         req.describing = False
         if req.superseded:
@@ -400,17 +396,25 @@ class Sequencer:
         req.stream.verified = True  # nothing to confirm it with
         self._drain(s, req.stream)
 
+    def _describe_refused(self, s: SourceState, req: Request) -> None:
+        """KVE/DESCRIBE answered by an end marker alone: an engine that read it as a replay start."""
+        self.counters["describes_unsupported"] += 1
+        s.failing = False
+        log.info("source %s: KVE/DESCRIBE answered as an empty replay (not offered); seqs alone find restarts", s.name)
+        s.active = None
+        s.not_before = 0.0
+        self._without_describe(s, req)
+        self._pump(s)
+
     def _on_describe(self, s: SourceState, req: Request, payload: bytes) -> None:
         """A DESCRIBE reply: a new epoch is a restart (Reset, then snapshot); else go on."""
         try:
-            info = msgspec.msgpack.decode(payload)
-            epoch = info.get("epoch") if isinstance(info, dict) else None
-            if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int)):
-                raise ValueError(f"epoch is {type(epoch).__name__}")
-        except (msgspec.DecodeError, ValueError) as exc:
+            epoch = describe_epoch(payload)
+        except ValueError as exc:
             self.bad(f"source {s.name}: undecodable KVE/DESCRIBE reply", str(exc))
             epoch = None
         s.describes = True
+        s.failing = False
         st = req.stream
         req.describing = False
         if req.superseded:
@@ -432,104 +436,97 @@ class Sequencer:
             st.epoch = epoch
         if req.kind == "replay":  # the epoch holds: now the replay itself
             self.counters["replays_requested"] += 1
-            self._send(s, pack_seq(req.start))
-            req.deadline = self.clock() + self.request_timeout_s
-            return
+            return self._send(s, req, pack_seq(req.start), self.request_timeout_s)
         s.active = None
         s.not_before = 0.0
         self._drain(s, st)
         self._pump(s)
 
+    # ------------------------------------------------------------------ replies
     def on_reply(self, name: str, frames: list[bytes]) -> None:
-        """One message on the DEALER of `name`: a DESCRIBE map, a replayed or snapshot batch, an end marker."""
+        """One message on the DEALER of `name`: a DESCRIBE map, or a replayed batch, snapshot batch or
+        end marker in either replay framing. Anything else fails the request in flight at once."""
         s = self._srcs[name]
         req = s.active
         s.heard(time.time(), self.clock())
         if req is not None and req.describing and len(frames) == 2 and frames[0] == b"":
             return self._on_describe(s, req, frames[1])
-        if req is None or req.describing or len(frames) != 4 or frames[0] != b"":
-            return self.bad(f"source {s.name}: unexpected replay reply", f"{len(frames)} frames", "bad_frames")
-        st = req.stream
-        req.deadline = self.clock() + self.request_timeout_s  # progress extends the deadline
-        _, topic_b, seq_b, payload = frames
-        if seq_b == END_SEQ:
-            return self._finish(s, req, payload)
+        reply = parse_reply(frames)
+        if reply is None:
+            return self._unusable(s, req, reply_problem(frames) or "")
+        if s.framing != reply.framing:
+            log.info("source %s: replay replies in the %s", s.name, framing_label(reply.framing))
+            s.framing = reply.framing
+        if req is None:
+            return self.bad(f"source {s.name}: replay reply with no request in flight", "", "bad_replies")
+        if req.describing:  # an engine without KVE/DESCRIBE reads it as a start past its newest seq
+            return self._describe_refused(s, req) if reply.is_end else self._unusable(s, req, "a batch")
+        req.deadline = self.clock() + self.request_timeout_s  # progress extends the deadline (not give_up_at)
+        if reply.is_end:
+            return self._finish(s, req, reply.payload)
         if req.aborting:
             return
+        topic = s.topic if reply.topic is None else reply.topic
         if req.kind == "snapshot":
-            if seq_b != SNAPSHOT_SEQ:
-                return self.bad(f"source {s.name}: snapshot reply with seq {seq_b.hex()}", "", "bad_frames")
-            try:
-                batch = decode_batch(payload)
-            except DecodeError as exc:
-                req.aborting = req.failed = True
-                return self.bad(f"source {s.name}: undecodable snapshot batch", str(exc))
-            st.snapshot.append(Item(0, topic_b, payload, batch, time.time()))
-            return
-        if len(seq_b) != 8:
-            return self.bad(f"source {s.name}: replay reply seq of {len(seq_b)} bytes", "", "bad_frames")
-        seq = SEQ.unpack(seq_b)[0]
-        first_reply = not req.got_any
-        req.got_any = True
-        if first_reply and seq > req.start:
-            req.aborting = req.failed = True  # the publisher no longer keeps next_seq
-            return
+            return self._snapshot_reply(s, req, topic, reply)
+        self._replay_reply(s, req, topic, reply)
+
+    def _unusable(self, s: SourceState, req: Request | None, why: str) -> None:
+        """A reply in neither framing, or of the wrong kind: counted; the request in flight fails."""
+        kind = "" if req is None else f" to a {'describe' if req.describing else req.kind} request"
+        self.bad(f"source {s.name}: unusable reply{kind}", why, "bad_replies")
+        if req is not None:
+            self._abandon(s, req, f"answered with {why}")
+
+    def _snapshot_reply(self, s: SourceState, req: Request, topic: bytes, reply: Reply) -> None:
+        if reply.seq != SNAPSHOT_SEQ:
+            return self._unusable(s, req, f"a snapshot batch with seq {reply.seq.hex()}")
         try:
-            batch = decode_batch(payload)
+            batch = decode_batch(reply.payload)
+        except DecodeError as exc:
+            req.aborting = req.failed = True
+            return self.bad(f"source {s.name}: undecodable snapshot batch", str(exc))
+        req.stream.snapshot.append(Item(0, topic, reply.payload, batch, time.time()))
+
+    def _replay_reply(self, s: SourceState, req: Request, topic: bytes, reply: Reply) -> None:
+        seq = SEQ.unpack(reply.seq)[0]
+        try:
+            batch: KVEventBatch | None = decode_batch(reply.payload)
         except DecodeError as exc:
             self.bad(f"source {s.name}: undecodable replayed payload", str(exc))
-            if st.next_seq is not None and seq == st.next_seq:
-                st.next_seq += 1  # it will never decode: skip it, counted
-            return
-        if req.first and st.next_seq is None:
-            if batch.epoch is not None:
-                st.epoch = batch.epoch
-            st.next_seq = req.start
-        if batch.epoch is not None and st.epoch is not None and batch.epoch != st.epoch:
-            req.aborting = True  # the publisher restarted meanwhile: resync when this reply ends
-            req.new_epoch = batch.epoch
-            return
-        assert st.next_seq is not None
-        if seq < st.next_seq:
+            batch = None
+        verdict = req.replayed(seq, batch)
+        if verdict == "duplicate":
             self.counters["duplicates"] += 1
-            return
-        if seq > st.next_seq:
-            req.aborting = req.failed = True  # a hole inside the ring (dropped batches)
-            return
-        self._deliver(s, st, Item(seq, topic_b, payload, batch, time.time()), "replay")
-        st.next_seq = seq + 1
+        elif verdict == "deliver":
+            assert batch is not None
+            self._deliver(s, req.stream, Item(seq, topic, reply.payload, batch, time.time()), "replay")
 
     def _finish(self, s: SourceState, req: Request, last: bytes) -> None:
+        """The end marker: apply the outcome (`Request.outcome`), then the next request."""
         s.active = None
         s.not_before = 0.0
+        s.failing = False
         st = req.stream
-        if req.superseded:
-            self._pump(s)
-            return
-        if req.new_epoch is not None:
+        outcome = req.outcome(last)
+        if outcome == "restart":
+            assert req.new_epoch is not None
             self.counters["restarts"] += 1
             self._restart(s, st, req.new_epoch, "restart", 1)
-            self._pump(s)
-            return
-        if req.kind == "snapshot":
-            if req.failed or len(last) != 8:
-                self._snapshot_failed(s, st)
-            else:
-                S = SEQ.unpack(last)[0]
-                for it in st.snapshot:
-                    self._deliver(s, st, it, "snapshot", seq=S)
-                if st.snapshot and st.snapshot[0].batch.epoch is not None:
-                    st.epoch = st.snapshot[0].batch.epoch
-                st.snapshot = []
-                st.next_seq = (S + 1) % _U64
-                self.counters["snapshots_applied"] += 1
-                self._drain(s, st)
-        elif (
-            req.failed
-            or (not req.got_any and st.buffer and st.next_seq is not None and st.buffer[0].seq > st.next_seq)
-            or (req.first and not req.got_any)
-        ):
+        elif outcome == "snapshot":
+            S = SEQ.unpack(last)[0]
+            for it in st.snapshot:
+                self._deliver(s, st, it, "snapshot", seq=S)
+            if st.snapshot and st.snapshot[0].batch.epoch is not None:
+                st.epoch = st.snapshot[0].batch.epoch
+            st.snapshot = []
+            st.next_seq = (S + 1) % _U64
+            self.counters["snapshots_applied"] += 1
+            self._drain(s, st)
+        elif outcome == "no-snapshot":
+            self._snapshot_failed(s, st)
+        elif outcome == "unrecoverable":
             self._unrecoverable(s, st, req.first)
-        else:
+        elif outcome == "drain":
             self._drain(s, st)
         self._pump(s)

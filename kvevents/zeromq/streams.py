@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvevents.events import KVEventBatch
+from kvevents.feed import SourceStatus
 
 __all__ = ["Item", "Stream", "Request", "SourceState"]
 
@@ -50,13 +51,59 @@ class Request:
     start: int
     first: bool = False  # the stream's first contact: a late first reply is reason "first"
     describing: bool = False  # a DESCRIBE is in flight for this request
-    deadline: float = 0.0
+    deadline: float = 0.0  # no reply by then: timed out (each reply moves it on)
+    give_up_at: float = 0.0  # not finished by then, replies or not: abandoned (never moves)
     attempts: int = 0
     got_any: bool = False
     aborting: bool = False  # ignore replies until the end marker
     failed: bool = False  # replay could not fill the gap / snapshot unusable
     superseded: bool = False  # the stream was reset meanwhile: discard the outcome
     new_epoch: int | None = None  # a reply came from a restarted publisher
+
+    def replayed(self, seq: int, batch: KVEventBatch | None) -> str:
+        """Take one replayed batch (None: undecodable, counted by the caller) into the stream's order:
+        "deliver" (next_seq moved past it), "duplicate", or "skip" (held back, or the reply failed)."""
+        st = self.stream
+        first_reply = not self.got_any
+        self.got_any = True
+        if first_reply and seq > self.start:
+            self.aborting = self.failed = True  # the publisher no longer keeps next_seq
+            return "skip"
+        if batch is None:
+            if st.next_seq is not None and seq == st.next_seq:
+                st.next_seq += 1  # it will never decode: skip it
+            return "skip"
+        if self.first and st.next_seq is None:
+            if batch.epoch is not None:
+                st.epoch = batch.epoch
+            st.next_seq = self.start
+        if batch.epoch is not None and st.epoch is not None and batch.epoch != st.epoch:
+            self.aborting = True  # the publisher restarted meanwhile: resync when this reply ends
+            self.new_epoch = batch.epoch
+            return "skip"
+        assert st.next_seq is not None
+        if seq < st.next_seq:
+            return "duplicate"
+        if seq > st.next_seq:
+            self.aborting = self.failed = True  # a hole inside the ring (dropped batches)
+            return "skip"
+        st.next_seq = seq + 1
+        return "deliver"
+
+    def outcome(self, last: bytes) -> str:
+        """What the end marker (its payload `last`) leads to: "superseded", "restart", "snapshot",
+        "no-snapshot", "unrecoverable" (a Reset and a snapshot) or "drain" (the gap is filled)."""
+        st = self.stream
+        if self.superseded:
+            return "superseded"
+        if self.new_epoch is not None:
+            return "restart"
+        if self.kind == "snapshot":
+            return "no-snapshot" if self.failed or len(last) != 8 else "snapshot"
+        holes = not self.got_any and st.buffer and st.next_seq is not None and st.buffer[0].seq > st.next_seq
+        if self.failed or holes or (self.first and not self.got_any):
+            return "unrecoverable"
+        return "drain"
 
 
 class SourceState:
@@ -76,6 +123,25 @@ class SourceState:
         # Does the publisher answer KVE/DESCRIBE? None: not known yet; False: a DESCRIBE timed out
         # (vLLM, SGLang), so seqs alone find restarts until the next reconnect asks again.
         self.describes: bool | None = None
+        self.failing = False  # its last replay/snapshot got no usable answer: retry nothing until one ends well
+        self.framing: str | None = None  # the replay framing its replies use (zeromq.framing), once seen
+        self.topic = b""  # the last live topic: what a 3-frame replay reply (no topic frame) is filed under
+
+    def status(self, stale: bool) -> SourceStatus:
+        """Where its first rank stands, every rank's next seq, when heard (wall clock), its framing."""
+        streams = list(self.streams.items())  # one C-level copy: safe while the poll thread runs
+        first = streams[0][1] if streams else None
+        return SourceStatus(
+            name=self.name,
+            endpoint=self.source.endpoint,
+            next_seq=first.next_seq if first else None,
+            epoch=first.epoch if first else None,
+            last_heard=self.last_heard,
+            stale=stale,
+            ranks={r: st.next_seq for r, st in streams},
+            busy=any(st.busy for _, st in streams),
+            replay_framing=self.framing,
+        )
 
     def heard(self, wall: float, mono: float) -> None:
         """Something arrived from this source (live or on the DEALER)."""

@@ -53,6 +53,7 @@ class Subscriber:
         on_reset: Callable[[Reset], object] | None = None,
         stale_after_s: float = 5.0,
         request_timeout_s: float = 2.0,
+        request_budget_s: float = 10.0,
         max_attempts: int = 3,
         max_buffer: int = 100000,
         log_every: int = 100,
@@ -64,6 +65,8 @@ class Subscriber:
         start: str = "oldest",
     ) -> None:
         """`clock` (monotonic seconds) times requests, backoff and staleness; tests may inject one.
+        `request_timeout_s`: the longest wait for each reply; `request_budget_s`: the longest a replay
+        or snapshot may take in all, however it trickles (then it is abandoned and the resync goes on).
         `max_ranks`: dp ranks tracked per source; batches of further ranks are counted
         (`dropped_ranks`) and dropped, so a publisher cannot make a stream (and a repair) per rank.
         `start`: where each stream begins on first contact (START_MODES; a Source may override it)."""
@@ -85,7 +88,8 @@ class Subscriber:
         self.clock = clock
         self.log_every = max(1, log_every)
         self.sequencer = Sequencer(
-            srcs, clock=clock, request_timeout_s=request_timeout_s, max_attempts=max_attempts,
+            srcs, clock=clock, request_timeout_s=request_timeout_s, request_budget_s=request_budget_s,
+            max_attempts=max_attempts,
             max_buffer=max_buffer, max_ranks=max_ranks, start=start, stale_after_s=stale_after_s,
             log_every=log_every,
         )  # fmt: skip

@@ -351,7 +351,8 @@ class RouterService:
         return changes
 
     def workers_view(self) -> dict[str, Any]:
-        """GET /workers: per worker (source name + dp rank) blocks by medium, last seq, epoch, lag, stale."""
+        """GET /workers: per worker (source name + dp rank) blocks by medium, last seq, epoch, lag, stale,
+        and the replay framing its publisher answers in ("4-frame" | "3-frame", null: none seen yet)."""
         status = self.feed.status()
         now = time.time()
         with self.lock:
@@ -376,6 +377,8 @@ class RouterService:
                             "stale": sst.stale,
                             "repairing": sst.busy,
                             "key_mode": self.keyer.mode(name),  # contract | tokens | auto (still detecting)
+                            # the form of its replay replies (kvevents.zeromq.framing), null until one came
+                            "replay_framing": sst.replay_framing,
                         }
                     )
             return {"workers": out, "index": self.index.stats()}

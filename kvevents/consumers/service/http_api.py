@@ -70,7 +70,8 @@ class WorkerEntry(BaseModel):
     worker: str = Field(description="The publisher's name as given to --publisher (NAME=...).")
     dp_rank: int = Field(description="The data-parallel rank whose blocks these are.")
     score: float = Field(
-        description="Matched prefix pages weighted by their best medium (GPU 1.0, CPU_PINNED 0.8, STORAGE 0.5, others 0.5)."
+        description="Matched prefix pages weighted by their best medium (by default GPU 1.0, CPU_PINNED and CPU 0.8, "
+        "STORAGE, DISK, EXTERNAL and FS 0.5, others 0.5; route --medium-weight NAME=W sets them)."
     )
     matched_pages: int = Field(description="Consecutive whole pages of the request's prefix this worker holds.")
     matched_tokens: int = Field(description="matched_pages x page size.")
@@ -179,7 +180,7 @@ def build_app(service: RouterService, limits: HttpLimits) -> FastAPI:
             return _bug(request, exc)
         return _reply(status, obj)
 
-    @app.get("/workers", summary="Per worker: blocks by medium, last seq, epoch, lag, stale")
+    @app.get("/workers", summary="Per worker: blocks by medium, last seq, epoch, lag, stale, replay framing")
     def workers(request: Request) -> Response:
         try:
             return _reply(200, service.workers_view())

@@ -250,11 +250,11 @@ def spark(values: list[int], width: int = 120, height: int = 22) -> str:
 def _workers_html(s: dict[str, Any]) -> str:
     media, adapters = s["media"], s["adapters"]
     head = ["worker", "dp rank", "state", "blocks"] + [f"{m}" for m in media] + [_adapter_name(a) for a in adapters]
-    head += ["last seq", "lag (s)", "heard (s ago)", "keys"]
+    head += ["last seq", "lag (s)", "heard (s ago)", "keys", "replay"]
     groups = (
         (
             f'<colgroup><col span="4"><col span="{len(media)}" class="g-medium">'
-            f'<col span="{len(adapters)}" class="g-adapter"><col span="4"></colgroup>'
+            f'<col span="{len(adapters)}" class="g-adapter"><col span="5"></colgroup>'
         )
         if media or adapters
         else ""
@@ -275,6 +275,7 @@ def _workers_html(s: dict[str, Any]) -> str:
             f'<td data-k="lag_s">{_num(w["lag_s"])}</td>',
             f'<td data-k="last_heard_age_s">{_num(w["last_heard_age_s"], 1)}</td>',
             f'<td data-k="key_mode">{_e(w.get("key_mode") or "")}</td>',
+            f'<td data-k="replay_framing">{_e(w.get("replay_framing") or "")}</td>',
         ]
         rows.append(
             f'<tr data-worker="{_e(w["worker"])}" data-rank="{w["dp_rank"]}" class="{state}">{"".join(cells)}</tr>'
@@ -282,7 +283,7 @@ def _workers_html(s: dict[str, Any]) -> str:
     sub = (
         (
             f'<tr class="sub"><th colspan="4"></th><th colspan="{len(media)}">by medium</th>'
-            f'<th colspan="{len(adapters)}">by adapter</th><th colspan="4"></th></tr>'
+            f'<th colspan="{len(adapters)}">by adapter</th><th colspan="5"></th></tr>'
         )
         if media or adapters
         else ""
