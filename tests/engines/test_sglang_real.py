@@ -29,6 +29,9 @@ ENGINE_PUBLISHER = {
     "gap_restart_detected",
     "late_restart_detected",
     "sglang_decoder_reads_kvevents_publisher",
+    "relay_index_equals_engine_cache_every_step",
+    "relay_republished_the_engine_restart",
+    "relay_restart_seen_downstream",
 }
 PLUGIN = {
     "entry_point_declared",
