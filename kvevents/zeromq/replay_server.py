@@ -85,6 +85,7 @@ TURN_BUDGET_S = 0.0003  # work per handle_requests() / step() call before yieldi
 YIELD_S = 0.0003  # the pause after a turn that ran out of budget (lets caller threads take the GIL)
 DESCRIBE_RATE_PER_S = 10.0  # KVE/DESCRIBE answers per second per peer, after its burst (a consumer asks
 DESCRIBE_BURST = 20  # one per start, restart or gap: far below this)
+FLOOD_PAUSE_S = 0.002  # the pause after a turn that read only DESCRIBEs over their rate
 
 #: Counters this module adds to Publisher.stats() (written by the service thread only).
 ROUTER_COUNTERS = ("rejected_peer_cap", "rejected_oversized", "jobs_expired", "rejected_describe_rate")
@@ -139,12 +140,14 @@ class ReplayServer:
         self._enc = BatchEncoder(cfg.event_encoding)
         self._describe_enc = msgspec.msgpack.Encoder()
         self.describe_limiter = PeerRateLimiter(describe_rate_per_s, describe_burst, clock=clock)
+        self._over_rate = 0  # DESCRIBEs refused over their rate in this turn
 
     # ------------------------------------------------------------ requests
     def handle_requests(self, limit: int = 64) -> int:
         """Receive and dispatch up to `limit` queued requests without blocking (and within the
         turn's time budget); returns the number of messages read."""
         n = 0
+        self._over_rate = 0
         sock = self.sock
         stop_at = time.perf_counter() + TURN_BUDGET_S
         while True:
@@ -170,7 +173,11 @@ class ReplayServer:
             else:
                 self._dispatch([f.bytes for f in frames])
         self._maybe_trim()
-        self._yield()  # stopped with requests possibly left: let caller threads run first
+        # stopped with requests possibly left: let caller threads run first; a turn of nothing but
+        # DESCRIBEs over their rate is a flood, which waits longer (ZeroMQ queues the others' requests)
+        flood = n > 0 and self._over_rate == n
+        self._over_rate = 0
+        self._yield(FLOOD_PAUSE_S if flood else YIELD_S)
         return n
 
     def _discard(self, stop_at: float) -> bool:
@@ -219,6 +226,7 @@ class ReplayServer:
                 self._add(_Job(ident, self._snapshot(ident), "snapshot"))
         elif body == DESCRIBE_REQUEST:
             if not self.describe_limiter.allow(ident):
+                self._over_rate += 1
                 return self._reject("rejected_describe_rate", "KVE/DESCRIBE over the peer's rate")
             self.pub.count("describe_requests")
             self._send_now([ident, b"", self.describe_payload()], "describe")
@@ -375,7 +383,7 @@ class ReplayServer:
         log.debug("ROUTER peer did not drain within %.1fs: %d job(s) dropped", self.job_timeout_s, len(queue))
 
     @staticmethod
-    def _yield() -> None:
+    def _yield(pause: float = YIELD_S) -> None:
         """Out of budget with work left: sleep a moment, so a caller thread waiting for the
         interpreter gets it now rather than after the switch interval (5 ms)."""
-        time.sleep(YIELD_S)
+        time.sleep(pause)
