@@ -73,7 +73,8 @@ def test_false_markers_cost_linear_time_and_every_good_record_is_found(tmp_path:
             region = (mb * MB // 12) * 12
             assert damage == [("corrupt", at, region)]
         times[mb] = best
-        assert best < (1.0 if mb == 1 else 2.5), f"{mb} MB of false markers took {best:.2f} s"
+        # about 0.15 s per MB on an idle box, 0.3-0.4 under load; the old code took 9-16 s for 1 MB
+        assert best < (1.5 if mb == 1 else 4.0), f"{mb} MB of false markers took {best:.2f} s"
     # linear: 4x the bytes cost about 4x (quadratic would be 16x); slack for a shared machine
     assert times[4] < 8 * max(times[1], 0.02), times
 
