@@ -12,6 +12,7 @@ does not share our interpreter:
 - replay-hog: 8 DEALERs each send 64 replay-from-0 requests every 100 ms and never reads (item 1);
 - hog-many: the same from 32 DEALERs (128 requests held at once > replay_max_jobs 64);
 - describe: 8 DEALERs send KVE/DESCRIBE as fast as they can and never reads (item 2);
+- describe-one: one DEALER sends KVE/DESCRIBE as fast as it can and reads every answer (issue 28);
 - multiframe: 8 DEALERs send 20,000-frame requests of 200-byte frames (4 MB each) in a loop (item 3).
 During every phase a well-behaved probe DEALER (in the flooder process) asks every 250 ms for a
 replay of the newest 5 batches; "probes" counts those answered whole within 2 s. The table gives
@@ -38,7 +39,7 @@ from kvevents.events import BlockRemoved, BlockStored  # noqa: E402
 from kvevents.zeromq.publisher import Publisher  # noqa: E402
 from kvevents.zeromq.wire import DESCRIBE_REQUEST, END_SEQ, SEQ  # noqa: E402
 
-FLOODS = ("replay-hog", "hog-many", "describe", "multiframe")
+FLOODS = ("replay-hog", "hog-many", "describe", "describe-one", "multiframe")
 
 
 def _batch(i: int) -> list:
@@ -93,10 +94,11 @@ def flooder(kind: str, endpoint: str, seconds: float) -> None:
     """Flood `endpoint` for `seconds` while probing it; print one JSON line (probes sent/answered)."""
     ctx = zmq.Context()
     bads = []
-    for _ in range(32 if kind == "hog-many" else PEERS):
+    for _ in range(32 if kind == "hog-many" else 1 if kind == "describe-one" else PEERS):
         bad = ctx.socket(zmq.DEALER)
         bad.setsockopt(zmq.LINGER, 0)
-        bad.setsockopt(zmq.RCVHWM, 10)  # never read: let the publisher's side fill up
+        if kind != "describe-one":
+            bad.setsockopt(zmq.RCVHWM, 10)  # never read: let the publisher's side fill up
         bad.connect(endpoint)
         bads.append(bad)
     stop = threading.Event()
@@ -113,11 +115,16 @@ def flooder(kind: str, endpoint: str, seconds: float) -> None:
                     elif kind == "describe":
                         for _ in range(100):
                             bad.send_multipart([b"", DESCRIBE_REQUEST], zmq.NOBLOCK)
+                    elif kind == "describe-one":  # reads its answers: never back-pressured
+                        while bad.poll(0):
+                            bad.recv_multipart()
+                        for _ in range(100):
+                            bad.send_multipart([b"", DESCRIBE_REQUEST], zmq.NOBLOCK)
                     else:
                         bad.send_multipart(big, zmq.NOBLOCK)
                 except zmq.Again:
                     pass
-            stop.wait(0.1 if kind in ("replay-hog", "hog-many") else 0.001)
+            stop.wait(0.1 if kind in ("replay-hog", "hog-many") else 0.0 if kind == "describe-one" else 0.001)
 
     t = threading.Thread(target=flood, daemon=True)
     t.start()
@@ -190,7 +197,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.flooder:
         return flooder(args.flooder[0], args.flooder[1], float(args.flooder[2]))
-    from kvevents.transport import router
+    from kvevents.zeromq import replay_server as router
 
     if args.budget_us is not None:
         router.TURN_BUDGET_S = args.budget_us / 1e6

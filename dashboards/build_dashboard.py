@@ -225,6 +225,7 @@ def build() -> dict[str, Any]:
             (rate("kvevents_publisher_replies_abandoned_total"), "abandoned"),
             (rate("kvevents_publisher_jobs_expired_total"), "expired"),
             (rate("kvevents_publisher_describe_requests_total"), "describe"),
+            (rate("kvevents_publisher_rejected_describe_rate_total"), "describe over rate"),
             (rate("kvevents_publisher_payloads_republished_total"), "republished"),
             (rate("kvevents_publisher_curve_denied_total"), "CURVE denied"),
         ],

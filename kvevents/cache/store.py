@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import struct
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-__all__ = ["PageStore", "MemoryStore", "FileStore", "check_key"]
+__all__ = ["PageStore", "MemoryStore", "FileStore", "check_key", "MAX_PAGE_BYTES"]
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -124,6 +125,10 @@ class MemoryStore:
 # key || payload, payload. A "KVP1" page (no key) from an older build reads as a counted miss.
 _MAGIC = b"KVP2"
 _HEADER = struct.Struct("<4sQ32s16s")
+MAX_PAGE_BYTES = 64 << 20  # default bound of one page's payload: a bigger file is never read
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW
+_PAGE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW
 
 
 def _checksum(key_raw: bytes, data: bytes) -> bytes:
@@ -134,12 +139,19 @@ def _checksum(key_raw: bytes, data: bytes) -> bytes:
 
 class FileStore:
     """One file per page under `directory/<key[:2]>/<key>.page`, written atomically with its key and
-    a checksum. stats(): `corrupt` counts damaged or unreadable pages (a directory at a page path
-    too), `misplaced` valid pages whose header names another key; both are misses."""
+    a checksum. A page holds at most `max_page_bytes` (put() refuses more, get() never reads a
+    bigger file). stats(): `corrupt` counts damaged or unreadable pages (and anything at a page path
+    that is not a regular file within that bound: a directory, FIFO, device, socket, symlink or an
+    oversized file), `misplaced` valid pages whose header names another key; all are misses."""
 
-    def __init__(self, directory: str | os.PathLike[str], *, fsync: bool = True) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], *, fsync: bool = True, max_page_bytes: int = MAX_PAGE_BYTES
+    ) -> None:
         if not isinstance(directory, (str, os.PathLike)):
             raise ValueError(f"FileStore directory must be a path, got {type(directory).__name__}")
+        if isinstance(max_page_bytes, bool) or not isinstance(max_page_bytes, int) or max_page_bytes < 1:
+            raise ValueError(f"max_page_bytes must be an integer >= 1, got {max_page_bytes!r}")
+        self.max_page_bytes = max_page_bytes
         self.directory = Path(directory)
         if self.directory.exists() and not self.directory.is_dir():
             raise ValueError(f"FileStore directory {str(self.directory)!r} exists and is not a directory")
@@ -157,14 +169,12 @@ class FileStore:
         return self.directory / key[:2] / f"{key}.page"
 
     def _load(self, key: str) -> bytes | None:
-        """The verified page, or None; a corrupt, truncated or misplaced file is counted and dropped."""
+        """The verified page, or None; a corrupt, truncated or misplaced file is counted and dropped.
+        Anything that is not a regular page file of at most max_page_bytes (a FIFO, device, socket,
+        symlink, directory, an oversized or sparse file) is a counted miss, never read, left alone."""
         path = self.path_for(key)
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except (IsADirectoryError, NotADirectoryError):  # not a page file: a counted miss, left alone
-            self.corrupt += 1
+        raw = self._read_page_file(path)
+        if raw is None:
             return None
         if len(raw) >= _HEADER.size:
             magic, length, key_raw, digest = _HEADER.unpack_from(raw)
@@ -179,6 +189,42 @@ class FileStore:
         self.corrupt += 1
         self._drop(path)
         return None
+
+    def _read_page_file(self, path: Path) -> bytes | None:
+        """The bytes of a regular file at `path` (no symlink followed, the fan-out directory
+        included), or None: missing (a plain miss) or refused before reading (counted corrupt)."""
+        try:
+            dfd = os.open(path.parent, _DIR_FLAGS)
+        except FileNotFoundError:
+            return None
+        except OSError:  # a file or a symlink where the fan-out directory should be
+            self.corrupt += 1
+            return None
+        try:
+            fd = os.open(path.name, _PAGE_FLAGS, dir_fd=dfd)  # O_NONBLOCK: a FIFO cannot hang the open
+        except FileNotFoundError:
+            return None
+        except OSError:  # ELOOP (a symlink), EISDIR, ENXIO, EACCES...: not a page file we can read
+            self.corrupt += 1
+            return None
+        finally:
+            os.close(dfd)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > _HEADER.size + self.max_page_bytes:
+                self.corrupt += 1  # a FIFO, device, socket or directory; or bigger than any page
+                return None
+            with os.fdopen(fd, "rb", closefd=False) as fh:
+                raw = fh.read(_HEADER.size + self.max_page_bytes + 1)  # bounded even if it grew
+        except OSError:
+            self.corrupt += 1
+            return None
+        finally:
+            os.close(fd)
+        if len(raw) > _HEADER.size + self.max_page_bytes:
+            self.corrupt += 1
+            return None
+        return raw
 
     @staticmethod
     def _drop(path: Path) -> None:
@@ -198,7 +244,9 @@ class FileStore:
     def put(self, key: str, data: bytes) -> None:
         path = self.path_for(key)
         data = _check_data(data)
-        if path.is_dir() or path.parent.exists() and not path.parent.is_dir():
+        if len(data) > self.max_page_bytes:
+            raise ValueError(f"FileStore: a page of {len(data)} bytes exceeds max_page_bytes ({self.max_page_bytes})")
+        if path.is_dir() or path.parent.is_symlink() or path.parent.exists() and not path.parent.is_dir():
             raise ValueError(f"FileStore: {str(path)!r} is in the way and is not a page file")
         path.parent.mkdir(exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=path.parent)
@@ -239,7 +287,7 @@ class FileStore:
 
     def keys(self) -> list[str]:
         """Stored keys (sorted): names of page files, not verified (get() verifies)."""
-        return sorted(p.stem for p in self.directory.glob("??/*.page") if p.is_file())
+        return sorted(p.stem for p in self.directory.glob("??/*.page") if p.is_file() and not p.is_symlink())
 
     def stats(self) -> dict[str, int]:
         return {

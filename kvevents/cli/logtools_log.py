@@ -196,11 +196,16 @@ def _skipped(damage: list) -> str:
 
 @log_app.command("repair")
 def repair_cmd(
-    file: str = typer.Argument(..., help="Record log file to repair in place."),
+    file: str = typer.Argument(..., help="Record log file to repair in place (not a symbolic link)."),
     drop_corrupt: bool = typer.Option(False, "--drop-corrupt", help="Also rewrite the file without corrupt regions."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Only report what would be cut."),
 ) -> None:
-    """Truncate a torn last record (crash mid-write); corrupt regions are reported (or dropped)."""
+    """Truncate a torn last record (crash mid-write); corrupt regions are reported (or dropped).
+
+    A FILE that is a symbolic link is refused (exit 2; --dry-run still reports): repair changes the
+    file in place, so following the link would change a file you did not name, and --drop-corrupt
+    would replace the link with a regular file. Run it on the link's target instead.
+    """
     res = repair_log(file, drop_corrupt=drop_corrupt, dry_run=dry_run)
     c = out_console()
     verb = "would cut" if dry_run else "cut"

@@ -5,23 +5,22 @@ Protocol: the kit starts COMMAND once and writes one request per line on its std
 the previous page's event digest, or null for a chain head). The adapter answers each with one
 line `{"id": ..., "hashes": [...]}` (each hash 64 hex chars, or the published int64) or
 `{"id": ..., "error": "..."}` for input the contract rejects (a token id outside 0..2^32-1).
+An answer line is at most MAX_LINE bytes and UTF-8; the adapter runs in a process group of its
+own, killed when the run ends (kvevents.conformance.adapter).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import queue
 import random
-import shlex
-import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvevents.conformance.adapter import MAX_LINE, Adapter
 from kvevents.conformance.report import Report, RuleResult, Status
 from kvevents.hashing import Namespace, event_hashes, to_int64
 
@@ -225,105 +224,13 @@ def check_answer(case: HashCase, answer: dict[str, Any]) -> str | None:
     return None
 
 
-class _Adapter:
-    """The adapter process: one JSON line in, one out; a reader thread so reads can time out."""
-
-    def __init__(self, command: str, cwd: str | None = None) -> None:
-        try:
-            argv = shlex.split(command)
-        except ValueError as exc:
-            raise ValueError(f"--cmd {command!r}: {exc}") from None
-        if not argv:
-            raise ValueError("--cmd is empty")
-        try:
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                encoding="utf-8",
-                bufsize=1,
-                cwd=cwd,
-            )
-        except OSError as exc:
-            raise ValueError(f"--cmd {command!r} cannot be started: {exc}") from None
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.stderr_tail: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        self._err_reader = threading.Thread(target=self._read_err, daemon=True)
-        self._err_reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def _read_err(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.stderr_tail = (self.stderr_tail + [line.rstrip()])[-5:]
-
-    def stderr_done(self, timeout: float) -> None:
-        """Wait until the exited adapter's stderr is read to its end (its last lines name the crash)."""
-        self._err_reader.join(timeout)
-
-    def send(self, obj: dict[str, Any]) -> bool:
-        try:
-            assert self.proc.stdin is not None
-            self.proc.stdin.write(json.dumps(obj, separators=(",", ":")) + "\n")
-            self.proc.stdin.flush()
-            return True
-        except (BrokenPipeError, OSError, ValueError):
-            return False
-
-    def receive(self, case_id: str, timeout: float) -> tuple[str, Any]:
-        """("ok", answer) / ("timeout", None) / ("exited", code) / ("garbled", line)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return "timeout", None
-            try:
-                line = self.lines.get(timeout=left)
-            except queue.Empty:
-                return "timeout", None
-            if line is None:
-                try:
-                    return "exited", self.proc.wait(1.0)
-                except subprocess.TimeoutExpired:
-                    return "exited", None
-            try:
-                answer = json.loads(line)
-            except ValueError:
-                return "garbled", line.strip()[:120]
-            if not isinstance(answer, dict):
-                return "garbled", line.strip()[:120]
-            if answer.get("id") == case_id:
-                return "ok", answer
-            # an answer to an earlier, timed-out case: skip it
-
-    def close(self) -> None:
-        try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        except OSError:
-            pass
-        try:
-            self.proc.wait(1.0)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(1.0)
-
-
 MAX_SILENT = 3  # consecutive unanswered cases before the adapter is given up on
 
 
-def _iter_results(adapter: _Adapter, cases: list[HashCase], timeout: float) -> Iterator[tuple[HashCase, str | None]]:
+def _iter_results(adapter: Adapter, cases: list[HashCase], timeout: float) -> Iterator[tuple[HashCase, str | None]]:
     dead: str | None = None
     silent = 0
-    for case in cases:
+    for number, case in enumerate(cases, 1):
         if dead is not None:
             yield case, f"not run: {dead}"
             continue
@@ -342,12 +249,17 @@ def _iter_results(adapter: _Adapter, cases: list[HashCase], timeout: float) -> I
             yield case, f"no answer within {timeout:g} s"
         elif kind == "garbled":
             yield case, f"answer is not a JSON object line: {value!r}"
+        elif kind == "bad_utf8":
+            yield case, f"invalid UTF-8 at case {number} (byte {value} of the answer line)"
+        elif kind == "too_long":
+            dead = f"adapter wrote an answer line over {value} bytes at case {number} ({case.id})"
+            yield case, f"answer line over {value} bytes (no newline within the limit): adapter stopped"
         else:
             dead = f"adapter exited (code {value})" + _tail(adapter)
             yield case, dead
 
 
-def _tail(adapter: _Adapter) -> str:
+def _tail(adapter: Adapter) -> str:
     adapter.stderr_done(1.0)
     tail = " | ".join(adapter.stderr_tail[-2:])
     return f"; stderr: {tail[:200]}" if tail else ""
@@ -359,11 +271,13 @@ def run_adapter(
     *,
     timeout: float = 5.0,
     cwd: str | None = None,
+    max_line: int = MAX_LINE,
 ) -> Report:
-    """Run every case through the adapter; one rule per case group, each case's failure as an example."""
+    """Run every case through the adapter; one rule per case group, each case's failure as an example.
+    An answer line over `max_line` bytes stops the adapter (kvevents.conformance.adapter)."""
     if cases is None:
         cases = all_cases()
-    adapter = _Adapter(command, cwd=cwd or os.getcwd())
+    adapter = Adapter(command, cwd=cwd or os.getcwd(), max_line=max_line)
     groups: dict[str, RuleResult] = {}
     t0 = time.monotonic()
     failed = 0

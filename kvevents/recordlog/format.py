@@ -17,6 +17,9 @@ Resync rule (readers): a record whose sync, length or CRC is wrong is skipped; t
 forward byte by byte for the next sync marker whose record passes the length bound and the CRC
 (a false match needs a 2**-32 CRC collision) and resumes there. Bytes after the last valid record
 that do not form a valid record are the torn tail: skipped with a warning, cut by `repair`.
+Resync stays linear in the bytes skipped: a length that runs past the end of the file is refused
+before any CRC, and once failed claims have cost more than the bytes read, large claims are checked
+from prefix CRCs (rangecheck.py), so each byte is CRC'd a bounded number of times.
 """
 
 from __future__ import annotations

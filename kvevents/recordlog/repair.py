@@ -6,7 +6,7 @@ import os
 import secrets
 from dataclasses import dataclass, field
 
-from kvevents.recordlog.format import HEADER_BYTES
+from kvevents.recordlog.format import HEADER_BYTES, RecordLogError
 from kvevents.recordlog.reader import Damage, RecordReader
 from kvevents.recordlog.writer import RecordWriter
 
@@ -37,7 +37,13 @@ def repair_log(path: str | os.PathLike[str], *, drop_corrupt: bool = False, dry_
     """Truncate the torn tail of `path` in place (fsynced) and rewrite a damaged file header; with
     drop_corrupt, rewrite the file keeping only valid records (a new temp file created exclusively
     in the same directory, then an atomic rename). Corrupt regions in the middle are otherwise
-    kept: readers skip them, and the bytes stay for forensics."""
+    kept: readers skip them, and the bytes stay for forensics.
+
+    A path that is a symbolic link is refused (RecordLogError) unless dry_run: repair changes the
+    file in place, and following the link would change a file the caller did not name (the rename
+    of drop_corrupt would also replace the link with a regular file)."""
+    if not dry_run:
+        _refuse_link(path)
     found: list[Damage] = []
     reader = RecordReader(path, on_damage=found.append)
     try:
@@ -59,7 +65,8 @@ def repair_log(path: str | os.PathLike[str], *, drop_corrupt: bool = False, dry_
         res.size_after = os.path.getsize(reader.path)
         return res
     if torn or res.header_damaged:
-        with open(reader.path, "r+b") as f:
+        fd = os.open(reader.path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "r+b") as f:  # O_NOFOLLOW: a link put there since the check is not followed
             if res.header_damaged:
                 f.write(HEADER_BYTES)
                 res.header_fixed = True
@@ -68,6 +75,15 @@ def repair_log(path: str | os.PathLike[str], *, drop_corrupt: bool = False, dry_
             os.fsync(f.fileno())
         res.size_after = reader.valid_end
     return res
+
+
+def _refuse_link(path: str | os.PathLike[str]) -> None:
+    where = os.fspath(path)
+    if os.path.islink(where):
+        raise RecordLogError(
+            f"{where} is a symbolic link (to {os.readlink(where)}): repair changes a log in place and "
+            f"does not follow links; run it on {os.path.realpath(where)}"
+        )
 
 
 def _rewrite(path: str) -> None:

@@ -91,6 +91,11 @@ PUBLISHER_METRICS: dict[str, tuple[str, str, str]] = {
         "Replays/snapshots dropped: the peer did not drain them in time",
         "counter",
     ),
+    "rejected_describe_rate": (
+        "kvevents_publisher_rejected_describe_rate_total",
+        "KVE/DESCRIBE requests refused (no reply): the peer asked faster than its rate limit",
+        "counter",
+    ),
     "curve_denied": (
         "kvevents_publisher_curve_denied_total",
         "CURVE handshakes refused: the client's key is not on the allow-list",

@@ -77,6 +77,7 @@ _SVC_KEYS = (
     "rejected_peer_cap",  # transport.replay_server.ROUTER_COUNTERS
     "rejected_oversized",
     "jobs_expired",
+    "rejected_describe_rate",
 )
 PLAIN_BIND_WARNING = "plain-bind"  # the log record key (security.OnceFilter) of the warning below
 

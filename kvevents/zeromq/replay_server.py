@@ -17,7 +17,10 @@ No peer can starve the others or grow the publisher's memory (issue 18):
   for STALL_EVICT_S (it took nothing) loses its jobs to a newcomer (counted the same);
   a peer that lost its jobs either way is refused for PENALTY_S (`rejected_peer_cap`), so never-
   reading identities cannot churn the slots among themselves;
-- KVE/DESCRIBE is answered inline (one non-blocking send) and never becomes a job;
+- KVE/DESCRIBE is answered inline (one non-blocking send) and never becomes a job; a peer is
+  answered at most DESCRIBE_BURST at once and DESCRIBE_RATE_PER_S a second after that (a token
+  bucket per identity, kvevents.zeromq.ratelimit), the rest get no reply (`rejected_describe_rate`),
+  so a flood costs a receive and a dict lookup per request, not an answer;
 - frames over MAX_FRAME_BYTES drop the peer's connection inside ZeroMQ, unread (MAXMSGSIZE, set
   by `prepare_router_socket` before the bind);
   ZeroMQ delivers a multipart message only whole and MAXMSGSIZE bounds frames, not messages, so
@@ -41,6 +44,7 @@ import msgspec
 import zmq
 
 from kvevents.events import BatchEncoder
+from kvevents.zeromq.ratelimit import PeerRateLimiter
 from kvevents.zeromq.view import snapshot_batches
 from kvevents.zeromq.wire import (
     DESCRIBE_REQUEST,
@@ -79,9 +83,12 @@ MAX_PENALIZED = 4096  # identities remembered for that (oldest forgotten first)
 REQUEST_HWM = 2  # requests a peer can queue in ZeroMQ before its connection is back-pressured
 TURN_BUDGET_S = 0.0003  # work per handle_requests() / step() call before yielding the interpreter
 YIELD_S = 0.0003  # the pause after a turn that ran out of budget (lets caller threads take the GIL)
+DESCRIBE_RATE_PER_S = 10.0  # KVE/DESCRIBE answers per second per peer, after its burst (a consumer asks
+DESCRIBE_BURST = 20  # one per start, restart or gap: far below this)
+FLOOD_PAUSE_S = 0.002  # the pause after a turn that read only DESCRIBEs over their rate
 
 #: Counters this module adds to Publisher.stats() (written by the service thread only).
-ROUTER_COUNTERS = ("rejected_peer_cap", "rejected_oversized", "jobs_expired")
+ROUTER_COUNTERS = ("rejected_peer_cap", "rejected_oversized", "jobs_expired", "rejected_describe_rate")
 
 
 def prepare_router_socket(sock: zmq.Socket) -> None:
@@ -105,9 +112,18 @@ class _Job:
 
 class ReplayServer:
     """Parses ROUTER requests and streams their replies; the owner calls `handle_requests()` and
-    `step()` in a loop. `clock` (monotonic seconds) is injectable for the job deadlines."""
+    `step()` in a loop. `clock` (monotonic seconds) is injectable for the job deadlines and the
+    DESCRIBE rate limit (`describe_rate_per_s` answers a second per peer after `describe_burst`)."""
 
-    def __init__(self, pub: Publisher, sock: zmq.Socket, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        pub: Publisher,
+        sock: zmq.Socket,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        describe_rate_per_s: float = DESCRIBE_RATE_PER_S,
+        describe_burst: int = DESCRIBE_BURST,
+    ) -> None:
         self.pub = pub
         self.sock = sock
         cfg = pub.config
@@ -123,12 +139,15 @@ class ReplayServer:
         self._trim_due = False  # an oversized request was dropped since the last malloc_trim
         self._enc = BatchEncoder(cfg.event_encoding)
         self._describe_enc = msgspec.msgpack.Encoder()
+        self.describe_limiter = PeerRateLimiter(describe_rate_per_s, describe_burst, clock=clock)
+        self._over_rate = 0  # DESCRIBEs refused over their rate in this turn
 
     # ------------------------------------------------------------ requests
     def handle_requests(self, limit: int = 64) -> int:
         """Receive and dispatch up to `limit` queued requests without blocking (and within the
         turn's time budget); returns the number of messages read."""
         n = 0
+        self._over_rate = 0
         sock = self.sock
         stop_at = time.perf_counter() + TURN_BUDGET_S
         while True:
@@ -154,7 +173,11 @@ class ReplayServer:
             else:
                 self._dispatch([f.bytes for f in frames])
         self._maybe_trim()
-        self._yield()  # stopped with requests possibly left: let caller threads run first
+        # stopped with requests possibly left: let caller threads run first; a turn of nothing but
+        # DESCRIBEs over their rate is a flood, which waits longer (ZeroMQ queues the others' requests)
+        flood = n > 0 and self._over_rate == n
+        self._over_rate = 0
+        self._yield(FLOOD_PAUSE_S if flood else YIELD_S)
         return n
 
     def _discard(self, stop_at: float) -> bool:
@@ -202,6 +225,9 @@ class ReplayServer:
                 self.pub.count("snapshot_requests")
                 self._add(_Job(ident, self._snapshot(ident), "snapshot"))
         elif body == DESCRIBE_REQUEST:
+            if not self.describe_limiter.allow(ident):
+                self._over_rate += 1
+                return self._reject("rejected_describe_rate", "KVE/DESCRIBE over the peer's rate")
             self.pub.count("describe_requests")
             self._send_now([ident, b"", self.describe_payload()], "describe")
         else:
@@ -357,7 +383,7 @@ class ReplayServer:
         log.debug("ROUTER peer did not drain within %.1fs: %d job(s) dropped", self.job_timeout_s, len(queue))
 
     @staticmethod
-    def _yield() -> None:
+    def _yield(pause: float = YIELD_S) -> None:
         """Out of budget with work left: sleep a moment, so a caller thread waiting for the
         interpreter gets it now rather than after the switch interval (5 ms)."""
-        time.sleep(YIELD_S)
+        time.sleep(pause)
