@@ -176,6 +176,13 @@ def build() -> dict[str, Any]:
             )
         ],
     )
+    b.panel(
+        "HTTP admission/s",
+        [(rate("kvevents_router_http_admission_total", "outcome"), "{{outcome}}")],
+        unit="ops",
+        desc="Requests admitted, queued and refused (503: queue full, waited too long), idle connections "
+        "closed past their cap; long_*: /score bodies over 64 KiB.",
+    )
 
     b.row("Publishers")
     b.panel(

@@ -118,7 +118,9 @@ def test_route_serves_scores_from_a_live_publisher():
             time.sleep(0.1)
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("POST", "/score", body=json.dumps({"tokens": tokens}))
+                conn.request(
+                    "POST", "/score", body=json.dumps({"tokens": tokens}), headers={"Content-Type": "application/json"}
+                )
                 resp = conn.getresponse()
                 body = json.loads(resp.read())
                 conn.close()

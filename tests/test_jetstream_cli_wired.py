@@ -48,7 +48,9 @@ def fleet(tmp_path):
 def _score(port: int, tokens: list[int]) -> dict:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
     try:
-        conn.request("POST", "/score", body=json.dumps({"tokens": tokens}))
+        conn.request(
+            "POST", "/score", body=json.dumps({"tokens": tokens}), headers={"Content-Type": "application/json"}
+        )
         return json.loads(conn.getresponse().read())
     finally:
         conn.close()

@@ -98,7 +98,7 @@ class PolledSubscriber:
 
 @pytest.fixture
 def rig():
-    r = Rig(HttpLimits(header_timeout_s=0.3, body_timeout_s=0.3, keep_alive_s=5))
+    r = Rig(HttpLimits(idle_timeout_s=0.3, header_timeout_s=0.3, body_timeout_s=0.3, keep_alive_s=5))
     yield r
     r.close()
 
@@ -157,7 +157,9 @@ def test_headers_and_bodies_that_never_finish_are_cut_off(rig):
         s.close()
     s = socket.create_connection((rig.host, rig.port), timeout=5)
     try:
-        s.sendall(b'POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"tokens": [')
+        s.sendall(
+            b'POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"tokens": ['
+        )
         assert s.recv(1000).startswith(b"HTTP/1.1 408")
     finally:
         s.close()
@@ -269,7 +271,8 @@ def test_request_counters_are_exact_under_concurrent_clients(rig):
 def test_clients_that_leave_mid_request_are_not_errors(rig, caplog):
     """Issue 18 item 6: client disconnects printed raw tracebacks; now nothing is logged."""
     caplog.set_level("WARNING")
-    for raw in (b'POST /score HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"tok', b"GARBAGE\r\n\r\n"):
+    head = b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    for raw in (head + b'{"tok', b"GARBAGE\r\n\r\n"):
         with socket.create_connection((rig.host, rig.port), timeout=5) as s:
             s.sendall(raw)
     status, _ = rig.score()
@@ -277,26 +280,46 @@ def test_clients_that_leave_mid_request_are_not_errors(rig, caplog):
     assert [r for r in caplog.records if r.levelno >= 30] == []
 
 
-def test_connections_past_the_limit_get_503():
-    """The cap on connections in service: past it uvicorn answers 503 (plain text) at once."""
-    r = Rig(HttpLimits(max_connections=2))
+def test_requests_past_the_limit_wait_and_past_the_queue_get_503():
+    """The cap counts requests in service, not sockets (issue 28): idle sockets take no place; past
+    the cap a request waits and is served once a place frees; past the queue, a JSON 503 with
+    Retry-After at once."""
+    r = Rig(HttpLimits(max_connections=1, max_queued=1, body_timeout_s=1.0))
+    answers: list[int] = []
 
     def status() -> int:
         c = r.conn()
         try:
-            c.request("POST", "/score", json.dumps({"tokens": r.doc}).encode())
-            return c.getresponse().status
+            c.request("POST", "/score", json.dumps({"tokens": r.doc}).encode(), {"Content-Type": "application/json"})
+            resp = c.getresponse()
+            if resp.status == 503:
+                assert resp.getheader("Retry-After") == "1" and "server busy" in json.loads(resp.read())["error"]
+            return resp.status
         finally:
             c.close()
 
     try:
         idle = [socket.create_connection((r.host, r.port), timeout=5) for _ in range(2)]
+        holder = socket.create_connection((r.host, r.port), timeout=5)
         try:
-            _wait(lambda: status() == 503, what="a 503 past the connection limit")
+            assert status() == 200  # two idle sockets hold no place
+            holder.sendall(
+                b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 100\r\n\r\n{"tokens": ['
+            )  # in service until its body times out (1 s)
+            _wait(lambda: r.service.http_counters()["admitted"] == 2, what="the holder in service")
+            waiter = threading.Thread(target=lambda: answers.append(status()))
+            waiter.start()
+            _wait(lambda: r.service.http_counters()["queued"] == 1, what="a request queued")
+            assert status() == 503  # the one place and the one queue slot are taken
+            waiter.join(10)
+            assert answers == [200] and holder.recv(100).startswith(b"HTTP/1.1 408")
         finally:
+            holder.close()
             for s in idle:
                 s.close()
-        _wait(lambda: status() == 200, what="service again once the idle connections left")
+        counts = r.service.http_counters()
+        assert (counts["refused_queue_full"], counts["refused_wait"]) == (1, 0)
     finally:
         r.close()
 

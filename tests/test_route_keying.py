@@ -22,7 +22,12 @@ KVEVENTS = [sys.executable, "-m", "kvevents"]
 def _score(port: int, tokens: list[int]) -> dict:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
     try:
-        conn.request("POST", "/score", body=json.dumps({"tokens": tokens, "cache_salt": "t"}))
+        conn.request(
+            "POST",
+            "/score",
+            body=json.dumps({"tokens": tokens, "cache_salt": "t"}),
+            headers={"Content-Type": "application/json"},
+        )
         return json.loads(conn.getresponse().read())
     finally:
         conn.close()

@@ -77,7 +77,8 @@ class Cluster:
     def request(self, method: str, path: str, body: bytes | None = None, headers=None):
         conn = http.client.HTTPConnection(self.host, self.port, timeout=5)
         try:
-            conn.request(method, path, body=body, headers=headers or {})
+            json_type = {"Content-Type": "application/json"} if body is not None else {}
+            conn.request(method, path, body=body, headers=headers or json_type)
             resp = conn.getresponse()
             data = resp.read()
             return resp.status, data

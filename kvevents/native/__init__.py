@@ -34,6 +34,7 @@ __all__ = [
     "set_bits_each",
     "pack_u32",
     "pack_json_u32",
+    "split_json_tokens",
     "all_int64",
     "chain_list",
     "portable_sha",
@@ -99,6 +100,12 @@ def pack_json_u32(text: Any) -> bytes | None:
     """Little-endian uint32 bytes of a JSON array of plain token ids (digits only, 0..2**32-1), or
     None for any other text (twin: consumers.score_body.pack_json_ids_py)."""
     return _c.pack_json_u32(text)  # type: ignore[union-attr]
+
+
+def split_json_tokens(body: Any) -> tuple[int, int, bytes] | None:
+    """(start, stop, packed ids) of the top-level "tokens" array of a JSON object with plain keys,
+    or None (twin: consumers.score_body.split_json_tokens_py); lets the GIL go for a long body."""
+    return _c.split_json_tokens(body)  # type: ignore[union-attr]
 
 
 def all_int64(hashes: list, prev: int | None) -> bool:

@@ -180,7 +180,7 @@ def test_route_answers_100_continue_and_a_closing_request_in_full(servers) -> No
         assert head.startswith(b"HTTP/1.1 200 ") and json.loads(body)["pages"] == len(TOKENS) // 16
     with socket.create_connection(servers["route"], timeout=5) as sock:
         sock.sendall(
-            b"POST /score HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+            b"POST /score HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nConnection: close\r\n"
             + f"Content-Length: {len(raw)}\r\n\r\n".encode()
             + raw
         )

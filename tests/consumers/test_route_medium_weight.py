@@ -73,7 +73,9 @@ def test_route_refuses_a_bad_medium_weight_in_one_line(spec: str) -> None:
 def _get(port: int, method: str, path: str, body: dict | None = None) -> dict:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
     try:
-        conn.request(method, path, body=None if body is None else json.dumps(body))
+        conn.request(
+            method, path, body=None if body is None else json.dumps(body), headers={"Content-Type": "application/json"}
+        )
         return json.loads(conn.getresponse().read())
     finally:
         conn.close()

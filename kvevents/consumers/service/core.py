@@ -86,6 +86,11 @@ class ScoreRequest(BaseModel):
     explain: bool = Field(False, description="Add the request's page hashes and each worker's pages by medium.")
 
 
+#: A decoded /score body: its fields and its token ids (packed uint32 bytes on the compiled path, a
+#: list otherwise, None for a prompt or chat).
+DecodedScore = tuple[ScoreHead | ScoreBody | ScoreRequest, bytes | list[int] | None]
+
+
 def parse_publisher(spec: str) -> Source:
     """`NAME=ENDPOINT[,REPLAY]` -> Source (ValueError with the spec on a malformed one)."""
     return parse_source(spec, require_name=True)
@@ -254,12 +259,19 @@ class RouterService:
         self.metrics.score_seconds.observe(time.perf_counter() - t0)
         return ranked
 
-    def handle_score(self, body: bytes) -> tuple[int, dict[str, Any]]:
+    def handle_score(self, body: bytes | bytearray) -> tuple[int, dict[str, Any]]:
         """POST /score: (HTTP status, JSON object). Every client mistake is a 400 with a message.
 
         The request is hashed outside the index lock and looked up inside it.
         """
-        decoded = _decode_score(body)
+        return self.score_decoded(self.decode_score(body))
+
+    def decode_score(self, body: bytes | bytearray) -> DecodedScore | str:
+        """A /score body's fields and token ids (for `score_decoded`), or the 400's message."""
+        return _decode_score(body)
+
+    def score_decoded(self, decoded: DecodedScore | str) -> tuple[int, dict[str, Any]]:
+        """`handle_score` of a body already decoded, so the body need not be kept meanwhile."""
         if isinstance(decoded, str):
             return self._count(400, {"error": decoded})
         req, tokens = decoded
@@ -268,13 +280,12 @@ class RouterService:
         try:
             if isinstance(req, ScoreRequest) or tokens is None:  # the slow path: prompt or messages maybe
                 tokens = self.request_tokens(req)  # type: ignore[arg-type]  # (only ScoreRequest gives None)
-            if req.explain:  # the hashes as a list, to show them (packed ids never come with explain)
-                hashes: Any = self.router.request_hashes(tokens, req.cache_salt)  # type: ignore[arg-type]
-                extra["hashes"] = [str(h) for h in hashes]
-            elif isinstance(tokens, bytes):
+            if isinstance(tokens, bytes):
                 hashes = self.router.hash_packed(tokens, req.cache_salt)
             else:
                 hashes = self.router.hash_array(tokens, req.cache_salt)
+            if req.explain:  # the request's hashes, to show them
+                extra["hashes"] = [str(h) for h in hashes.tolist()]
             with self.lock:
                 ranked = self.router.score_hashes(hashes, req.lora_name)
         except ValueError as exc:
@@ -415,6 +426,7 @@ class RouterService:
                 "sources": sources,
                 "subscriber": self._feed_counters(),
                 "score_requests": score_requests,
+                "http": self.http_counters(),
             }
 
     def _feed_counters(self) -> dict[str, int]:
@@ -444,6 +456,10 @@ class RouterService:
 
     # ---------------------------------------------------------------- HTTP
 
+    def http_counters(self) -> dict[str, int]:
+        """The HTTP front's admission counters (`HttpServer.counters`; empty when not serving)."""
+        return self._http.counters() if self._http is not None else {}
+
     def serve_http(self, host: str = "127.0.0.1", port: int = 8080, limits: Any = None) -> tuple[str, int]:
         """Serve HTTP (FastAPI on uvicorn) on a background thread; returns the bound (host, port)
         (port 0: a free one). `limits`: a kvevents.consumers.service.http_api.HttpLimits (defaults otherwise)."""
@@ -459,14 +475,14 @@ class RouterService:
         return bound
 
 
-def _decode_score(body: bytes) -> tuple[ScoreHead | ScoreBody | ScoreRequest, bytes | list[int] | None] | str:
+def _decode_score(body: bytes | bytearray) -> DecodedScore | str:
     """The /score body's fields and its token ids (packed uint32 bytes on the compiled path, else a
     list; None for a prompt or chat), or the 400's message. The fast decoders take the usual body;
     ScoreRequest the rest."""
     packed = decode_packed(body)  # ~3x cheaper than pydantic at 8,192 tokens: no int object per id
     if packed is not None:
         return packed
-    fast = decode_fast(body)  # explain, or not compiled
+    fast = decode_fast(body)  # not compiled, or a body the compiled reader leaves (an escaped key, ...)
     if fast is not None:
         return fast, fast.tokens
     try:

@@ -33,6 +33,7 @@ METRIC_NAMES: dict[str, str] = {
     "score_requests": "kvevents_router_score_requests_total",
     "score_seconds": "kvevents_router_score_seconds",
     "score_matched_pages": "kvevents_router_score_matched_pages",
+    "http_admission": "kvevents_router_http_admission_total",
 }
 
 
@@ -86,6 +87,14 @@ class _Collector(Collector):
         for status, n in sorted(snap["score_requests"].items()):
             req.add_metric([str(status)], n)
         yield req
+        adm = CounterMetricFamily(
+            METRIC_NAMES["http_admission"],
+            "HTTP requests admitted, queued and refused (503), idle connections closed; long_*: /score bodies over 64 KiB",
+            labels=["outcome"],
+        )
+        for outcome, n in sorted(snap.get("http", {}).items()):
+            adm.add_metric([outcome], n)
+        yield adm
 
 
 class ServiceMetrics:
