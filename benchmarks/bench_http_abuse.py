@@ -161,6 +161,7 @@ def idle_scenario(port: int, req: bytes, n: int, seconds: float) -> tuple[Counte
     deadline = time.monotonic() + 10
     while len(held) < n and time.monotonic() < deadline:
         time.sleep(0.05)
+    time.sleep(1.0)  # the server accepts them all (~0.2 s for 2,000) before the probes start
     codes: Counter[str] = Counter()
     lat: list[float] = []
     try:

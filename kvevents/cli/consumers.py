@@ -66,7 +66,10 @@ def route_cmd(
     stale_after: float = typer.Option(5.0, "--stale-after", help="Seconds without a message before a source is stale."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the random tie-break (default: random)."),
     max_connections: int = typer.Option(
-        1000, "--max-connections", help="HTTP connections served at once; past it requests get 503."
+        1000,
+        "--max-connections",
+        help="HTTP requests in service at once (idle connections do not count); past it requests queue "
+        "(up to 2,048, for up to 10 s), then get 503 with Retry-After.",
     ),
     key_mode: list[str] = typer.Option(
         [],

@@ -27,6 +27,7 @@ from kvevents.consumers.service.score_body import (
     MAX_NAME_CHARS,
     MAX_TOKEN_ID,
     MAX_TOKENS,
+    Body,
     ScoreBody,
     ScoreHead,
     decode_fast,
@@ -259,14 +260,14 @@ class RouterService:
         self.metrics.score_seconds.observe(time.perf_counter() - t0)
         return ranked
 
-    def handle_score(self, body: bytes | bytearray) -> tuple[int, dict[str, Any]]:
+    def handle_score(self, body: Body) -> tuple[int, dict[str, Any]]:
         """POST /score: (HTTP status, JSON object). Every client mistake is a 400 with a message.
 
         The request is hashed outside the index lock and looked up inside it.
         """
         return self.score_decoded(self.decode_score(body))
 
-    def decode_score(self, body: bytes | bytearray) -> DecodedScore | str:
+    def decode_score(self, body: Body) -> DecodedScore | str:
         """A /score body's fields and token ids (for `score_decoded`), or the 400's message."""
         return _decode_score(body)
 
@@ -475,7 +476,7 @@ class RouterService:
         return bound
 
 
-def _decode_score(body: bytes | bytearray) -> DecodedScore | str:
+def _decode_score(body: Body) -> DecodedScore | str:
     """The /score body's fields and its token ids (packed uint32 bytes on the compiled path, else a
     list; None for a prompt or chat), or the 400's message. The fast decoders take the usual body;
     ScoreRequest the rest."""
@@ -486,7 +487,7 @@ def _decode_score(body: bytes | bytearray) -> DecodedScore | str:
     if fast is not None:
         return fast, fast.tokens
     try:
-        req = ScoreRequest.model_validate_json(body)
+        req = ScoreRequest.model_validate_json(body if isinstance(body, (bytes, bytearray)) else bytes(body))
     except ValidationError as exc:
         first: dict[str, Any] = dict(exc.errors()[0]) if exc.error_count() else {}
         if first.get("type") == "json_invalid":

@@ -12,15 +12,17 @@ decode_packed ~100 us; at 4M tokens decode_packed holds the GIL for well under a
 
 from __future__ import annotations
 
+import mmap
 import re
 import struct
-from typing import Annotated
+from typing import Annotated, Union
 
 import msgspec
 
 from kvevents import native
 
 __all__ = [
+    "Body",
     "MAX_NAME_CHARS",
     "MAX_TOKENS",
     "MAX_TOKEN_ID",
@@ -36,6 +38,8 @@ MAX_NAME_CHARS = 256  # lora_name / cache_salt longer than this are refused (400
 MAX_TOKENS = 4_000_000
 MAX_TOKEN_ID = 2**32 - 1
 
+#: A /score body as the server holds it: bytes, or the buffer a long one is read into.
+Body = Union[bytes, bytearray, mmap.mmap]
 _Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
 _TopK = Annotated[int, msgspec.Meta(ge=1)]
 
@@ -67,7 +71,7 @@ _IDS = re.compile(
 )
 
 
-def decode_fast(body: bytes | bytearray) -> ScoreBody | None:
+def decode_fast(body: Body) -> ScoreBody | None:
     """The body decoded, or None when it is not a plainly valid one (ScoreRequest then decides)."""
     try:
         return _decoder.decode(body)
@@ -75,7 +79,7 @@ def decode_fast(body: bytes | bytearray) -> ScoreBody | None:
         return None
 
 
-def decode_packed(body: bytes | bytearray) -> tuple[ScoreHead, bytes] | None:
+def decode_packed(body: Body) -> tuple[ScoreHead, bytes] | None:
     """The body's other fields and its token ids as little-endian uint32 bytes; None when not
     compiled or when the body is not plainly valid (its tokens the plain form, its keys unescaped)."""
     if not native.active():

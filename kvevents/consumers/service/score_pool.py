@@ -6,7 +6,8 @@ decoded with the GIL held and hashed on one of 40 pool threads. Now a body over 
 - first takes one of `slots` places (past them it waits in a FIFO of at most `queue`, unread: the
   server stops reading a waiting request after 64 KB; past the queue, 503 with Retry-After), so at
   most `slots` long bodies are in memory at once;
-- is read into one buffer of its declared length (no join), within the body timeout and the size
+- is read into one buffer of its declared length (an anonymous mapping: no join, and no 16 MB
+  zero-fill on the loop as bytearray(n) does, 1.4-8 ms), within the body timeout and the size
   limit (a chunked body is counted as it arrives);
 - is decoded, hashed, looked up and its answer encoded on a pool of `slots` threads, the body
   freed once decoded; the compiled decoder and the page hash let the GIL go for a long body, and
@@ -16,6 +17,7 @@ decoded with the GIL held and hashed on one of 40 pool threads. Now a body over 
 from __future__ import annotations
 
 import asyncio
+import mmap
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 import msgspec
 
 from kvevents.consumers.service.http_guard import Admission
+from kvevents.consumers.service.score_body import Body
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvevents.consumers.service.core import RouterService
@@ -66,30 +69,34 @@ def _background_priority() -> None:
         pass
 
 
-async def read_body(chunks: AsyncIterator[bytes], declared: int | None, limit: int) -> bytearray:
+async def read_body(chunks: AsyncIterator[bytes], declared: int | None, limit: int) -> Body:
     """The body from its chunks into one buffer: `declared` bytes long when a Content-Length was
     given, else grown as it comes; BodyTooLong past `limit` (or past `declared`)."""
-    if declared is None:
+    if not declared:
         grown = bytearray()
         async for chunk in chunks:
             grown += chunk
             if len(grown) > limit:
                 raise BodyTooLong(f"body exceeds {limit} bytes")
         return grown
-    buf = bytearray(declared)
+    buf = _anonymous(declared)
     off = 0
-    with memoryview(buf) as view:
-        async for chunk in chunks:
-            if off + len(chunk) > declared:
-                raise BodyTooLong(f"body longer than its Content-Length of {declared}")
-            view[off : off + len(chunk)] = chunk
-            off += len(chunk)
-    if off < declared:  # the stream ended early (the server would have said ClientDisconnect)
-        del buf[off:]
-    return buf
+    async for chunk in chunks:
+        if off + len(chunk) > declared:
+            raise BodyTooLong(f"body longer than its Content-Length of {declared}")
+        buf[off : off + len(chunk)] = chunk
+        off += len(chunk)
+    return buf if off == declared else buf[:off]  # short: the stream ended early
 
 
-def score_encoded(service: RouterService, held: list[bytearray]) -> tuple[int, bytes]:
+def _anonymous(size: int) -> mmap.mmap:
+    """`size` bytes of private anonymous memory: zero pages the kernel supplies as they are written."""
+    if hasattr(mmap, "MAP_PRIVATE") and hasattr(mmap, "MAP_ANONYMOUS"):
+        return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return mmap.mmap(-1, size)  # pragma: no cover - Windows
+
+
+def score_encoded(service: RouterService, held: list[Body]) -> tuple[int, bytes]:
     """Score the body in `held` (taken out of it, so it is freed once decoded): (status, JSON answer)."""
     status, obj = service.score_decoded(service.decode_score(held.pop()))
     return status, _json.encode(obj) + b"\n"
