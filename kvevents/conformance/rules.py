@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from kvevents.conformance import probes, shape
 from kvevents.conformance.profiles import NotCheckable, Profile
 from kvevents.conformance.report import Report, RuleResult, Status
+from kvevents.conformance.tally import Tally
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from kvevents.hashing import Namespace, storage_hashes, to_int64
 from kvevents.zeromq.framing import framing_label, parse_reply, reply_problem
@@ -37,28 +37,7 @@ RULES = {
     "describe": "KVE/DESCRIBE answers one consistent map",
     "snapshot": "KVE/SNAPSHOT rebuilds exactly the live blocks at its seq",
 }
-MAX_EXAMPLES = 8
 KEEP_PAYLOADS = 20000  # live payloads kept to compare replayed bytes with (vLLM's ring holds 10000)
-
-
-@dataclass
-class _Tally:
-    checked: int = 0
-    failed: int = 0
-    unknown: int = 0
-    offered: bool = True
-    note: str = ""
-    seen: str = ""  # what a pass observed, said in its detail (the replay framing)
-    examples: list[str] = field(default_factory=list)
-
-    def ok(self, n: int = 1) -> None:
-        self.checked += n
-
-    def fail(self, text: str) -> None:
-        self.checked += 1
-        self.failed += 1
-        if len(self.examples) < MAX_EXAMPLES:
-            self.examples.append(text)
 
 
 class StreamChecker:
@@ -68,7 +47,7 @@ class StreamChecker:
         self.profile = profile
         self.page_size = page_size
         self.allow_epoch = allow_epoch
-        self.t: dict[str, _Tally] = {name: _Tally() for name in RULES}
+        self.t: dict[str, Tally] = {name: Tally() for name in RULES}
         self.expected: int | None = None  # next seq to apply
         self.last_live: int | None = None
         self.topic: bytes | None = None
