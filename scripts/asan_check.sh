@@ -24,5 +24,5 @@ export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 export PYTHONPATH="$work"
 # run from the scratch copy, so `kvevents` is the sanitized build, not the installed tree
 python3 -c "import kvevents.native._speedups as s, kvevents; assert kvevents.__file__.startswith('$work'), kvevents.__file__; print('asan_check: sanitized', s.__file__)"
-python3 -m pytest -q -s -p no:cacheprovider tests/test_speedups_chain.py tests/test_speedups_index.py tests/native
+python3 -m pytest -q -s -p no:cacheprovider tests/test_speedups_chain.py tests/test_speedups_index.py tests/native tests/consumers/test_score_body.py
 echo "asan_check: ok (no sanitizer reports)"
