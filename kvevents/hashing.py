@@ -120,15 +120,8 @@ def pack_tokens(token_ids: Any) -> bytes:
             return fast
     if isinstance(token_ids, array) and token_ids.typecode in "IL" and token_ids.itemsize == 4:
         packed = token_ids
-    elif hasattr(token_ids, "dtype") and hasattr(token_ids, "astype") and token_ids.dtype.kind == "O":
-        return pack_tokens(token_ids.reshape(-1).tolist())  # Python ints in a numpy box
     elif hasattr(token_ids, "dtype") and hasattr(token_ids, "astype"):  # numpy-like, no import
-        if token_ids.dtype.kind not in "iu":
-            raise ValueError(f"token ids must be integers, got dtype {token_ids.dtype}")
-        flat = token_ids.reshape(-1)
-        if flat.size and (flat.min() < 0 or flat.max() > TOKEN_ID_MAX):
-            raise _token_error(flat.tolist())
-        return flat.astype("<u4").tobytes()
+        return _pack_array_like(token_ids)
     else:
         try:
             if type(token_ids) is list:
@@ -144,6 +137,18 @@ def pack_tokens(token_ids: Any) -> bytes:
         packed = array(packed.typecode, packed)
         packed.byteswap()
     return packed.tobytes()
+
+
+def _pack_array_like(token_ids: Any) -> bytes:
+    """pack_tokens of a numpy-like array (any shape, flattened): integer dtypes range-checked."""
+    if token_ids.dtype.kind == "O":
+        return pack_tokens(token_ids.reshape(-1).tolist())  # Python ints in a numpy box
+    if token_ids.dtype.kind not in "iu":
+        raise ValueError(f"token ids must be integers, got dtype {token_ids.dtype}")
+    flat = token_ids.reshape(-1)
+    if flat.size and (flat.min() < 0 or flat.max() > TOKEN_ID_MAX):
+        raise _token_error(flat.tolist())
+    return flat.astype("<u4").tobytes()
 
 
 def _prior_bytes(prior: str | None) -> bytes | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 import threading
 from typing import Any, Optional
 
@@ -20,6 +19,7 @@ from kvevents.cli.options import (
     jetstream_feed,
     with_curve,
 )
+from kvevents.cli.output import err_line
 
 ENDPOINTS = "(status page at /, POST /score, GET /workers, GET /metrics, GET /openapi.json)"
 
@@ -80,8 +80,7 @@ def route_cmd(
         except ValueError as exc:
             user_error(str(exc))
         feeds = f"stream {stream}" if nats_url else f"{len(sources)} publisher(s)"
-        sys.stderr.write(f"kvevents route: {feeds}; http://{bound[0]}:{bound[1]} {ENDPOINTS}; Ctrl-C to stop\n")
-        sys.stderr.flush()
+        err_line(f"kvevents route: {feeds}; http://{bound[0]}:{bound[1]} {ENDPOINTS}; Ctrl-C to stop")
         _report_staleness(service, stale_after)
     finally:
         service.stop()
@@ -151,9 +150,6 @@ def _report_staleness(service: Any, stale_after: float) -> None:
     while not stop.wait(0.5):
         for name, stale in service.stale_changes():
             if stale:
-                sys.stderr.write(
-                    f"kvevents route: {name}: nothing heard for {stale_after:g} s (stale; /score says so)\n"
-                )
+                err_line(f"kvevents route: {name}: nothing heard for {stale_after:g} s (stale; /score says so)")
             else:
-                sys.stderr.write(f"kvevents route: {name}: heard again (no longer stale)\n")
-            sys.stderr.flush()
+                err_line(f"kvevents route: {name}: heard again (no longer stale)")
