@@ -62,11 +62,12 @@ class LiveRecording:
         duration: Optional[float] = None,
         acks_first: bool = False,
         on_no_snapshot: Callable[[str, Exception], None] = lambda name, exc: None,
+        snapshot_timeout_s: float = SNAPSHOT_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.feed, self.recorder, self.writer = feed, recorder, writer
         self.sources, self.duration, self.acks_first = sources, duration, acks_first
-        self.on_no_snapshot = on_no_snapshot
+        self.on_no_snapshot, self.snapshot_timeout_s = on_no_snapshot, snapshot_timeout_s
         self.clock = clock
         self.t0 = clock()
         self.deadline: Optional[float] = None
@@ -78,7 +79,7 @@ class LiveRecording:
         for item in self.feed.poll(0):
             (rec.on_reset if isinstance(item, Reset) else rec.on_delivery)(item)
         if rec.start == "snapshot":
-            begin_with_snapshots(rec, self.sources, self.on_no_snapshot)
+            begin_with_snapshots(rec, self.sources, self.on_no_snapshot, self.snapshot_timeout_s)
         self.t0 = self.clock()
         self.deadline = None if self.duration is None else self.t0 + self.duration
         self.feed.start()

@@ -87,18 +87,6 @@ _BIND_ERRORS = {  # what a failed bind / connect means, by errno
 }
 
 
-def _merged_config(config: PublisherConfig | None, overrides: dict[str, Any]) -> PublisherConfig:
-    """The config with keyword overrides applied (a new endpoint drops the default endpoint's bind)."""
-    if config is None:
-        return PublisherConfig(**overrides)
-    if not overrides:
-        return config
-    base = config.model_dump()
-    if "endpoint" in overrides and "bind" not in overrides and "endpoint" not in config.model_fields_set:
-        base.pop("bind")  # the bind came with the default endpoint, not with this one
-    return PublisherConfig(**{**base, **overrides})
-
-
 class Publisher:
     """Publishes batches with seq + epoch; keeps a replay ring and, with a replay endpoint and
     unless `snapshots=False`, a live-block view for snapshots.
@@ -115,7 +103,7 @@ class Publisher:
         context: zmq.Context | None = None,
         **overrides: Any,
     ) -> None:
-        config = _merged_config(config, overrides)
+        config = PublisherConfig(**overrides) if config is None else config.with_overrides(overrides)
         if send_mode not in ("caller", "queue"):
             raise ValueError(f"send_mode must be 'caller' or 'queue', got {send_mode!r}")
         self.config = config
