@@ -11,7 +11,14 @@ from typing import Any, Optional
 import typer
 
 from kvevents.cli.app import user_error
-from kvevents.cli.options import CURVE_CLIENT_CERT, CURVE_SERVER_KEY, check_log_target, curve_client, jetstream_feed
+from kvevents.cli.options import (
+    CURVE_CLIENT_CERT,
+    CURVE_SERVER_KEY,
+    NATS_STREAM,
+    check_log_target,
+    curve_client,
+    jetstream_feed,
+)
 from kvevents.cli.output import out_console, warn
 
 NATS_READ_TIMEOUT_S = 30.0  # --nats: the stream must be read (caught up) within this
@@ -31,7 +38,7 @@ def fetch_cmd(
     nats_url: Optional[str] = typer.Option(
         None, "--nats", help="Read a NATS JetStream stream (URL) instead of an endpoint."
     ),
-    stream: str = typer.Option("kvevents", "--stream", help="With --nats: the JetStream stream name."),
+    stream: str = NATS_STREAM,
     back: Optional[float] = typer.Option(
         None,
         "--back",

@@ -14,6 +14,7 @@ from kvevents.cli.app import CheckFailed, user_error
 from kvevents.cli.options import (
     CURVE_CLIENT_CERT,
     CURVE_SERVER_KEYS,
+    NATS_STREAM,
     check_log_target,
     jetstream_feed,
     with_curve,
@@ -30,7 +31,7 @@ def record_cmd(
     nats_url: Optional[str] = typer.Option(
         None, "--nats", help="Record a NATS JetStream stream (kvevents bridge) instead: server URL(s)."
     ),
-    stream: str = typer.Option("kvevents", "--stream", help="With --nats: the JetStream stream name."),
+    stream: str = NATS_STREAM,
     durable: Optional[str] = typer.Option(
         None,
         "--durable",
