@@ -123,7 +123,7 @@ def _kv(bin_dir: Path, *args: str, cwd: Path, timeout: float = 60) -> subprocess
 
 def test_the_venv_imports_kvevents_from_the_wheel_with_its_data(venv: Path, tmp_path: Path):
     code = (
-        "import kvevents, kvevents.cli.contract as c; print(kvevents.__file__); print(c.default_golden_dir()); "
+        "import kvevents, kvevents.cli.golden as c; print(kvevents.__file__); print(c.default_golden_dir()); "
         "import kvevents.consumers as c2; print(c2.__file__); import importlib.util as u; "
         "print(u.find_spec('consumers') is None)"
     )

@@ -124,6 +124,18 @@ class StreamChecker:
         t = self.t["replay-protocol"]
         if not replies and not ended:
             return t.fail(f"replay from {start}: no reply")
+        good = self._judge_replies(start, replies)
+        if not ended:
+            t.fail(f"replay from {start}: no end marker ['', ff*8, ''] after {len(replies)} replies")
+        else:
+            t.ok()
+        if upto is not None:
+            self._fill_gap(start, good, upto, heal)
+
+    def _judge_replies(self, start: int, replies: list[list[bytes]]) -> list[tuple[int, bytes]]:
+        """Judge each reply up to the end marker (frames, seq, topic, order, bytes); returns the
+        (seq, payload) of the good ones."""
+        t = self.t["replay-protocol"]
         prev: int | None = None
         good: list[tuple[int, bytes]] = []
         for i, fr in enumerate(replies):
@@ -148,12 +160,10 @@ class StreamChecker:
                 t.ok()
                 good.append((seq, payload))
             prev = seq
-        if not ended:
-            t.fail(f"replay from {start}: no end marker ['', ff*8, ''] after {len(replies)} replies")
-        else:
-            t.ok()
-        if upto is None:
-            return
+        return good
+
+    def _fill_gap(self, start: int, good: list[tuple[int, bytes]], upto: int, heal: bool) -> None:
+        """Apply the replayed batches below `upto`; with `heal`, judge whether they closed the gap."""
         for seq, payload in good:
             if seq >= upto:
                 break

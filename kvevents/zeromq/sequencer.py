@@ -443,7 +443,7 @@ class Sequencer:
         self._pump(s)
 
     # ------------------------------------------------------------------ replies
-    def on_reply(self, name: str, frames: list[bytes]) -> None:
+    def on_reply(self, name: str, frames: list[bytes]) -> None:  # noqa: C901 - the reply protocol's cases in order
         """One message on the DEALER of `name`: a DESCRIBE map, or a replayed batch, snapshot batch or
         end marker in either replay framing. Anything else fails the request in flight at once."""
         s = self._srcs[name]

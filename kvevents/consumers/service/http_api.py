@@ -123,6 +123,34 @@ async def _body_within(request: Request, timeout_s: float) -> bytes:
     return await asyncio.wait_for(request.body(), timeout_s)
 
 
+async def _score(service: RouterService, limits: HttpLimits, request: Request) -> Response:
+    """POST /score: the body read within its limits (length, size, time), then scored."""
+    length = request.headers.get("content-length")
+    if length is None and "chunked" not in request.headers.get("transfer-encoding", ""):
+        return _reply(411, {"error": "a Content-Length header is required"}, {"Connection": "close"})
+    if length is not None and (not length.isdigit() or int(length) > limits.max_body_bytes):
+        return _reply(
+            413, {"error": f"body of {length} bytes exceeds {limits.max_body_bytes}"}, {"Connection": "close"}
+        )
+    try:
+        body = await _body_within(request, limits.body_timeout_s)
+    except asyncio.TimeoutError:
+        return _reply(408, {"error": f"body not received within {limits.body_timeout_s:g} s"}, {"Connection": "close"})
+    except ClientDisconnect:  # the client left mid-body: nobody to answer, nothing to log
+        return Response(status_code=400)
+    if len(body) > limits.max_body_bytes:
+        too_long = f"body of {len(body)} bytes exceeds {limits.max_body_bytes}"
+        return _reply(413, {"error": too_long}, {"Connection": "close"})
+    try:
+        if len(body) <= INLINE_BODY_BYTES:  # the usual request: ~0.4 ms, cheaper than a thread hop
+            status, obj = service.handle_score(body)
+        else:  # a long one on the pool, so the loop keeps accepting and reading meanwhile
+            status, obj = await run_in_threadpool(service.handle_score, body)
+    except Exception as exc:  # noqa: BLE001 - a bug answers 500 in one logged line, never a traceback
+        return _bug(request, exc)
+    return _reply(status, obj)
+
+
 def build_app(service: RouterService, limits: HttpLimits) -> FastAPI:
     """The FastAPI app: POST /score, GET /workers, GET /metrics, GET /status.json, GET / (the page), /healthz."""
     app = FastAPI(
@@ -153,32 +181,14 @@ def build_app(service: RouterService, limits: HttpLimits) -> FastAPI:
         },
     )
     async def score(request: Request) -> Response:
-        length = request.headers.get("content-length")
-        if length is None and "chunked" not in request.headers.get("transfer-encoding", ""):
-            return _reply(411, {"error": "a Content-Length header is required"}, {"Connection": "close"})
-        if length is not None and (not length.isdigit() or int(length) > limits.max_body_bytes):
-            return _reply(
-                413, {"error": f"body of {length} bytes exceeds {limits.max_body_bytes}"}, {"Connection": "close"}
-            )
-        try:
-            body = await _body_within(request, limits.body_timeout_s)
-        except asyncio.TimeoutError:
-            return _reply(
-                408, {"error": f"body not received within {limits.body_timeout_s:g} s"}, {"Connection": "close"}
-            )
-        except ClientDisconnect:  # the client left mid-body: nobody to answer, nothing to log
-            return Response(status_code=400)
-        if len(body) > limits.max_body_bytes:
-            too_long = f"body of {len(body)} bytes exceeds {limits.max_body_bytes}"
-            return _reply(413, {"error": too_long}, {"Connection": "close"})
-        try:
-            if len(body) <= INLINE_BODY_BYTES:  # the usual request: ~0.4 ms, cheaper than a thread hop
-                status, obj = service.handle_score(body)
-            else:  # a long one on the pool, so the loop keeps accepting and reading meanwhile
-                status, obj = await run_in_threadpool(service.handle_score, body)
-        except Exception as exc:  # noqa: BLE001 - a bug answers 500 in one logged line, never a traceback
-            return _bug(request, exc)
-        return _reply(status, obj)
+        return await _score(service, limits, request)
+
+    _add_views(app, service)
+    return app
+
+
+def _add_views(app: FastAPI, service: RouterService) -> None:
+    """The read-only routes: GET /workers, /metrics, /status.json, / (the page), /healthz."""
 
     @app.get("/workers", summary="Per worker: blocks by medium, last seq, epoch, lag, stale, replay framing")
     def workers(request: Request) -> Response:
@@ -229,8 +239,6 @@ def build_app(service: RouterService, limits: HttpLimits) -> FastAPI:
                 ],
             },
         )
-
-    return app
 
 
 # ---------------------------------------------------------------- uvicorn on a thread

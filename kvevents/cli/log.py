@@ -1,4 +1,5 @@
-"""`kvevents log inspect|repair|export|index`: read-only tools over a record log (plus tail repair)."""
+"""`kvevents log inspect|repair|export|index`: read-only tools over a record log (plus tail repair),
+over kvevents.recordlog (stats, verify, repair, export) and kvevents.consumers.indexer (index)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import sys
 from typing import Optional
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from kvevents.cli.app import CheckFailed, user_error
-from kvevents.cli.logtools_common import out_console, warn_damage
+from kvevents.cli.output import out_console, warn_damage
 from kvevents.recordlog import LogStats, RecordReader, StatsCollector, VerifyReport, apply_log, iter_jsonl, repair_log
 from kvevents.recordlog.verifiers import make_verifier
 
@@ -79,6 +81,15 @@ def inspect_cmd(
 
 def _render_stats(st: LogStats) -> None:
     c = out_console()
+    _render_totals(c, st)
+    if st.media:
+        c.print(_media_table(st))
+    if st.sources:
+        c.print(_sources_table(st))
+    _render_anomalies(c, st)
+
+
+def _render_totals(c: Console, st: LogStats) -> None:
     r = st.rates()
     c.print(f"[bold]{st.path}[/]: {st.records} records, {st.size} bytes, payload {st.payload_bytes} bytes")
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(st.kinds.items())) or "-"
@@ -99,49 +110,60 @@ def _render_stats(st: LogStats) -> None:
         c.print(f"[red]decode errors: {st.decode_errors}[/]")
         for e in st.decode_error_list[:MAX_SHOWN]:
             c.print(f"  record {e['record']} ({e['source']} seq {e['seq']}): {e['error']}")
-    if st.media:
-        t = Table(title="by medium", show_edge=False, header_style="bold")
-        for col in ("medium", "stored events", "stored blocks", "removed events", "removed blocks"):
-            t.add_column(col, justify="right" if col != "medium" else "left")
-        for m, cnt in sorted(st.media.items()):
-            t.add_row(
-                m, *(str(cnt.get(k, 0)) for k in ("stored_events", "stored_blocks", "removed_events", "removed_blocks"))
-            )
-        c.print(t)
-    if st.sources:
-        t = Table(title="by source", show_edge=False, header_style="bold")
-        for col in (
-            "source",
-            "endpoint",
-            "records",
-            "events",
-            "heartbeats",
-            "stored",
-            "removed",
-            "clears",
-            "seqs",
-            "gaps (missing)",
-            "resets",
-            "epochs",
-        ):
-            t.add_column(col)
-        for name, s in st.sources.items():
-            seqs = "-" if s.first_seq is None else f"{s.first_seq}..{s.last_seq}"
-            t.add_row(
-                name,
-                ",".join(sorted(s.endpoints)),
-                str(s.records),
-                str(s.events),
-                str(s.heartbeats),
-                str(s.stored_blocks),
-                str(s.removed_blocks),
-                str(s.clears),
-                seqs,
-                f"{s.gaps} ({s.missing_seqs})",
-                str(s.resets),
-                ",".join(str(e) for e in s.epochs) or "-",
-            )
-        c.print(t)
+
+
+def _media_table(st: LogStats) -> Table:
+    t = Table(title="by medium", show_edge=False, header_style="bold")
+    for col in ("medium", "stored events", "stored blocks", "removed events", "removed blocks"):
+        t.add_column(col, justify="right" if col != "medium" else "left")
+    for m, cnt in sorted(st.media.items()):
+        t.add_row(
+            m, *(str(cnt.get(k, 0)) for k in ("stored_events", "stored_blocks", "removed_events", "removed_blocks"))
+        )
+    return t
+
+
+_SOURCE_COLUMNS = (
+    "source",
+    "endpoint",
+    "records",
+    "events",
+    "heartbeats",
+    "stored",
+    "removed",
+    "clears",
+    "seqs",
+    "gaps (missing)",
+    "resets",
+    "epochs",
+)
+
+
+def _sources_table(st: LogStats) -> Table:
+    t = Table(title="by source", show_edge=False, header_style="bold")
+    for col in _SOURCE_COLUMNS:
+        t.add_column(col)
+    for name, s in st.sources.items():
+        seqs = "-" if s.first_seq is None else f"{s.first_seq}..{s.last_seq}"
+        t.add_row(
+            name,
+            ",".join(sorted(s.endpoints)),
+            str(s.records),
+            str(s.events),
+            str(s.heartbeats),
+            str(s.stored_blocks),
+            str(s.removed_blocks),
+            str(s.clears),
+            seqs,
+            f"{s.gaps} ({s.missing_seqs})",
+            str(s.resets),
+            ",".join(str(e) for e in s.epochs) or "-",
+        )
+    return t
+
+
+def _render_anomalies(c: Console, st: LogStats) -> None:
+    """Gaps, odd seqs, epoch changes, resets (the first MAX_SHOWN of each) and damage."""
     for g in st.gaps[:MAX_SHOWN]:
         c.print(
             f"[yellow]gap[/] record {g['record']} {g['source']} rank {g['dp_rank']}: seq {g['after']} -> "
