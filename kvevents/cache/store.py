@@ -14,6 +14,7 @@ import hashlib
 import os
 import struct
 import tempfile
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -135,7 +136,8 @@ def _checksum(key_raw: bytes, data: bytes) -> bytes:
 class FileStore:
     """One file per page under `directory/<key[:2]>/<key>.page`, written atomically with its key and
     a checksum. stats(): `corrupt` counts damaged or unreadable pages (a directory at a page path
-    too), `misplaced` valid pages whose header names another key; both are misses."""
+    too), `misplaced` valid pages whose header names another key; both are misses. Safe to share
+    between threads (an engine's storage threads do): writes are atomic renames, counters locked."""
 
     def __init__(self, directory: str | os.PathLike[str], *, fsync: bool = True) -> None:
         if not isinstance(directory, (str, os.PathLike)):
@@ -145,6 +147,7 @@ class FileStore:
             raise ValueError(f"FileStore directory {str(self.directory)!r} exists and is not a directory")
         self.directory.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
+        self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
         self.corrupt = 0
@@ -164,7 +167,7 @@ class FileStore:
         except FileNotFoundError:
             return None
         except (IsADirectoryError, NotADirectoryError):  # not a page file: a counted miss, left alone
-            self.corrupt += 1
+            self._bump("corrupt")
             return None
         if len(raw) >= _HEADER.size:
             magic, length, key_raw, digest = _HEADER.unpack_from(raw)
@@ -172,13 +175,43 @@ class FileStore:
             if magic == _MAGIC and length == len(data) and _checksum(key_raw, data) == digest:
                 if key_raw == bytes.fromhex(key):
                     return data
-                self.misplaced += 1  # a valid page of another key: never served under this one
+                self._bump("misplaced")  # a valid page of another key: never served under this one
                 self._drop(path)
                 return None
         # Corrupt or truncated: never returned; drop the file so the next write repairs it.
-        self.corrupt += 1
+        self._bump("corrupt")
         self._drop(path)
         return None
+
+    def _bump(self, counter: str) -> None:
+        with self._lock:
+            setattr(self, counter, getattr(self, counter) + 1)
+
+    def present(self, key: str) -> bool:
+        """A cheap `contains`: the page file is there, its header names `key` and its length fits
+        the file; the payload is not read (get() verifies the checksum). A short file or a header
+        of another key is counted and dropped, as get() would."""
+        path = self.path_for(key)
+        try:
+            with path.open("rb") as fh:
+                head = fh.read(_HEADER.size)
+                size = os.fstat(fh.fileno()).st_size
+        except FileNotFoundError:
+            return False
+        except (IsADirectoryError, NotADirectoryError):
+            self._bump("corrupt")
+            return False
+        if len(head) == _HEADER.size:
+            magic, length, key_raw, _ = _HEADER.unpack(head)
+            if magic == _MAGIC and size == _HEADER.size + length:
+                if key_raw == bytes.fromhex(key):
+                    return True
+                self._bump("misplaced")
+                self._drop(path)
+                return False
+        self._bump("corrupt")
+        self._drop(path)
+        return False
 
     @staticmethod
     def _drop(path: Path) -> None:
@@ -189,10 +222,7 @@ class FileStore:
 
     def get(self, key: str) -> bytes | None:
         data = self._load(key)
-        if data is None:
-            self.misses += 1
-        else:
-            self.hits += 1
+        self._bump("misses" if data is None else "hits")
         return data
 
     def put(self, key: str, data: bytes) -> None:
@@ -223,7 +253,7 @@ class FileStore:
                 os.fsync(dfd)
             finally:
                 os.close(dfd)
-        self.writes += 1
+        self._bump("writes")
 
     def contains(self, key: str) -> bool:
         """True only for a page that verifies (pages are small): a corrupt one is never counted."""
@@ -242,11 +272,13 @@ class FileStore:
         return sorted(p.stem for p in self.directory.glob("??/*.page") if p.is_file())
 
     def stats(self) -> dict[str, int]:
-        return {
-            "pages": len(self.keys()),
-            "hits": self.hits,
-            "misses": self.misses,
-            "corrupt": self.corrupt,
-            "misplaced": self.misplaced,
-            "writes": self.writes,
-        }
+        pages = len(self.keys())
+        with self._lock:
+            return {
+                "pages": pages,
+                "hits": self.hits,
+                "misses": self.misses,
+                "corrupt": self.corrupt,
+                "misplaced": self.misplaced,
+                "writes": self.writes,
+            }
