@@ -136,9 +136,10 @@ class _Scenario:
 
     def note_resident(self, name: str) -> None:
         """While `name`'s pages are on the device (before the flush), what the router credits the
-        worker for the other namespaces' requests: a figure, not a rule. Event hashes leave extra_key
-        out (schemas/README.md, "Event hashes (cache_salt only)") and SGLang publishes no lora_name, so an adapter's
-        resident pages are credited to a base request of the same tokens; a salt separates them."""
+        worker for the other namespaces' requests: a figure, not a rule. Event hashes leave
+        extra_key out (schemas/README.md, "Event hashes (cache_salt only)") and SGLang publishes no
+        lora_name, so an adapter's resident pages are credited to a base request of the same
+        tokens; a salt separates them."""
         self.resident[name] = {
             other: self.credit(Request(self.tokens, ek, salt)) for other, ek, salt in NAMESPACES if other != name
         }
