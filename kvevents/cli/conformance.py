@@ -1,4 +1,4 @@
-"""`kvevents conformance hash|stream|drive|render`: the contract tests pointed at any engine.
+"""`kvevents conformance hash|stream|drive|render|storage`: the contract tests pointed at any engine.
 
 Thin: parse, call kvevents.conformance, render a table (or `--json`). Exit 0 when every
 applicable rule passes, 1 when one fails, 2 for a usage error (one line on stderr).
@@ -217,5 +217,44 @@ def render_cmd(
     try:
         report = check_render(http, renderer, render_cases(seed, cases), timeout)
     except ValueError as exc:
+        user_error(str(exc))
+    return _emit(report, as_json)
+
+
+@conformance_app.command("storage")
+def storage_cmd(
+    module: str = typer.Option(..., "--module", help="The backend's module, e.g. kvevents.plugins.hicache."),
+    class_name: str = typer.Option(
+        ..., "--class", help="Its HiCacheStorage subclass, e.g. KVEventsHiCacheStorage (built as cls(config, kwargs))."
+    ),
+    config: str | None = typer.Option(
+        None, "--config", help='JSON object merged into the backend\'s extra config, e.g. \'{"path": "/tmp/pages"}\'.'
+    ),
+    pages: int = typer.Option(5, min=1, help="Whole pages per prompt."),
+    page_size: int = typer.Option(16, "--page-size", min=1, help="SGLang's page size for the run."),
+    seed: int | None = typer.Option(None, "--seed", help="Prompt seed (default: a fresh prompt every run)."),
+    device: str | None = typer.Option(None, "--device", help="cuda or cpu (default: cuda when torch has it)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> int:
+    """Run SGLang's own HiRadixCache over a HiCache storage backend: adapter, base and salted requests."""
+    from kvevents.conformance.storage_engine import sglang_missing
+
+    extra: object = {}
+    if config:
+        try:
+            extra = json.loads(config)
+        except ValueError as exc:
+            user_error(f"--config is not JSON: {exc}")
+    if not isinstance(extra, dict):
+        user_error("--config must be a JSON object")
+    why = sglang_missing()
+    if why is not None:
+        user_error(f"conformance storage runs SGLang's own cache: SGLang is needed in this environment ({why})")
+    from kvevents.conformance.storage import EngineUnavailable, StorageOptions, run_storage
+
+    try:
+        opts = StorageOptions(module, class_name, extra, pages=pages, page_size=page_size, seed=seed, device=device)
+        report = run_storage(opts)
+    except (EngineUnavailable, ValueError) as exc:
         user_error(str(exc))
     return _emit(report, as_json)
