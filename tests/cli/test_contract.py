@@ -1,32 +1,19 @@
-"""`kvevents hash | schema | golden | version`, run as a user would (a subprocess per call)."""
+"""`kvevents hash | schema | golden | version`: text only, so run in-process through the real entry
+point (one console-script subprocess checks the installed command itself)."""
 
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import GOLDEN_PATH, REPO
+from tests.helpers.cli import invoke as kve
+from tests.helpers.cli import one_line_error as assert_user_error
+from tests.helpers.cli import run
+from tests.helpers.repo import GOLDEN_PATH, REPO, VLLM_GOLDEN_PATH
 
 SCHEMA_PATH = REPO / "schemas" / "kvevent-batch.schema.json"
-EXE = shutil.which("kvevents")
-
-
-def kve(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    cmd = [EXE, *args] if EXE else [sys.executable, "-m", "kvevents", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=cwd or REPO)
-
-
-def assert_user_error(proc: subprocess.CompletedProcess[str], code: int = 2, needle: str = "") -> None:
-    assert proc.returncode == code, (proc.stdout, proc.stderr)
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert "Traceback" not in proc.stderr + proc.stdout
-    assert needle in lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -122,14 +109,16 @@ def test_golden_directory_and_bad_json(tmp_path: Path) -> None:
     assert_user_error(kve("golden", "--golden", str(empty)), 2, "no golden")
 
 
-def test_golden_runs_from_another_directory(tmp_path: Path) -> None:
-    assert kve("golden", cwd=tmp_path).returncode == 0
+def test_golden_runs_from_another_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert kve("golden").returncode == 0
 
 
-def test_version() -> None:
+@pytest.mark.subprocess
+def test_version_from_the_installed_command() -> None:
     from kvevents import __version__
 
-    proc = kve("version")
+    proc = run("version", script=True)  # the console script (python -m kvevents where none is installed)
     assert proc.returncode == 0 and proc.stdout.splitlines()[0] == __version__
     assert proc.stdout.splitlines()[1].startswith("speedups: ")
 
@@ -148,7 +137,7 @@ def test_golden_deeply_nested_json_is_a_user_error(tmp_path: Path) -> None:
     assert_user_error(kve("golden", "--golden", str(f)), code=2, needle="not valid JSON")
 
 
-VLLM_GOLDEN = REPO / "schemas" / "golden" / "vllm-0.33.json"
+VLLM_GOLDEN = VLLM_GOLDEN_PATH
 
 
 @pytest.mark.parametrize("name", ["V02_pickle_plain", "V04_cbor_salt_lora", "V05_cbor_seed0"])

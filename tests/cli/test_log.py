@@ -1,23 +1,17 @@
-"""`kvevents log inspect|repair|export` through the real CLI (subprocess): output, exit codes, errors."""
+"""`kvevents log inspect|repair|export` through the real CLI (in-process: files in, text out): output,
+exit codes, errors."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from test_recordlog_helpers import PAGE, chain_events, payload, write_log
 
 from kvevents.hashing import Namespace
 from kvevents.recordlog import MAGIC, RecordWriter, read_records
-
-
-def kv(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "kvevents", *args], capture_output=True, text=True, timeout=60, cwd=cwd)
-    assert "Traceback" not in r.stderr, r.stderr
-    return r
+from tests.helpers.cli import invoke as kv
+from tests.helpers.recordlog import PAGE, chain_events, payload, write_log
 
 
 @pytest.fixture()

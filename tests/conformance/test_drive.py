@@ -24,7 +24,9 @@ from kvevents.sim.vllm import VllmSimWorker
 from kvevents.sim.worker import Request, SimWorker
 from kvevents.testing.zeromq import EPH
 from kvevents.zeromq.publisher import Publisher
-from tests.conformance_fakes import FakeEngine, payload
+from tests.helpers.conformance_fakes import FakeEngine
+from tests.helpers.marks import require
+from tests.helpers.payloads import batch as payload
 
 DRIVE_RULES = ("drive-events", "adapters-same-hash", "salts-differ", "hashes-profile")
 
@@ -116,6 +118,8 @@ def test_drive_against_nothing_is_a_usage_error(publisher: Publisher) -> None:
 
 
 def _pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """pytest with the conformance plugin, as an engine's CI runs it (an interpreter: a subprocess test)."""
+    require("subprocess")
     (tmp_path / "test_engine_own.py").write_text("def test_own():\n    assert True\n")
     env = dict(os.environ, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")  # the plugin is loaded explicitly (installed or not)
     return subprocess.run(
@@ -139,12 +143,14 @@ def _pytest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.subprocess
 def test_plugin_is_inert_without_options(tmp_path: Path) -> None:
     proc = _pytest(tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "1 passed" in proc.stdout
 
 
+@pytest.mark.subprocess
 def test_plugin_runs_the_rules_as_tests(tmp_path: Path, publisher: Publisher) -> None:
     sim = SimWorker("w0", page_size=4, capacity_pages=60)
     stop = threading.Event()
@@ -185,6 +191,7 @@ def test_plugin_runs_the_rules_as_tests(tmp_path: Path, publisher: Publisher) ->
     assert 'kvevents-conformance.stream" name="hash-recompute"' in xml
 
 
+@pytest.mark.subprocess
 def test_plugin_fails_the_broken_rule(tmp_path: Path) -> None:
     eng = FakeEngine(replay=False)
     stop = threading.Event()
@@ -213,6 +220,7 @@ def test_plugin_fails_the_broken_rule(tmp_path: Path) -> None:
     assert "SKIPPED" in proc.stdout  # describe / snapshot: not offered
 
 
+@pytest.mark.subprocess
 def test_plugin_runs_the_drive_checks_with_kvevents_http(tmp_path: Path, publisher: Publisher) -> None:
     sim = SimWorker("w0", page_size=4, capacity_pages=500)
     with CompletionsServer("127.0.0.1:0", lambda r: serve_and_publish(sim, publisher, r)) as srv:

@@ -17,25 +17,30 @@ from kvevents.conformance.hashkit import (
     run_adapter,
 )
 from kvevents.conformance.report import Status
-from tests.conftest import REPO
-from tests.test_cli_contract import assert_user_error, kve
+from tests.helpers.cli import invoke as kve
+from tests.helpers.cli import one_line_error as assert_user_error
+from tests.helpers.marks import require
+from tests.helpers.repo import README
 
 CASES = golden_cases() + property_cases(seed=3, n=30)
 
 
 def readme_adapter() -> str:
-    text = (REPO / "README.md").read_text()
+    text = README.read_text()
     m = re.search(r"```python\n(# kvevents-conformance-adapter.*?)```", text, re.DOTALL)
     assert m, "the README's conformance adapter example is missing"
     return m.group(1)
 
 
 def write(tmp_path: Path, name: str, code: str) -> str:
+    """An adapter script and the command that runs it (an interpreter per run: a subprocess test)."""
+    require("subprocess")
     path = tmp_path / name
     path.write_text(code)
     return f"{sys.executable} {path}"
 
 
+@pytest.mark.subprocess
 def test_readme_adapter_passes_every_case(tmp_path: Path) -> None:
     report = run_adapter(write(tmp_path, "adapter.py", readme_adapter()), CASES, timeout=5)
     assert report.ok, report.table()
@@ -49,6 +54,7 @@ def test_readme_adapter_passes_every_case(tmp_path: Path) -> None:
     assert report.figures["cases"] == len(CASES)
 
 
+@pytest.mark.subprocess
 def test_adapter_mixing_extra_key_into_the_event_chain_fails(tmp_path: Path) -> None:
     """The storage seed (extra_key + salt) used for the published chain: golden C04/C06 must catch it."""
     mixed = (
@@ -78,6 +84,7 @@ for line in sys.stdin:""",
     assert report.result("hash-property").status is Status.FAIL
 
 
+@pytest.mark.subprocess
 def test_crashing_adapter_is_a_clear_failure(tmp_path: Path) -> None:
     code = readme_adapter().replace(
         "for line in sys.stdin:",
@@ -109,6 +116,7 @@ def test_cases_are_deterministic_and_cover_the_golden_file(golden: dict) -> None
     assert any(c.group == "chunked" for c in property_cases(seed=5, n=10))
 
 
+@pytest.mark.subprocess
 def test_cli_exit_codes(tmp_path: Path) -> None:
     good = kve("conformance", "hash", "--cmd", write(tmp_path, "a.py", readme_adapter()), "--cases", "10", "--json")
     assert good.returncode == 0, good.stderr
@@ -132,6 +140,7 @@ def test_cli_usage_errors(args: list[str]) -> None:
     assert_user_error(proc, 2)
 
 
+@pytest.mark.subprocess
 def test_unresponsive_adapter_is_given_up_after_a_few_cases(tmp_path: Path) -> None:
     code = "import sys, time\nfor line in sys.stdin:\n    time.sleep(30)\n"
     report = run_adapter(write(tmp_path, "silent.py", code), CASES, timeout=0.1)
@@ -156,6 +165,7 @@ for line in sys.stdin:
 """
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("algo", ["sha256", "sha256_cbor"])
 def test_vllm_profile_cases(tmp_path: Path, algo: str) -> None:
     from kvevents.conformance.hashkit_vllm import vllm_cases

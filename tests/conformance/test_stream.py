@@ -15,7 +15,8 @@ from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored
 from kvevents.hashing import Namespace, storage_hashes, to_int64
 from kvevents.testing.zeromq import EPH
 from kvevents.zeromq.publisher import Publisher, publish_steps
-from tests.conformance_fakes import FakeEngine, observe_fake, payload
+from tests.helpers.conformance_fakes import FakeEngine, observe_fake
+from tests.helpers.payloads import batch as payload
 
 NAMESPACES = [Namespace(), Namespace("lora-a", None), Namespace(None, "tenant-a"), Namespace("lora-b", "tenant-b")]
 

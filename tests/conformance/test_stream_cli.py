@@ -1,11 +1,11 @@
-"""`kvevents conformance stream` against `kvevents serve`, both run as a user would (subprocesses)."""
+"""`kvevents conformance stream` against `kvevents serve`, both run as a user would (subprocesses;
+help text and usage errors in-process)."""
 
 from __future__ import annotations
 
 import json
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -14,34 +14,28 @@ from kvevents.cache import RadixCache
 from kvevents.conformance.stream import StreamObserver, StreamOptions
 from kvevents.testing.zeromq import EPH
 from kvevents.zeromq.publisher import Publisher
-from tests.test_cli_contract import EXE, kve
+from tests.helpers.cli import invoke, one_line_error, spawn
+from tests.helpers.cli import run as kve
 
 BANNER = re.compile(r"live (\S+) replay (\S+)")
 
 
 def _serve(*extra: str) -> subprocess.Popen[str]:
-    cmd = [EXE] if EXE else [sys.executable, "-m", "kvevents"]
-    return subprocess.Popen(
-        [
-            *cmd,
-            "serve",
-            "--endpoint",
-            "tcp://127.0.0.1:*",
-            "--page-size",
-            "4",
-            "--rate",
-            "100",
-            "--duration",
-            "30",
-            "--capacity-pages",
-            "200",
-            "--heartbeat",
-            "0.2",
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    return spawn(
+        "serve",
+        "--endpoint",
+        "tcp://127.0.0.1:*",
+        "--page-size",
+        "4",
+        "--rate",
+        "100",
+        "--duration",
+        "30",
+        "--capacity-pages",
+        "200",
+        "--heartbeat",
+        "0.2",
+        *extra,
     )
 
 
@@ -59,6 +53,7 @@ def served(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
         proc.wait(10)
 
 
+@pytest.mark.subprocess
 def test_kvevents_serve_passes_every_rule(served: tuple[str, str]) -> None:
     live, replay = served
     proc = kve("conformance", "stream", live, "--replay", replay, "--page-size", "4", "--duration", "1.5", "--json")
@@ -83,6 +78,7 @@ def test_kvevents_serve_passes_every_rule(served: tuple[str, str]) -> None:
     )
 
 
+@pytest.mark.subprocess
 def test_wrong_page_size_fails_with_exit_1(served: tuple[str, str]) -> None:
     live, replay = served
     proc = kve("conformance", "stream", live, "--replay", replay, "--page-size", "16", "--duration", "0.5")
@@ -116,11 +112,12 @@ def test_start_older_than_the_ring_is_answered_from_the_oldest() -> None:
     assert report.figures["complete"] is False  # the history before the ring is unknown: not checkable
 
 
-_SERVE_HELP = kve("serve", "--help").stdout
+_SERVE_HELP = invoke("serve", "--help").stdout
 _HAS_EPOCH_FLAG = "--epoch-in-batch" in _SERVE_HELP
 
 
 @pytest.mark.skipif(not _HAS_EPOCH_FLAG, reason="kvevents serve has no --epoch-in-batch")
+@pytest.mark.subprocess
 @pytest.mark.parametrize("served", [("--epoch-in-batch",)], indirect=True)
 def test_opt_in_epoch_fails_batch_shape_unless_allowed(served: tuple[str, str]) -> None:
     live, replay = served
@@ -137,6 +134,7 @@ _HAS_HTTP_FLAG = "--http" in _SERVE_HELP
 
 
 @pytest.mark.skipif(not _HAS_HTTP_FLAG, reason="kvevents serve has no --http")
+@pytest.mark.subprocess
 def test_drive_against_kvevents_serve_http() -> None:
     proc = _serve("--http", "127.0.0.1:0", "--rate", "20")
     try:
@@ -176,6 +174,7 @@ def test_drive_against_kvevents_serve_http() -> None:
 
 
 @pytest.mark.skipif("--engine" not in _SERVE_HELP, reason="kvevents serve has no --engine")
+@pytest.mark.subprocess
 @pytest.mark.parametrize("served", [("--engine", "vllm")], indirect=True)
 def test_kvevents_serve_vllm_engine_passes_under_the_vllm_profile(served: tuple[str, str]) -> None:
     live, replay = served
@@ -202,12 +201,11 @@ def test_kvevents_serve_vllm_engine_passes_under_the_vllm_profile(served: tuple[
 
 
 def test_serve_http_bad_address_is_a_usage_error() -> None:
-    from tests.test_cli_contract import assert_user_error
-
-    proc = kve("serve", "--endpoint", "tcp://127.0.0.1:*", "--http", "nonsense", "--duration", "0.1")
-    assert_user_error(proc, 2, "--http must be HOST:PORT")
+    proc = invoke("serve", "--endpoint", "tcp://127.0.0.1:*", "--http", "nonsense", "--duration", "0.1")
+    one_line_error(proc, 2, "--http must be HOST:PORT")
 
 
+@pytest.mark.subprocess
 def test_a_curve_publisher_is_judged_with_the_client_flags(tmp_path) -> None:
     """`conformance stream --curve-server-key --curve-client-cert` checks a CURVE-only publisher
     (live, replay, DESCRIBE, SNAPSHOT all over CURVE); without them nothing arrives and it fails."""

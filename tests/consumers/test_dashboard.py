@@ -7,19 +7,19 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-from pathlib import Path
 
 import pytest
-from route_live import LiveRoute, wait_for
 
 from kvevents.consumers.service.metrics import METRIC_NAMES
 from kvevents.zeromq.metrics import PUBLISHER_METRICS, SUBSCRIBER_METRICS
 from kvevents.zeromq.publisher import Publisher
 from kvevents.zeromq.subscriber import Source
+from tests.helpers.repo import REPO
+from tests.helpers.route_live import LiveRoute
+from tests.helpers.wait import wait_until
 
 EPH = "tcp://127.0.0.1:*"
 
-REPO = Path(__file__).resolve().parent.parent
 DASHBOARD = REPO / "dashboards" / "kvevents.json"
 NAME = re.compile(r"\bkvevents_[a-z0-9_]+\b")
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
@@ -55,13 +55,13 @@ def scrapes():
     try:
         with LiveRoute(rate=40, extra=[Source(pub.endpoint, pub.replay_endpoint, "x")]) as live:
             live.wait_ready()
-            wait_for(lambda: live.service.applied_seq("x") is not None, what="the router to hear x")
+            wait_until("the router to hear x", lambda: live.service.applied_seq("x") is not None)
             endpoint, replay = pub.endpoint, pub.replay_endpoint
             pub.close(timeout=0.2)  # a restart: a new epoch on the same ports
             pub = Publisher(endpoint=endpoint, replay_endpoint=replay, bind=True, heartbeat_interval_s=0.1)
-            wait_for(
+            wait_until(
+                "the restart to be seen",
                 lambda: re.search(rb'kvevents_router_resets_total\{[^}]*reason="restart"', live.get("/metrics")[2]),
-                what="the restart to be seen",
             )
             texts = _scrape(live)
     finally:
@@ -73,7 +73,7 @@ def _scrape(live: LiveRoute) -> dict[str, str]:
     live.score_requests(20)
     sub_port = live.service.subscriber.metrics_port if live.service.subscriber else None
     assert sub_port and live.publisher_metrics_port
-    wait_for(lambda: b"kvevents_router_source_lag_seconds{" in live.get("/metrics")[2], what="lag samples")
+    wait_until("lag samples", lambda: b"kvevents_router_source_lag_seconds{" in live.get("/metrics")[2])
     return {
         "router": live.get("/metrics")[2].decode(),
         "publisher": live.get("/metrics", live.publisher_metrics_port)[2].decode(),
@@ -81,6 +81,7 @@ def _scrape(live: LiveRoute) -> dict[str, str]:
     }
 
 
+@pytest.mark.subprocess
 def test_every_dashboard_metric_is_in_a_live_scrape(scrapes):
     board = json.loads(DASHBOARD.read_text())
     have: set[str] = set()
@@ -94,6 +95,7 @@ def test_every_dashboard_metric_is_in_a_live_scrape(scrapes):
     assert 'kvevents_router_score_matched_pages_bucket{le="0.0"}' in scrapes["router"]
 
 
+@pytest.mark.subprocess
 def test_dashboard_covers_every_metric_and_uses_the_datasource_input(scrapes):
     board = json.loads(DASHBOARD.read_text())
     assert [i["name"] for i in board["__inputs"]] == ["DS_PROMETHEUS"]
@@ -119,6 +121,7 @@ def test_dashboard_file_is_what_the_builder_writes():
     assert json.loads(DASHBOARD.read_text()) == mod.build(), "run python3 dashboards/build_dashboard.py"
 
 
+@pytest.mark.subprocess
 def test_metric_names_follow_prometheus_conventions(scrapes):
     for text in scrapes.values():
         _, types = scrape_names(text)

@@ -38,7 +38,11 @@ def _dynamo_python() -> str | None:
 
 
 PY = _dynamo_python()
-pytestmark = pytest.mark.skipif(PY is None, reason="ai-dynamo-runtime not installed (pip install 'kvevents[interop]')")
+pytestmark = [
+    pytest.mark.skipif(PY is None, reason="ai-dynamo-runtime not installed (pip install 'kvevents[interop]')"),
+    pytest.mark.slow,
+    pytest.mark.subprocess,
+]
 
 
 def _listening_port(pid: int, timeout: float = 15.0) -> int:

@@ -17,18 +17,10 @@ from kvevents.consumers.service.http_api import HttpLimits
 from kvevents.sim.worker import Request, SimWorker
 from kvevents.zeromq.publisher import Publisher
 from kvevents.zeromq.subscriber import Source, Subscriber
+from tests.helpers.wait import wait_until
 
 EPH = "tcp://127.0.0.1:*"
 PAGE = 16
-
-
-def _wait(cond, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Rig:
@@ -48,7 +40,7 @@ class Rig:
         self.doc = list(range(500, 500 + 4 * PAGE))
         self.worker.serve(Request(self.doc))
         self.pub.publish(self.worker.take_events())
-        _wait(lambda: (self.service.applied_seq("w0") or 0) >= 1, what="the router to apply both batches")
+        wait_until("the router to apply both batches", lambda: (self.service.applied_seq("w0") or 0) >= 1)
 
     def conn(self) -> http.client.HTTPConnection:
         return http.client.HTTPConnection(self.host, self.port, timeout=5)
@@ -219,12 +211,12 @@ def test_stale_flags_and_the_return_of_a_source():
         assert out["stale"] is False and out["workers"][0]["stale"] is False
         endpoint, replay = r.pub.endpoint, r.pub.replay_endpoint
         r.pub.close(0)
-        _wait(lambda: r.score()[1]["stale"], what="the source to turn stale")
+        wait_until("the source to turn stale", lambda: r.score()[1]["stale"])
         status, out = r.score()
         assert status == 200 and out["best"] == "w0" and out["workers"][0]["stale"] is True
         assert r.service.stale_changes() == [("w0", True)]
         r.pub = Publisher(endpoint=endpoint, replay_endpoint=replay, bind=True, heartbeat_interval_s=0.05)
-        _wait(lambda: not r.score()[1]["stale"], what="the source to come back")
+        wait_until("the source to come back", lambda: not r.score()[1]["stale"])
         assert r.service.stale_changes() == [("w0", False)]
     finally:
         r.close()
@@ -292,38 +284,26 @@ def test_connections_past_the_limit_get_503():
     try:
         idle = [socket.create_connection((r.host, r.port), timeout=5) for _ in range(2)]
         try:
-            _wait(lambda: status() == 503, what="a 503 past the connection limit")
+            wait_until("a 503 past the connection limit", lambda: status() == 503)
         finally:
             for s in idle:
                 s.close()
-        _wait(lambda: status() == 200, what="service again once the idle connections left")
+        wait_until("service again once the idle connections left", lambda: status() == 200)
     finally:
         r.close()
 
 
+@pytest.mark.subprocess
 def test_route_prints_when_a_source_turns_stale_and_comes_back():
     """`kvevents route` (a subprocess): one line when the publisher goes silent, one when it is back."""
     import re
-    import subprocess
-    import sys
+
+    from tests.helpers.cli import spawn
 
     pub = Publisher(endpoint=EPH, replay_endpoint=EPH, bind=True, heartbeat_interval_s=0.1)
     endpoint, replay = pub.endpoint, pub.replay_endpoint
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kvevents",
-            "route",
-            "--publisher",
-            f"w1={endpoint},{replay}",
-            "--http",
-            "127.0.0.1:0",
-            "--stale-after",
-            "0.5",
-        ],
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = spawn(
+        "route", "--publisher", f"w1={endpoint},{replay}", "--http", "127.0.0.1:0", "--stale-after", "0.5", stdout=None
     )
     try:
         assert proc.stderr is not None

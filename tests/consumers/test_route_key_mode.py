@@ -8,15 +8,15 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
+
+import pytest
 
 from kvevents.hashing import Namespace
 from kvevents.sim.vllm import VllmSimWorker
 from kvevents.sim.worker import Request, SimWorker
 from kvevents.zeromq.publisher import Publisher
-
-KVEVENTS = [sys.executable, "-m", "kvevents"]
+from tests.helpers.cli import invoke, one_line_error, spawn
 
 
 def _score(port: int, tokens: list[int]) -> dict:
@@ -28,6 +28,7 @@ def _score(port: int, tokens: list[int]) -> dict:
         conn.close()
 
 
+@pytest.mark.subprocess
 def test_route_keys_a_vllm_publisher_by_tokens_and_a_contract_one_by_detection():
     vp = Publisher(
         endpoint="tcp://127.0.0.1:*",
@@ -39,24 +40,18 @@ def test_route_keys_a_vllm_publisher_by_tokens_and_a_contract_one_by_detection()
     cp = Publisher(
         endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", bind=True, heartbeat_interval_s=0.1
     )
-    proc = subprocess.Popen(
-        [
-            *KVEVENTS,
-            "route",
-            "--publisher",
-            f"vllm-0={vp.endpoint},{vp.replay_endpoint}",
-            "--publisher",
-            f"sglang-0={cp.endpoint},{cp.replay_endpoint}",
-            "--key-mode",
-            "vllm-0=tokens",
-            "--http",
-            "127.0.0.1:0",
-            "--page-size",
-            "4",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = spawn(
+        "route",
+        "--publisher",
+        f"vllm-0={vp.endpoint},{vp.replay_endpoint}",
+        "--publisher",
+        f"sglang-0={cp.endpoint},{cp.replay_endpoint}",
+        "--key-mode",
+        "vllm-0=tokens",
+        "--http",
+        "127.0.0.1:0",
+        "--page-size",
+        "4",
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
@@ -97,10 +92,5 @@ def test_route_keys_a_vllm_publisher_by_tokens_and_a_contract_one_by_detection()
 
 def test_route_rejects_a_bad_key_mode():
     for spec, needle in (("w=fast", "key mode"), ("other=tokens", "no publisher")):
-        proc = subprocess.run(
-            [*KVEVENTS, "route", "--publisher", "w=tcp://127.0.0.1:5999", "--key-mode", spec, "--http", "127.0.0.1:0"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and needle in proc.stderr, proc.stderr
+        proc = invoke("route", "--publisher", "w=tcp://127.0.0.1:5999", "--key-mode", spec, "--http", "127.0.0.1:0")
+        one_line_error(proc, 2, needle)

@@ -14,6 +14,7 @@ from kvevents.hashing import Namespace
 from kvevents.sim.worker import Request, SimWorker, Workload
 from kvevents.zeromq.publisher import Publisher
 from kvevents.zeromq.subscriber import Source
+from tests.helpers.wait import wait_until
 
 EPH = "tcp://127.0.0.1:*"
 PAGE = 16
@@ -21,15 +22,6 @@ PAGE = 16
 
 def _pub(endpoint: str = EPH, replay: str = EPH) -> Publisher:
     return Publisher(endpoint=endpoint, replay_endpoint=replay, bind=True, heartbeat_interval_s=0.1)
-
-
-def _wait(cond, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _caught_up(service: RouterService, names, pubs) -> bool:
@@ -69,9 +61,9 @@ class Cluster:
 
     def settle(self) -> None:
         names = [w.name for w in self.workers]
-        _wait(
+        wait_until(
+            "router to catch up",
             lambda: _caught_up(self.service, names, self.pubs) and _index_matches(self.service, self.workers),
-            what="router to catch up",
         )
 
     def request(self, method: str, path: str, body: bytes | None = None, headers=None):
@@ -235,7 +227,7 @@ def test_workers_lists_only_ranks_a_source_publishes():
         pub.publish(w.take_events())
         w.serve(Request(list(range(2 * PAGE))))
         pub.publish(w.take_events())
-        _wait(lambda: (service.applied_seq("b", 1) or 0) >= 1, what="rank 1 applied")
+        wait_until("rank 1 applied", lambda: (service.applied_seq("b", 1) or 0) >= 1)
         workers = service.workers_view()["workers"]
         assert [(w["worker"], w["dp_rank"], w["blocks"]) for w in workers] == [("b", 1, 2)], workers
         status, out = service.handle_score(json.dumps({"tokens": list(range(2 * PAGE))}).encode())

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from route_live import LiveRoute
-from test_status_page import as_number
+
+from tests.helpers.route_live import LiveRoute, as_number
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver")
@@ -26,12 +26,16 @@ try:
 except ImportError:  # pragma: no cover - depends on the machine
     webdriver = None  # type: ignore[assignment]
 
-pytestmark = pytest.mark.skipif(
-    webdriver is None or CHROMIUM is None or DRIVER is None,
-    reason="needs selenium (pip install selenium) and Debian's chromium + chromium-driver "
-    f"(apt-get install chromium chromium-driver); found selenium={webdriver is not None}, "
-    f"chromium={CHROMIUM}, chromedriver={DRIVER}",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        webdriver is None or CHROMIUM is None or DRIVER is None,
+        reason="needs selenium (pip install selenium) and Debian's chromium + chromium-driver "
+        f"(apt-get install chromium chromium-driver); found selenium={webdriver is not None}, "
+        f"chromium={CHROMIUM}, chromedriver={DRIVER}",
+    ),
+    pytest.mark.slow,
+    pytest.mark.subprocess,
+]
 
 
 @pytest.fixture

@@ -7,11 +7,12 @@ import re
 from html.parser import HTMLParser
 
 import pytest
-from route_live import LiveRoute, wait_for
 
 from kvevents.consumers.indexer import BlockIndex
 from kvevents.consumers.service.status import MATCHED_BUCKETS, StatusBoard, page_template
 from kvevents.events import BlockStored, KVEventBatch
+from tests.helpers.route_live import LiveRoute, as_number
+from tests.helpers.wait import wait_until
 
 URL = re.compile(r"(?i)\b(?:https?:|ftp:|wss?:)?//[a-z0-9.-]+")
 
@@ -46,11 +47,6 @@ class Cells(HTMLParser):
     def handle_data(self, data: str) -> None:
         if self._row is not None and self._key is not None:
             self.rows[self._row][self._key] += data
-
-
-def as_number(text: str) -> float | None:
-    text = text.strip()
-    return None if text in ("", "–") else float(text.replace(",", ""))
 
 
 def check_rows(rows: dict[tuple[str, str], dict[str, str]], workers: list[dict]) -> None:
@@ -165,6 +161,7 @@ def live():
         yield route
 
 
+@pytest.mark.subprocess
 def test_get_root_is_the_page_rendered_without_javascript(live):
     status, headers, body = live.get("/")
     assert status == 200 and headers["content-type"].startswith("text/html")
@@ -180,6 +177,7 @@ def test_get_root_is_the_page_rendered_without_javascript(live):
     assert 'id="sources"' in static and 'id="matched"' in static and 'data-k="prefix_share"' in static
 
 
+@pytest.mark.subprocess
 def test_status_json_adds_adapters_activity_and_score(live):
     live.service.status.adapter_refresh_s = 0  # recount copies by adapter on every call (default: every 5 s)
     s = live.get_json("/status.json")
@@ -193,7 +191,7 @@ def test_status_json_adds_adapters_activity_and_score(live):
     assert sc["requests_total"] >= 40
     assert sum(b["requests"] for b in sc["matched_pages"]) == sc["requests_total"]
     assert 0 < sc["prefix_share_total"] <= 1
-    wait_for(lambda: live.get_json("/status.json")["window_s"] >= 2, what="two seconds of samples")
+    wait_until("two seconds of samples", lambda: live.get_json("/status.json")["window_s"] >= 2)
     s = live.get_json("/status.json")
     assert set(s["sources"]) == {"w0", "w1"}
     assert all(len(src["series"]["gaps"]) >= 2 for src in s["sources"].values())

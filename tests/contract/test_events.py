@@ -25,7 +25,7 @@ from kvevents.events import (
     encode_event,
     event_to_dict,
 )
-from tests.conftest import GOLDEN_PATH, REPO
+from tests.helpers.repo import GOLDEN_PATH, REPO
 
 SCHEMA_PATH = REPO / "schemas" / "kvevent-batch.schema.json"
 GOLDEN = json.loads(GOLDEN_PATH.read_text())

@@ -35,7 +35,7 @@ from kvevents.hashing import (
     storage_seed,
     to_int64,
 )
-from tests.conftest import GOLDEN_PATH
+from tests.helpers.repo import GOLDEN_PATH
 
 GOLDEN = json.loads(GOLDEN_PATH.read_text())
 CASES = GOLDEN["cases"]

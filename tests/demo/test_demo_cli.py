@@ -1,4 +1,4 @@
-"""`kvevents demo` and `kvevents route` as a user runs them (subprocesses)."""
+"""`kvevents demo` and `kvevents route` as a user runs them (subprocesses; bad flags in-process)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,16 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
+
+import pytest
 
 from kvevents.sim.worker import Request, SimWorker
 from kvevents.zeromq.publisher import Publisher
-
-KVEVENTS = [sys.executable, "-m", "kvevents"]
-
-
-def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([*KVEVENTS, *args], capture_output=True, text=True, timeout=timeout)
+from tests.helpers.cli import invoke, run, spawn
 
 
+@pytest.mark.subprocess
 def test_demo_json_exits_0_with_every_check_true():
     proc = run("demo", "--duration", "3", "--json", "--seed", "2")
     assert proc.returncode == 0, proc.stderr
@@ -36,6 +33,7 @@ def test_demo_json_exits_0_with_every_check_true():
     assert out["policies"]["prefix"]["device_hit_rate"] > out["policies"]["random"]["device_hit_rate"]
 
 
+@pytest.mark.subprocess
 def test_demo_one_worker_heals_the_drop_before_the_restart():
     """With one worker the drop and the restart hit the same publisher: replay must heal first."""
     for seed in ("0", "5"):
@@ -69,39 +67,34 @@ def test_demo_waits_for_a_router_that_joins_late(monkeypatch):
 
 
 def test_demo_rejects_bad_flags_with_exit_2():
-    proc = run("demo", "--workers", "0", "--duration", "1")
+    proc = invoke("demo", "--workers", "0", "--duration", "1")
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "--workers" in proc.stderr
-    proc = run("demo", "--duration", "-1")
+    proc = invoke("demo", "--duration", "-1")
     assert proc.returncode == 2 and "duration" in proc.stderr
 
 
 def test_route_rejects_a_bad_publisher_spec():
-    proc = run("route", "--publisher", "nonsense", "--http", "127.0.0.1:0")
+    proc = invoke("route", "--publisher", "nonsense", "--http", "127.0.0.1:0")
     assert proc.returncode == 2 and "NAME=ENDPOINT" in proc.stderr
-    proc = run("route", "--publisher", "a=tcp://127.0.0.1:1", "--http", "127.0.0.1:x")
+    proc = invoke("route", "--publisher", "a=tcp://127.0.0.1:1", "--http", "127.0.0.1:x")
     assert proc.returncode == 2 and "--http" in proc.stderr
 
 
+@pytest.mark.subprocess
 def test_route_serves_scores_from_a_live_publisher():
     pub = Publisher(
         endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", bind=True, heartbeat_interval_s=0.1
     )
     worker = SimWorker("w", page_size=4)
-    proc = subprocess.Popen(
-        [
-            *KVEVENTS,
-            "route",
-            "--publisher",
-            f"engine-0={pub.endpoint},{pub.replay_endpoint}",
-            "--http",
-            "127.0.0.1:0",
-            "--page-size",
-            "4",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = spawn(
+        "route",
+        "--publisher",
+        f"engine-0={pub.endpoint},{pub.replay_endpoint}",
+        "--http",
+        "127.0.0.1:0",
+        "--page-size",
+        "4",
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
@@ -138,6 +131,7 @@ def test_route_serves_scores_from_a_live_publisher():
     assert proc.returncode == 0, proc.stderr.read()
 
 
+@pytest.mark.subprocess
 def test_demo_tables_exit_0():
     proc = run("demo", "--duration", "1", "--workers", "2", "--seed", "4")
     assert proc.returncode == 0, proc.stderr
@@ -154,6 +148,7 @@ def test_demo_tables_exit_0():
     assert "FAIL" not in proc.stdout
 
 
+@pytest.mark.subprocess
 def test_demo_mixed_fleet_routes_vllm_workers_like_contract_workers():
     """The default fleet: 2 contract + 2 vLLM 0.33 workers, one router keying each source right."""
     proc = run("demo", "--duration", "2", "--json", "--seed", "3")
@@ -170,6 +165,7 @@ def test_demo_mixed_fleet_routes_vllm_workers_like_contract_workers():
     assert out["checks"]["router_index_equals_worker_caches"]  # vLLM workers' caches, keyed by tokens, included
 
 
+@pytest.mark.subprocess
 def test_demo_contract_fleet_and_a_bad_fleet():
     proc = run("demo", "--duration", "1", "--workers", "2", "--json", "--fleet", "contract", "--seed", "1")
     assert proc.returncode == 0, proc.stderr
@@ -177,5 +173,5 @@ def test_demo_contract_fleet_and_a_bad_fleet():
     assert (
         set(out["engines"].values()) == {"contract"} and "vllm_prefix_found_as_on_contract_worker" not in out["checks"]
     )
-    bad = run("demo", "--duration", "1", "--fleet", "sglang")
+    bad = invoke("demo", "--duration", "1", "--fleet", "sglang")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--fleet" in bad.stderr

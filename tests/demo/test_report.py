@@ -5,24 +5,20 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-from kvevents.demo.report import _ticks, line_chart
+import pytest
 
-KVEVENTS = [sys.executable, "-m", "kvevents"]
+from kvevents.demo.report import _ticks, line_chart
+from tests.helpers.cli import invoke, run
+
 URL = re.compile(r"(?i)(?:https?:|ftp:|wss?:)?//[a-z0-9.-]+")
 
 
+@pytest.mark.subprocess
 def test_demo_html_report(tmp_path: Path):
     out = tmp_path / "report.html"
-    proc = subprocess.run(
-        [*KVEVENTS, "demo", "--duration", "3", "--seed", "2", "--json", "--html", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+    proc = run("demo", "--duration", "3", "--seed", "2", "--json", "--html", str(out), timeout=90)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert f"report written to {out}" in proc.stderr
@@ -44,12 +40,7 @@ def test_demo_html_report(tmp_path: Path):
 
 
 def test_demo_html_into_a_missing_directory_is_one_line(tmp_path: Path):
-    proc = subprocess.run(
-        [*KVEVENTS, "demo", "--duration", "1", "--html", str(tmp_path / "no" / "r.html")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = invoke("demo", "--duration", "1", "--html", str(tmp_path / "no" / "r.html"))
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "no such directory" in proc.stderr
 

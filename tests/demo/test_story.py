@@ -7,8 +7,6 @@ from __future__ import annotations
 import copy
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -16,8 +14,7 @@ from rich.console import Console
 
 from kvevents.demo.render import render_result, verdict
 from kvevents.demo.run import REPRODUCIBLE, DemoConfig, run_demo
-
-KVEVENTS = [sys.executable, "-m", "kvevents"]
+from tests.helpers.cli import run, spawn
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +86,9 @@ def test_prefill_figures_are_per_policy():
     assert ("All three recompute the same tokens because the shared tier keeps every page" in text) == same
 
 
+@pytest.mark.subprocess
 def test_cli_piped_prints_a_line_per_phase_and_fits_80_columns():
-    r = subprocess.run(
-        [*KVEVENTS, "demo", "--requests", "200", "--seed", "3"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "COLUMNS": "80"},
-    )
+    r = run("demo", "--requests", "200", "--seed", "3", timeout=120, env={**os.environ, "COLUMNS": "80"})
     assert r.returncode == 0, r.stderr
     phases = [ln for ln in r.stderr.splitlines() if ln.startswith("demo: ")]
     assert any("routing 200 requests" in ln for ln in phases) and any("dropping" in ln for ln in phases)
@@ -106,11 +98,10 @@ def test_cli_piped_prints_a_line_per_phase_and_fits_80_columns():
     assert "6/6 checks passed" in out
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(os.name != "posix", reason="signals")
 def test_ctrl_c_prints_what_was_measured_and_exits_130():
-    proc = subprocess.Popen(
-        [*KVEVENTS, "demo", "--duration", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    proc = spawn("demo", "--duration", "60")
     try:
         assert proc.stderr is not None
         deadline = time.monotonic() + 30

@@ -1,11 +1,9 @@
 """`kvevents doctor`: the right hints for a dead address, a silent publisher and a wrong topic;
-a pass against a healthy publisher (real ZeroMQ on 127.0.0.1)."""
+a pass against a healthy publisher (real ZeroMQ on 127.0.0.1; the CLI in-process, beside the engine)."""
 
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Iterator
@@ -16,14 +14,9 @@ import zmq
 pytest.importorskip("kvevents.zeromq.publisher")
 from kvevents.doctor.zeromq import run_doctor  # noqa: E402
 from kvevents.zeromq.publisher import Publisher  # noqa: E402
+from tests.helpers.cli import invoke as kv  # noqa: E402
 
 PAGE = 4
-
-
-def kv(*args: str) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "kvevents", *args], capture_output=True, text=True, timeout=60)
-    assert "Traceback" not in r.stderr, r.stderr
-    return r
 
 
 def _dead_port() -> int:
@@ -50,9 +43,8 @@ class _Engine:
         self.thread.start()
 
     def _batches(self) -> Iterator[list]:
-        from test_recordlog_helpers import chain_events
-
         from kvevents.hashing import Namespace
+        from tests.helpers.recordlog import chain_events
 
         if self.extra_key_bug:
             yield from chain_events(Namespace("lora-a"), published="storage", n_chains=30)

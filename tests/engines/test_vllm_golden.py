@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import REPO
 
 from kvevents.engines.vllm import (
     DEFAULT_SEED,
@@ -25,6 +24,7 @@ from kvevents.engines.vllm_wire import (
     stored_event,
 )
 from kvevents.events import decode_batch
+from tests.helpers.repo import REPO
 
 VLLM_GOLDEN = REPO / "schemas" / "golden" / "vllm-0.33.json"
 CASES = json.loads(VLLM_GOLDEN.read_text())["cases"]

@@ -11,15 +11,9 @@ import zmq
 
 from kvevents.conformance.report import Report
 from kvevents.conformance.stream import StreamObserver, StreamOptions
-from kvevents.events import BatchEncoder, Event
 from kvevents.zeromq.wire import END_SEQ, pack_seq
 
-_enc = BatchEncoder()
-
-
-def payload(events: Sequence[Event], rank: int | None = 0, epoch: int | None = None, ts: float = 1.0) -> bytes:
-    """A batch as the default wire writes it (3 elements; 4 with an epoch)."""
-    return _enc.encode(ts, list(events), rank, epoch)
+# the batches a fake engine sends are built by tests.helpers.payloads.batch
 
 
 class FakeEngine:

@@ -1,8 +1,7 @@
-"""Shared pieces of the JetStream tests: a simulated engine, a router fed from JetStream, waiting."""
+"""Shared pieces of the JetStream tests: a simulated engine, a router fed from JetStream, what it stored."""
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 from typing import Callable
 
@@ -71,20 +70,6 @@ class JSRouter:
 
     def stop(self) -> None:
         self.src.stop()
-
-
-def wait_until(
-    what: str, cond: Callable[[], bool], pump: Callable[[], object] | None = None, timeout: float = 15.0
-) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pump is not None:
-            pump()
-        else:
-            time.sleep(0.02)
-        if cond():
-            return
-    raise AssertionError(f"timed out waiting for: {what}")
 
 
 def caught_up(routers: list[JSRouter], engines: list[Engine]) -> Callable[[], bool]:

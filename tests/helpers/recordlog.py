@@ -5,16 +5,17 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from kvevents.events import AllBlocksCleared, BatchEncoder, BlockRemoved, BlockStored
+from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored
 from kvevents.hashing import Namespace, event_hashes, storage_hashes, to_int64
 from kvevents.recordlog import RecordWriter
+from tests.helpers.payloads import batch
 
 PAGE = 4
-_enc = BatchEncoder("map")
 
 
 def payload(events: list, ts: float = 1700000000.0, rank: int | None = 0, epoch: int | None = 7) -> bytes:
-    return _enc.encode(ts, events, rank, epoch)
+    """A recorded batch: a 2023 timestamp and epoch 7 unless told (tests.helpers.payloads.batch)."""
+    return batch(events, ts=ts, rank=rank, epoch=epoch)
 
 
 def chain_events(ns: Namespace, *, published: str = "event", seed: int = 0, n_chains: int = 3) -> list[list]:

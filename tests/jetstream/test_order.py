@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-from kvevents.events import BatchEncoder, BlockStored
 from kvevents.jetstream.feed import pick_snapshots
 from kvevents.jetstream.link import H_EPOCH, H_FROM, H_KIND, H_PART, H_PARTS, H_SEQ, H_SNAP
 from kvevents.jetstream.order import LiveMsg, Snapshot, SnapshotAssembler, StreamOrder
 from kvevents.zeromq.subscriber import Delivery, Reset
-
-ENC = BatchEncoder()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def payload(h: int) -> bytes:
-    return ENC.encode(1.0, [BlockStored([h], None, [1, 2], 2, None, "GPU", None)], 0)
+from tests.helpers.clock import FakeClock as Clock
+from tests.helpers.payloads import one_store as payload
 
 
 def live(seq: int, epoch: int | None = 7, source: str = "w0") -> LiveMsg:

@@ -6,9 +6,13 @@ import subprocess
 import sys
 from importlib.metadata import version
 
+import pytest
+
 import kvevents
+from tests.helpers.repo import REPO
 
 
+@pytest.mark.subprocess
 def test_embedding_the_publisher_imports_no_cli_consumer_or_metrics_stack():
     code = (
         "import sys\n"
@@ -25,14 +29,15 @@ def test_the_version_is_defined_once():
     assert version("kvevents") == kvevents.__version__
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_build_without_a_compiler_installs_the_fallback_and_says_so(tmp_path):
     """No working C compiler (CC=false): the build still succeeds, prints one line that the
     pure-Python fallback is in use, leaves no extension, and that tree hashes by the contract."""
     import os
     import shutil
-    from pathlib import Path
 
-    repo = Path(__file__).resolve().parent.parent
+    repo = REPO
     files = subprocess.run(["git", "ls-files"], cwd=repo, capture_output=True, text=True, check=True).stdout.split()
     for name in files:
         src = repo / name

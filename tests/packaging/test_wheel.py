@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
 _IGNORE = shutil.ignore_patterns(
     ".git",
     "build",
@@ -33,6 +32,7 @@ _IGNORE = shutil.ignore_patterns(
     ".ruff_cache",
     ".benchmarks",
 )
+from tests.helpers.repo import REPO
 
 pytestmark = pytest.mark.skipif(os.environ.get("KVEVENTS_SKIP_WHEEL") == "1", reason="KVEVENTS_SKIP_WHEEL=1")
 

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from test_recordlog_helpers import payload
 
 from kvevents.events import AllBlocksCleared, decode_batch
 from kvevents.recordlog import (
@@ -23,6 +22,7 @@ from kvevents.recordlog import (
     repair_log,
 )
 from kvevents.recordlog.format import encode_header
+from tests.helpers.recordlog import payload
 
 
 def _write(path: Path, n: int = 30) -> list[bytes]:

@@ -1,10 +1,10 @@
-"""record -> replay -> record, log index and fetch, with real publishers and CLI subprocesses."""
+"""record -> replay -> record, log index and fetch, with real publishers and CLI subprocesses (in-process
+where the CLI only reads a file or refuses a flag)."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -14,12 +14,10 @@ from kvevents.recordlog import RecordWriter, read_records
 
 pytest.importorskip("kvevents.zeromq.publisher")
 from kvevents.zeromq.publisher import Publisher  # noqa: E402
+from tests.helpers.cli import argv as _kv  # noqa: E402
+from tests.helpers.cli import invoke, run  # noqa: E402
 
 PAGE = 4
-
-
-def _kv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "kvevents", *args]
 
 
 def _start_recorder(
@@ -76,9 +74,8 @@ def _cache_stream(pub: Publisher, n_steps: int) -> int:
         from kvevents.cache import RadixCache
         from kvevents.sim.worker import Workload
     except ImportError:  # pragma: no cover - the cache issue not landed
-        from test_recordlog_helpers import chain_events
-
         from kvevents.hashing import Namespace
+        from tests.helpers.recordlog import chain_events
 
         batches = chain_events(Namespace(), n_chains=n_steps // 3)
         for b in batches:
@@ -93,6 +90,7 @@ def _cache_stream(pub: Publisher, n_steps: int) -> int:
     return n_steps
 
 
+@pytest.mark.subprocess
 def test_record_replay_record_gives_the_same_payloads(tmp_path: Path) -> None:
     a, b = tmp_path / "a.kvlog", tmp_path / "b.kvlog"
     pub = Publisher(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0)
@@ -119,8 +117,9 @@ def test_record_replay_record_gives_the_same_payloads(tmp_path: Path) -> None:
     assert {x.source for x in recs_b} == {"again"}
 
 
+@pytest.mark.subprocess
 def test_replay_seq_range_and_speed(tmp_path: Path) -> None:
-    from test_recordlog_helpers import payload
+    from tests.helpers.recordlog import payload
 
     src = tmp_path / "s.kvlog"
     with RecordWriter(src) as w:
@@ -149,23 +148,23 @@ def test_replay_seq_range_and_speed(tmp_path: Path) -> None:
 
 
 def test_replay_into_index(tmp_path: Path) -> None:
-    from test_recordlog_helpers import chain_events, write_log
-
     from kvevents.hashing import Namespace
+    from tests.helpers.recordlog import chain_events, write_log
 
     p = tmp_path / "i.kvlog"
     write_log(p, chain_events(Namespace()), source="w0")
     with RecordWriter(p, append=True) as w:
         w.write_reset(source="w1", reason="gap")
-    r = subprocess.run(_kv("log", "index", str(p), "--json"), capture_output=True, text=True, timeout=30)
+    r = invoke("log", "index", str(p), "--json")
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
     # 3 chains of 2 + 3 blocks, one tail block removed in chains 0 and 2
     assert s["copies"] == 15 - 2 and s["resets"] == 1 and s["media"] == {"GPU": 13}
-    r = subprocess.run(_kv("log", "index", str(p)), capture_output=True, text=True, timeout=30)
+    r = invoke("log", "index", str(p))
     assert r.returncode == 0 and "13 block copies" in r.stdout
 
 
+@pytest.mark.subprocess
 def test_fetch_pulls_the_replay_buffer(tmp_path: Path) -> None:
     pub = Publisher(
         endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0, buffer_steps=10
@@ -173,12 +172,7 @@ def test_fetch_pulls_the_replay_buffer(tmp_path: Path) -> None:
     try:
         sent = [pub.publish([]) for _ in range(15)]
         out = tmp_path / "f.kvlog"
-        r = subprocess.run(
-            _kv("fetch", pub.replay_endpoint, "--since", "2", "-o", str(out)),
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
+        r = run("fetch", pub.replay_endpoint, "--since", "2", "-o", str(out), timeout=30)
     finally:
         pub.close()
     assert r.returncode == 0, r.stderr
@@ -197,18 +191,20 @@ def test_fetch_pulls_the_replay_buffer(tmp_path: Path) -> None:
         (["record", "--publisher", "nonsense", "-o", "x.kvlog"], "NAME=ENDPOINT"),
     ],
 )
-def test_cli_usage_errors(tmp_path: Path, args: list[str], message: str) -> None:
+def test_cli_usage_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], message: str) -> None:
     if "X" in args:
-        from test_recordlog_helpers import write_log
+        from tests.helpers.recordlog import write_log
 
         write_log(tmp_path / "x.kvlog", [[]])
         args = [str(tmp_path / "x.kvlog") if a == "X" else a for a in args]
-    r = subprocess.run(_kv(*args), capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    r = invoke(*args)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert message in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.subprocess
 def test_unrecoverable_gap_is_recorded_as_reset_then_snapshot(tmp_path: Path) -> None:
     cache_mod = pytest.importorskip("kvevents.cache")
     from kvevents.sim.worker import Workload
@@ -236,21 +232,15 @@ def test_unrecoverable_gap_is_recorded_as_reset_then_snapshot(tmp_path: Path) ->
     kinds = [r.kind for r in read_records(log)]
     assert "reset" in kinds and kinds[kinds.index("reset") + 1] == "snapshot"
     assert [r.reason for r in read_records(log) if r.kind == "reset"] == ["gap"]
-    v = subprocess.run(
-        _kv("log", "inspect", str(log), "--verify", "--page-size", str(PAGE)),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    v = invoke("log", "inspect", str(log), "--verify", "--page-size", str(PAGE))
     assert v.returncode == 0, v.stdout[-2000:]
-    s = json.loads(
-        subprocess.run(_kv("log", "index", str(log), "--json"), capture_output=True, text=True, timeout=30).stdout
-    )
+    s = json.loads(invoke("log", "index", str(log), "--json").stdout)
     assert s["copies"] == sum(truth.values())
 
 
+@pytest.mark.subprocess
 def test_replay_loop_until_interrupted(tmp_path: Path) -> None:
-    from test_recordlog_helpers import payload
+    from tests.helpers.recordlog import payload
 
     src = tmp_path / "l.kvlog"
     pays = [payload([], ts=float(i), epoch=None) for i in range(5)]

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_recordlog_helpers import payload
 
 from kvevents.events import AllBlocksCleared, decode_batch
 from kvevents.recordlog import Recorder, RecordWriter, read_records
+from tests.helpers.recordlog import payload
 
 sub = pytest.importorskip("kvevents.zeromq.subscriber")
 PAY = payload([], epoch=7)

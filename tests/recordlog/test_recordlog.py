@@ -8,7 +8,6 @@ import warnings
 from pathlib import Path
 
 import pytest
-from test_recordlog_helpers import PAGE, chain_events, payload, write_log
 
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored
 from kvevents.hashing import Namespace, event_hashes, to_int64
@@ -28,6 +27,7 @@ from kvevents.recordlog import (
     select_records,
     verify_log,
 )
+from tests.helpers.recordlog import PAGE, chain_events, payload, write_log
 
 
 def _write_many(path: Path, n: int = 200) -> list[bytes]:

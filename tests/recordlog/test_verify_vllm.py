@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ from kvevents.recordlog.reader import RecordReader
 from kvevents.recordlog.verify import make_verifier
 from kvevents.sim.vllm import VllmSimWorker
 from kvevents.sim.worker import Workload
+from tests.helpers.cli import invoke
 
 PS = 4
 
@@ -85,12 +84,12 @@ def test_structure_links_and_removes_are_checked(tmp_path: Path) -> None:
 def test_cli_inspect_verify_profile(tmp_path: Path) -> None:
     p = tmp_path / "v.kvlog"
     record(p, sim_stream("sha256_cbor", n=40))
-    kve = [sys.executable, "-m", "kvevents", "log", "inspect", str(p), "--verify"]
-    ok = subprocess.run(kve + ["--profile", "vllm-sha256_cbor"], capture_output=True, text=True, timeout=60)
+    kve = ["log", "inspect", str(p), "--verify"]
+    ok = invoke(*kve, "--profile", "vllm-sha256_cbor")
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    bad = subprocess.run(kve + ["--profile", "vllm-sha256"], capture_output=True, text=True, timeout=60)
+    bad = invoke(*kve, "--profile", "vllm-sha256")
     assert bad.returncode == 1 and "hash-mismatch" in bad.stdout
-    usage = subprocess.run(kve + ["--profile", "vllm-xx"], capture_output=True, text=True, timeout=60)
-    assert usage.returncode == 2 and usage.stderr.count("\n") == 1 and "Traceback" not in usage.stderr
-    contract = subprocess.run(kve, capture_output=True, text=True, timeout=60)
+    usage = invoke(*kve, "--profile", "vllm-xx")
+    assert usage.returncode == 2 and usage.stderr.count("\n") == 1
+    contract = invoke(*kve)
     assert contract.returncode == 2 and "--page-size" in contract.stderr

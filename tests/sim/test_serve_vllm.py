@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 
 import msgspec
+import pytest
 import zmq
 
 from kvevents.engines.vllm import vllm_event_hashes
 from kvevents.testing.zeromq import dealer_socket, recv_all
-
-CMD = [sys.executable, "-m", "kvevents"]
+from tests.helpers.cli import invoke, spawn
 
 
 def _replayed(replay: str, want: int, timeout: float = 20.0) -> list[list[bytes]]:
@@ -30,29 +28,24 @@ def _replayed(replay: str, want: int, timeout: float = 20.0) -> list[list[bytes]
     raise AssertionError(f"only {len(msgs)} batches replayed")
 
 
+@pytest.mark.subprocess
 def test_serve_engine_vllm_publishes_vllm_batches():
-    proc = subprocess.Popen(
-        [
-            *CMD,
-            "serve",
-            "--engine",
-            "vllm",
-            "--hash-algo",
-            "sha256_cbor",
-            "--endpoint",
-            "tcp://127.0.0.1:*",
-            "--replay-endpoint",
-            "tcp://127.0.0.1:*",
-            "--page-size",
-            "4",
-            "--rate",
-            "200",
-            "--duration",
-            "6",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    proc = spawn(
+        "serve",
+        "--engine",
+        "vllm",
+        "--hash-algo",
+        "sha256_cbor",
+        "--endpoint",
+        "tcp://127.0.0.1:*",
+        "--replay-endpoint",
+        "tcp://127.0.0.1:*",
+        "--page-size",
+        "4",
+        "--rate",
+        "200",
+        "--duration",
+        "6",
     )
     try:
         line = proc.stdout.readline() if proc.stdout else ""
@@ -80,5 +73,5 @@ def test_serve_engine_vllm_publishes_vllm_batches():
 
 def test_serve_rejects_an_unknown_engine_or_algo():
     for args in (["--engine", "tgi"], ["--engine", "vllm", "--hash-algo", "xxhash"]):
-        proc = subprocess.run([*CMD, "serve", *args, "--duration", "0"], capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+        proc = invoke("serve", *args, "--duration", "0")
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1

@@ -6,10 +6,10 @@ import json
 
 import msgspec
 import pytest
-from conftest import REPO
 
 from kvevents.events import decode_batch
 from kvevents.sim.vllm import VllmSimWorker
+from tests.helpers.repo import REPO
 
 CASES = json.loads((REPO / "schemas" / "golden" / "vllm-0.33.json").read_text())["cases"]
 

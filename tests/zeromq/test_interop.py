@@ -3,15 +3,12 @@ without the epoch element (the hard case: a restarted publisher whose first batc
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections import Counter
 
 import msgspec
 import pytest
 import zmq
-from strict_decoders import SGLANG_STRICT, VLLM_STRICT, decode_strict
 
 from kvevents.cache import RadixCache
 from kvevents.consumers.indexer import BlockIndex
@@ -22,6 +19,8 @@ from kvevents.testing.zeromq import EPH, dealer_socket, recv_all, sub_socket, wa
 from kvevents.zeromq.publisher import Publisher
 from kvevents.zeromq.subscriber import Delivery, Reset, Source, Subscriber
 from kvevents.zeromq.wire import DESCRIBE_REQUEST, END_SEQ, SNAPSHOT_REQUEST, pack_seq
+from tests.helpers.cli import spawn
+from tests.helpers.strict_decoders import SGLANG_STRICT, VLLM_STRICT, decode_strict
 
 # ------------------------------------------------------------------ strict decoders, every batch kind
 
@@ -91,27 +90,10 @@ def test_opt_in_epoch_is_refused_by_strict_decoders_and_read_by_ours(ctx):
     assert decode_batch(payload).epoch == pub.epoch
 
 
+@pytest.mark.subprocess
 def test_kvevents_serve_defaults_decode_strictly_100_percent(ctx):
     """`kvevents serve` as a user starts it: every live batch and the replay ring decode strictly."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "kvevents",
-            "serve",
-            "--endpoint",
-            "tcp://127.0.0.1:0",
-            "--rate",
-            "400",
-            "--duration",
-            "20",
-            "--heartbeat",
-            "0.2",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = spawn("serve", "--endpoint", "tcp://127.0.0.1:0", "--rate", "400", "--duration", "20", "--heartbeat", "0.2")
     s = d = None
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]

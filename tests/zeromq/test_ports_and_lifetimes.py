@@ -1,5 +1,6 @@
-"""Review fixes of the transport: busy metrics ports, tcp port range, queue-mode close, metrics
-names and servers' lifetime, and the contract, the consumer rules ("Transport in one page")'s "a late replayed store never resurrects a removed block"."""
+"""Ports and lifetimes of the ZeroMQ transport: busy metrics ports, tcp port range (library and
+CLI), queue-mode close, metrics names and the metrics servers' lifetime, and the contract's
+consumer rule ("Transport in one page") "a late replayed store never resurrects a removed block"."""
 
 from __future__ import annotations
 
@@ -13,13 +14,13 @@ from contextlib import closing
 import pytest
 import zmq
 
-from kvevents.cli import main as cli_main
 from kvevents.events import BlockRemoved
 from kvevents.testing.zeromq import EPH, apply, collect, free_tcp_endpoint, recv_all, stored, view_counts
 from kvevents.zeromq import metrics
 from kvevents.zeromq.publisher import Publisher, PublisherConfig
 from kvevents.zeromq.subscriber import Delivery, Reset, Source, Subscriber
 from kvevents.zeromq.wire import SNAPSHOT_REQUEST, check_endpoint, pack_seq
+from tests.helpers.cli import invoke
 
 
 def _listening() -> tuple[socket.socket, int]:
@@ -50,13 +51,6 @@ def _threads(part: str) -> set[threading.Thread]:
 
 def _scrape(port: int) -> str:
     return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-
-
-def _cli(args: list[str], capsys) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exc:
-        cli_main(args)
-    out, err = capsys.readouterr()
-    return int(exc.value.code or 0), out, err
 
 
 # ------------------------------------------------------------------ 1. a busy metrics port
@@ -170,8 +164,9 @@ def test_source_refuses_a_port_libzmq_would_wrap():
         (["tail", "tcp://127.0.0.1:5557", "--replay", "tcp://127.0.0.1:70000", "--duration", "0.3"], "70000"),
     ],
 )
-def test_cli_refuses_a_port_libzmq_would_wrap(capsys, args, expect):
-    code, out, err = _cli(args, capsys)
+def test_cli_refuses_a_port_libzmq_would_wrap(args, expect):
+    r = invoke(*args)
+    code, out, err = r.returncode, r.stdout, r.stderr
     assert code == 2 and expect in err and "collide" not in err
     assert err.count("\n") == 1 and "Traceback" not in err and "kvevents serve:" not in out
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import msgspec
 import pytest
-from strict_decoders import VllmBatch, VllmStored
 
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 from kvevents.testing.zeromq import EPH, chain_events, dealer_socket, recv_all, stored, sub_socket, wait_joined
 from kvevents.zeromq.publisher import Publisher, PublisherConfig, publish_steps
 from kvevents.zeromq.wire import DESCRIBE_REQUEST, END_SEQ, SNAPSHOT_REQUEST, pack_seq
+from tests.helpers.strict_decoders import VllmBatch, VllmStored
 
 # ------------------------------------------------------------------ live wire
 

@@ -26,18 +26,9 @@ from kvevents.zeromq.replay_server import (
     prepare_router_socket,
 )
 from kvevents.zeromq.wire import DESCRIBE_REQUEST, END_SEQ, SEQ, SNAPSHOT_REQUEST
+from tests.helpers.clock import FakeClock as Clock
 
 RING = 2000
-
-
-class Clock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -130,17 +121,17 @@ def test_a_peer_that_does_not_drain_loses_its_jobs_at_the_deadline(rig):
         if svc.blocked:
             break
     assert svc.jobs == 2 and svc.blocked  # its pipe is full: nothing moves
-    clock.now += 4.9
+    clock.advance(4.9)
     _pump(svc)
     assert svc.jobs == 2 and pub.stats()["jobs_expired"] == 0
-    clock.now += 0.2
+    clock.advance(0.2)
     _pump(svc)
     assert svc.jobs == 0
     assert pub.stats()["jobs_expired"] == 2 and pub.stats()["replays_served"] == 0
     hog.send_multipart([b"", SEQ.pack(0)])  # refused for a while: it did not drain the last ones
     _pump(svc)
     assert svc.jobs == 0 and pub.stats()["rejected_peer_cap"] == 1
-    clock.now += PENALTY_S
+    clock.advance(PENALTY_S)
     hog.send_multipart([b"", SEQ.pack(0)])  # then admitted again
     _pump(svc)
     assert svc.jobs == 1
@@ -164,11 +155,11 @@ def test_many_stalled_identities_yield_their_slots_to_a_newcomer(rig):
             break
     assert svc.jobs == 8 and svc.blocked
     good = dealer_socket(ctx, ep)
-    clock.now += STALL_EVICT_S / 2
+    clock.advance(STALL_EVICT_S / 2)
     good.send_multipart([b"", SEQ.pack(RING - 1)])
     _pump(svc)
     assert not good.poll(0) and pub.stats()["jobs_expired"] == 0  # refused: nobody stalled long enough
-    clock.now += STALL_EVICT_S
+    clock.advance(STALL_EVICT_S)
     assert _replay_answered(svc, good, RING - 1) == [RING - 1]
     assert pub.stats()["jobs_expired"] == 2 and svc.jobs <= 8
 

@@ -1,5 +1,5 @@
-"""Opt-in CURVE on the live PUB and the replay ROUTER (transport/security.py): real sockets on
-127.0.0.1, real key files in tmp dirs, the CLI as a subprocess."""
+"""Opt-in CURVE on the live PUB and the replay ROUTER (kvevents/zeromq/security.py): real sockets on
+127.0.0.1, real key files in tmp dirs, the CLI as a subprocess (in-process for keys and usage errors)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import logging
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,8 @@ from kvevents.zeromq.security import (
 )
 from kvevents.zeromq.subscriber import Delivery, Source, Subscriber
 from kvevents.zeromq.wire import pack_seq
+from tests.helpers.cli import argv as _kv
+from tests.helpers.cli import invoke, run
 
 
 @pytest.fixture()
@@ -188,18 +189,11 @@ def test_a_plain_non_loopback_bind_warns_once_and_loopback_or_curve_does_not(
 
 
 # ---------------------------------------------------------------- the CLI end to end
-def _kv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "kvevents", *args]
-
-
+@pytest.mark.subprocess
 def test_cli_keys_serve_and_tail_with_curve(tmp_path: Path) -> None:
-    r = subprocess.run(
-        _kv("keys", "generate", str(tmp_path / "srv"), "--name", "engine"), capture_output=True, text=True
-    )
+    r = invoke("keys", "generate", str(tmp_path / "srv"), "--name", "engine")
     assert r.returncode == 0 and "engine.key_secret" in r.stdout, r.stderr
-    r = subprocess.run(
-        _kv("keys", "generate", str(tmp_path / "allow"), "--name", "router"), capture_output=True, text=True
-    )
+    r = invoke("keys", "generate", str(tmp_path / "allow"), "--name", "router")
     assert r.returncode == 0, r.stderr
     srv_key, srv_secret = tmp_path / "srv" / "engine.key", tmp_path / "srv" / "engine.key_secret"
     client_secret = tmp_path / "allow" / "router.key_secret"  # its .key beside it is the allow-list entry
@@ -225,72 +219,57 @@ def test_cli_keys_serve_and_tail_with_curve(tmp_path: Path) -> None:
         assert serve.stdout is not None
         started = serve.stdout.readline().split()
         live, replay = started[started.index("live") + 1], started[started.index("replay") + 1]
-        tail = subprocess.run(
-            _kv(
-                "tail",
-                live,
-                "--replay",
-                replay,
-                "--count",
-                "5",
-                "--duration",
-                "20",
-                "--curve-server-key",
-                str(srv_key),
-                "--curve-client-cert",
-                str(client_secret),
-            ),
-            capture_output=True,
-            text=True,
-            timeout=60,
+        tail = run(
+            "tail",
+            live,
+            "--replay",
+            replay,
+            "--count",
+            "5",
+            "--duration",
+            "20",
+            "--curve-server-key",
+            str(srv_key),
+            "--curve-client-cert",
+            str(client_secret),
         )
         assert tail.returncode == 0 and "Traceback" not in tail.stderr, tail.stderr
         lines = [x for x in tail.stdout.splitlines() if x.startswith("seq=")]
         assert len(lines) == 5 and lines[0].startswith("seq=0 replay"), tail.stdout
         # without the client's keys: nothing in 2 s
-        plain = subprocess.run(
-            _kv("tail", live, "--replay", replay, "--duration", "2"), capture_output=True, text=True, timeout=60
-        )
+        plain = run("tail", live, "--replay", replay, "--duration", "2")
         assert plain.returncode == 1 and plain.stdout.strip() == "", plain.stdout  # nothing received: exit 1
-        bad = subprocess.run(
-            _kv("tail", live, "--curve-server-key", str(tmp_path / "nope.key")),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        bad = invoke("tail", live, "--curve-server-key", str(tmp_path / "nope.key"))
         assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no such key file" in bad.stderr
     finally:
         serve.terminate()
         serve.communicate(timeout=30)
 
 
+@pytest.mark.subprocess
 def test_cli_serve_warns_once_on_a_plain_non_loopback_bind(tmp_path: Path) -> None:
     # two workers on 0.0.0.0, for a moment, with nothing connecting: one warning line
-    r = subprocess.run(
-        _kv(
-            "serve",
-            "--endpoint",
-            "tcp://0.0.0.0:0",
-            "--replay-endpoint",
-            "",
-            "--workers",
-            "2",
-            "--duration",
-            "0.2",
-            "--rate",
-            "5",
-        ),
-        capture_output=True,
-        text=True,
-        timeout=60,
+    r = run(
+        "serve",
+        "--endpoint",
+        "tcp://0.0.0.0:0",
+        "--replay-endpoint",
+        "",
+        "--workers",
+        "2",
+        "--duration",
+        "0.2",
+        "--rate",
+        "5",
     )
     assert r.returncode == 0, r.stderr
     warned = [x for x in r.stderr.splitlines() if "without CURVE" in x]
     assert len(warned) == 1 and warned[0].startswith("kvevents: warning: publisher on tcp://0.0.0.0:"), r.stderr
-    r = subprocess.run(_kv("serve", "--curve-allow", str(tmp_path)), capture_output=True, text=True, timeout=60)
+    r = invoke("serve", "--curve-allow", str(tmp_path))
     assert r.returncode == 2 and "--curve-allow needs --curve-secret" in r.stderr
 
 
+@pytest.mark.subprocess
 def test_cli_record_and_doctor_with_curve(keys: dict[str, Path], tmp_path: Path) -> None:
     pub = _curve_pub(keys)
     creds = ["--curve-client-cert", str(keys["client_secret"])]
@@ -298,61 +277,46 @@ def test_cli_record_and_doctor_with_curve(keys: dict[str, Path], tmp_path: Path)
         for events in chain_events(1, 3):
             pub.publish(events)
         out = tmp_path / "c.kvlog"
-        rec = subprocess.run(
-            _kv(
-                "record",
-                "--publisher",
-                f"w0={pub.endpoint},{pub.replay_endpoint}",
-                "-o",
-                str(out),
-                "--count",
-                "3",
-                "--duration",
-                "20",
-                "--curve-server-key",
-                f"w0={keys['server']}",
-                *creds,
-            ),
-            capture_output=True,
-            text=True,
-            timeout=60,
+        rec = run(
+            "record",
+            "--publisher",
+            f"w0={pub.endpoint},{pub.replay_endpoint}",
+            "-o",
+            str(out),
+            "--count",
+            "3",
+            "--duration",
+            "20",
+            "--curve-server-key",
+            f"w0={keys['server']}",
+            *creds,
         )
         assert rec.returncode == 0 and "no snapshot" not in rec.stderr, rec.stderr
         assert "after a snapshot of" in rec.stdout  # --from snapshot asked KVE/SNAPSHOT over CURVE
-        doc = subprocess.run(
-            _kv(
-                "doctor",
-                pub.endpoint,
-                "--replay",
-                pub.replay_endpoint or "",
-                "--timeout",
-                "1",
-                "--json",
-                "--curve-server-key",
-                str(keys["server"]),
-                *creds,
-            ),
-            capture_output=True,
-            text=True,
-            timeout=60,
+        doc = run(
+            "doctor",
+            pub.endpoint,
+            "--replay",
+            pub.replay_endpoint or "",
+            "--timeout",
+            "1",
+            "--json",
+            "--curve-server-key",
+            str(keys["server"]),
+            *creds,
         )
         checks = {c["name"]: c["status"] for c in json.loads(doc.stdout)["checks"]}  # (test hashes do not recompute)
         assert {checks[k] for k in ("batches arrive and decode", "replay answers", "describe answers")} == {"ok"}, (
             checks
         )
-        bad = subprocess.run(
-            _kv(
-                "record",
-                "--nats",
-                "nats://127.0.0.1:1",
-                "-o",
-                str(tmp_path / "n.kvlog"),
-                "--curve-server-key",
-                str(keys["server"]),
-            ),
-            capture_output=True,
-            text=True,
-            timeout=60,
+        bad = invoke(
+            "record",
+            "--nats",
+            "nats://127.0.0.1:1",
+            "-o",
+            str(tmp_path / "n.kvlog"),
+            "--curve-server-key",
+            str(keys["server"]),
         )
         assert bad.returncode == 2 and "apply to --publisher" in bad.stderr
     finally:
@@ -387,6 +351,7 @@ def test_publishers_sharing_a_context_share_one_authenticator(keys: dict[str, Pa
         ctx.term()
 
 
+@pytest.mark.subprocess
 def test_cli_fetch_and_replay_with_curve(keys: dict[str, Path], tmp_path: Path) -> None:
     """`fetch` pulls a CURVE publisher's replay buffer with the client flags (and gets nothing
     without them); `replay --curve-secret` republishes it encrypted, to allowed clients only."""
@@ -398,29 +363,14 @@ def test_cli_fetch_and_replay_with_curve(keys: dict[str, Path], tmp_path: Path) 
     try:
         for events in chain_events(1, 3):
             pub.publish(events)
-        plain = subprocess.run(
-            _kv("fetch", pub.replay_endpoint or "", "-o", str(tmp_path / "plain.kvlog"), "--timeout", "1"),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        plain = run("fetch", pub.replay_endpoint or "", "-o", str(tmp_path / "plain.kvlog"), "--timeout", "1")
         assert plain.returncode == 2 and "no replay answer" in plain.stderr, plain.stderr  # the handshake fails
-        got = subprocess.run(
-            _kv("fetch", pub.replay_endpoint or "", "-o", str(out), "--timeout", "5", *creds),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        got = run("fetch", pub.replay_endpoint or "", "-o", str(out), "--timeout", "5", *creds)
         assert got.returncode == 0, got.stderr
         fetched = [r.payload for r in read_records(str(out))]  # the 3 batches and the heartbeats between
         stored = [p for p in fetched if decode_batch(p).events]
         assert len(stored) == 3
-        nats = subprocess.run(
-            _kv("fetch", "--nats", "nats://127.0.0.1:1", "-o", str(tmp_path / "n.kvlog"), *creds),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        nats = invoke("fetch", "--nats", "nats://127.0.0.1:1", "-o", str(tmp_path / "n.kvlog"), *creds)
         assert nats.returncode == 2 and "not to --nats" in nats.stderr
     finally:
         pub.close()

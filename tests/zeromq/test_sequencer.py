@@ -5,25 +5,14 @@ from __future__ import annotations
 
 import msgspec
 
-from kvevents.events import BlockStored, KVEventBatch, encode_batch
 from kvevents.feed import Delivery, Reset
 from kvevents.zeromq.sequencer import DropDealer, Send, Sequencer
 from kvevents.zeromq.source import Source
 from kvevents.zeromq.wire import DESCRIBE_REQUEST, END_SEQ, SNAPSHOT_REQUEST, SNAPSHOT_SEQ, pack_seq
+from tests.helpers.clock import FakeClock as Clock
+from tests.helpers.payloads import one_store as payload
 
 SRC = Source("tcp://127.0.0.1:1", "tcp://127.0.0.1:2", "w")
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def payload(h: int = 1) -> bytes:
-    return encode_batch(KVEventBatch(1.0, [BlockStored([h], None, [1, 2], 2, None, "GPU", None)], 0))
 
 
 def live(seq: int, h: int | None = None) -> list[bytes]:
