@@ -1,10 +1,14 @@
 """Installed, not just checked out (issue 15): build the wheel, install it into a fresh virtual
 environment and run `kvevents golden`, `kvevents demo` and a `serve` + `tail` pair from there.
 
-The venv sees the system site-packages (the dependencies are not downloaded again) but imports
-kvevents from the wheel: the commands run from a temporary cwd and the test checks the module path.
-Building needs PyPI for the build backend (setuptools>=68, isolated build): when pip cannot build
-(offline), the test is skipped; KVEVENTS_SKIP_WHEEL=1 skips it too.
+The fresh venv is clean (no system site-packages) and sees the site directories of the interpreter
+running the tests, after its own: the dependencies come from the environment the suite runs in (a
+venv made for `pip install -e '.[test]'`, or the system Python), nothing is downloaded again, and
+kvevents is imported from the wheel (the commands run from a temporary cwd; the test checks the
+module path). `--system-site-packages` would not do: a venv made from a venv inherits the base
+interpreter's packages, not the outer venv's. Building needs PyPI for the build backend
+(setuptools>=68, isolated build): when pip cannot build (offline), the test is skipped;
+KVEVENTS_SKIP_WHEEL=1 skips it too.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.repo import REPO
 
 _IGNORE = shutil.ignore_patterns(
     ".git",
@@ -32,9 +38,12 @@ _IGNORE = shutil.ignore_patterns(
     ".ruff_cache",
     ".benchmarks",
 )
-from tests.helpers.repo import REPO
 
-pytestmark = pytest.mark.skipif(os.environ.get("KVEVENTS_SKIP_WHEEL") == "1", reason="KVEVENTS_SKIP_WHEEL=1")
+pytestmark = [
+    pytest.mark.skipif(os.environ.get("KVEVENTS_SKIP_WHEEL") == "1", reason="KVEVENTS_SKIP_WHEEL=1"),
+    pytest.mark.slow,
+    pytest.mark.subprocess,
+]
 
 
 def _env() -> dict[str, str]:
@@ -83,13 +92,9 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
             pytest.skip(f"pip cannot build the wheel offline: {built.stderr.strip().splitlines()[-1]}")
         raise AssertionError(f"wheel build failed:\n{built.stderr[-3000:]}")
     (wheel,) = wheels.glob("kvevents-*.whl")
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(env_dir)],
-        check=True,
-        timeout=120,
-        cwd=root,
-    )
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True, timeout=120, cwd=root)
     py = env_dir / "bin" / "python"
+    _see_this_environment(py)
     subprocess.run(
         [
             sys.executable,
@@ -113,6 +118,27 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         env=_env(),
     )
     return env_dir / "bin"
+
+
+def _site_dirs() -> list[str]:
+    """The site directories this interpreter imports installed packages from, in order (its venv's,
+    the base's when the venv sees them, the user's): never the checkout on sys.path."""
+    return [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
+
+
+def _see_this_environment(py: Path) -> None:
+    """Append this interpreter's site directories to the fresh venv's sys.path (a .pth of plain
+    paths: their own .pth files, e.g. an editable kvevents, are not run)."""
+    purelib = subprocess.run(
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=_env(),
+    ).stdout.strip()
+    dirs = _site_dirs()
+    assert dirs, f"no site directory on {sys.path}"
+    (Path(purelib) / "_kvevents_test_outer_env.pth").write_text("".join(f"{d}\n" for d in dirs))
 
 
 def _kv(bin_dir: Path, *args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -149,7 +175,7 @@ def test_golden_runs_from_the_installed_wheel(venv: Path, tmp_path: Path):
 
 
 def test_demo_runs_from_the_installed_wheel(venv: Path, tmp_path: Path):
-    r = _kv(venv, "demo", "--duration", "3", "--json", cwd=tmp_path, timeout=90)
+    r = _kv(venv, "demo", "--requests", "150", "--json", cwd=tmp_path, timeout=90)
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.loads(r.stdout)
     assert result["ok"] and all(result["checks"].values()) and result["requests"] > 0
