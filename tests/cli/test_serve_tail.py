@@ -39,7 +39,7 @@ def _endpoints(line: str) -> tuple[str, str]:
 
 
 def test_serve_two_workers_and_tail_text_and_json():
-    proc, lines = _start_serve("--workers", "2", "--duration", "4", "--rate", "200", "--heartbeat", "0.2")
+    proc, lines = _start_serve("--workers", "2", "--duration", "3", "--rate", "200", "--heartbeat", "0.2")
     try:
         live, replay = _endpoints(lines[1])
         assert "dp_rank 1" in lines[1]
@@ -132,7 +132,7 @@ def test_replay_cli_publishes_with_the_recorded_epoch(tmp_path):
         "--replay-endpoint",
         "tcp://127.0.0.1:*",
         "--delay",
-        "3",
+        "1.5",
         "--linger",
         "0",
         "--heartbeat",

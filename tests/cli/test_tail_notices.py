@@ -35,20 +35,28 @@ def _serve(*extra: str) -> tuple[subprocess.Popen, str, str]:
 
 
 def test_tail_joining_mid_stream_explains_the_loss_and_says_stale_once():
-    proc, live, _ = _serve("--rate", "100", "--duration", "2.5", "--heartbeat", "0.1")
-    try:
-        time.sleep(0.5)  # the stream is running when tail joins (what is being tested, not a sync)
-        r = run("tail", live, "--duration", "5", "--stale-after", "1", timeout=30)
+    proc, live, _ = _serve("--rate", "100", "--duration", "30", "--heartbeat", "0.1")
+    tail = None
+    try:  # tail joins a running stream (a tail starts in >0.3 s: 30 batches went by), which then stops
+        tail = spawn("tail", live, "--duration", "3", "--stale-after", "1")
+        assert tail.stdout is not None
+        first = tail.stdout.readline()
+        assert first.startswith("seq="), first
+        proc.kill()  # silence from now on: stale once, after 1 s
+        rest, err = tail.communicate(timeout=30)
     finally:
-        proc.kill()
-        proc.wait()
-    assert r.returncode == 0, r.stderr
-    assert any(ln.startswith("seq=") for ln in r.stdout.splitlines())
-    assert "!" not in r.stdout  # notices on stderr only (no --json)
-    loss = [ln for ln in r.stderr.splitlines() if ln.startswith("! losses")]
-    assert loss == ["! losses (total 1): joined mid-stream without --replay: earlier batches not seen"], r.stderr
-    stale = (r.stdout + r.stderr).count("publisher stale")
-    assert stale == 1, r.stderr
+        for p in (proc, tail):
+            if p is not None and p.poll() is None:
+                p.kill()
+            if p is not None:
+                p.communicate()
+    assert tail.returncode == 0, err
+    out = first + rest
+    assert "!" not in out  # notices on stderr only (no --json)
+    loss = [ln for ln in err.splitlines() if ln.startswith("! losses")]
+    assert loss == ["! losses (total 1): joined mid-stream without --replay: earlier batches not seen"], err
+    stale = (out + err).count("publisher stale")
+    assert stale == 1, err
 
 
 def test_tail_json_keeps_notices_on_stdout_as_json():

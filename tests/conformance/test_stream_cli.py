@@ -226,7 +226,7 @@ def test_a_curve_publisher_is_judged_with_the_client_flags(tmp_path) -> None:
         ok = kve(*args, "--curve-server-key", str(server), "--curve-client-cert", str(client_secret))
         assert ok.returncode == 0, ok.stdout + ok.stderr
         assert json.loads(ok.stdout)["ok"]
-        refused = kve(*args)
+        refused = kve(*args[:-2], "0.5", "--reply-timeout", "0.3", "--json")  # nothing can arrive: no need to wait long
         assert refused.returncode == 1 and not json.loads(refused.stdout)["ok"]
     finally:
         proc.terminate()

@@ -1,4 +1,6 @@
-"""`kvevents demo` and `kvevents route` as a user runs them (subprocesses; bad flags in-process)."""
+"""`kvevents demo` and `kvevents route` as a user runs them: `route` and one time-bound demo as
+subprocesses; the reproducible `--requests N --json` demos and bad flags in-process (the demo
+starts its own publishers and router either way)."""
 
 from __future__ import annotations
 
@@ -17,9 +19,8 @@ from kvevents.zeromq.publisher import Publisher
 from tests.helpers.cli import invoke, run, spawn
 
 
-@pytest.mark.subprocess
 def test_demo_json_exits_0_with_every_check_true():
-    proc = run("demo", "--duration", "3", "--json", "--seed", "2")
+    proc = invoke("demo", "--requests", "300", "--json", "--seed", "2")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["checks"] and all(out["checks"].values()), out["checks"]
@@ -33,11 +34,10 @@ def test_demo_json_exits_0_with_every_check_true():
     assert out["policies"]["prefix"]["device_hit_rate"] > out["policies"]["random"]["device_hit_rate"]
 
 
-@pytest.mark.subprocess
 def test_demo_one_worker_heals_the_drop_before_the_restart():
     """With one worker the drop and the restart hit the same publisher: replay must heal first."""
     for seed in ("0", "5"):
-        proc = run("demo", "--workers", "1", "--duration", "2", "--json", "--seed", seed)
+        proc = invoke("demo", "--workers", "1", "--requests", "150", "--json", "--seed", seed)
         assert proc.returncode == 0, proc.stderr
         out = json.loads(proc.stdout)
         assert all(out["checks"].values()), out["checks"]
@@ -148,10 +148,9 @@ def test_demo_tables_exit_0():
     assert "FAIL" not in proc.stdout
 
 
-@pytest.mark.subprocess
 def test_demo_mixed_fleet_routes_vllm_workers_like_contract_workers():
     """The default fleet: 2 contract + 2 vLLM 0.33 workers, one router keying each source right."""
-    proc = run("demo", "--duration", "2", "--json", "--seed", "3")
+    proc = invoke("demo", "--requests", "200", "--json", "--seed", "3")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["fleet"] == "mixed" and sorted(out["engines"].values()) == ["contract", "contract", "vllm", "vllm"]
@@ -165,9 +164,8 @@ def test_demo_mixed_fleet_routes_vllm_workers_like_contract_workers():
     assert out["checks"]["router_index_equals_worker_caches"]  # vLLM workers' caches, keyed by tokens, included
 
 
-@pytest.mark.subprocess
 def test_demo_contract_fleet_and_a_bad_fleet():
-    proc = run("demo", "--duration", "1", "--workers", "2", "--json", "--fleet", "contract", "--seed", "1")
+    proc = invoke("demo", "--requests", "100", "--workers", "2", "--json", "--fleet", "contract", "--seed", "1")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert (

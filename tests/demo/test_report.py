@@ -7,18 +7,15 @@ import json
 import re
 from pathlib import Path
 
-import pytest
-
 from kvevents.demo.report import _ticks, line_chart
-from tests.helpers.cli import invoke, run
+from tests.helpers.cli import invoke
 
 URL = re.compile(r"(?i)(?:https?:|ftp:|wss?:)?//[a-z0-9.-]+")
 
 
-@pytest.mark.subprocess
 def test_demo_html_report(tmp_path: Path):
     out = tmp_path / "report.html"
-    proc = run("demo", "--duration", "3", "--seed", "2", "--json", "--html", str(out), timeout=90)
+    proc = invoke("demo", "--duration", "2", "--seed", "2", "--json", "--html", str(out))
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert f"report written to {out}" in proc.stderr

@@ -56,14 +56,15 @@ def _curve_pub(keys: dict[str, Path], allow: bool = True) -> Publisher:
 
 
 def _received(src: Source, until: int = 0) -> list:
-    """What a Subscriber on `src` gets: in 1 s (until=0, for clients that must get nothing), or
+    """What a Subscriber on `src` gets: in 0.5 s (until=0, for clients that must get nothing: ten
+    heartbeat intervals, an allowed client has its first batch in a few ms), or
     once `until` deliveries arrived (10 s at most: a loaded machine may be slow to shake hands)."""
     sub = Subscriber([src], request_timeout_s=0.5)
     got: list = []
     try:
         if until:
             return collect(sub, lambda xs: sum(isinstance(x, Delivery) for x in xs) >= until, timeout=10.0)
-        for _ in range(40):
+        for _ in range(20):
             got.extend(sub.poll(0.025))
     finally:
         sub.stop()
@@ -236,8 +237,8 @@ def test_cli_keys_serve_and_tail_with_curve(tmp_path: Path) -> None:
         assert tail.returncode == 0 and "Traceback" not in tail.stderr, tail.stderr
         lines = [x for x in tail.stdout.splitlines() if x.startswith("seq=")]
         assert len(lines) == 5 and lines[0].startswith("seq=0 replay"), tail.stdout
-        # without the client's keys: nothing in 2 s
-        plain = run("tail", live, "--replay", replay, "--duration", "2")
+        # without the client's keys: nothing in 1 s (the publisher sends 50 batches a second)
+        plain = run("tail", live, "--replay", replay, "--duration", "1")
         assert plain.returncode == 1 and plain.stdout.strip() == "", plain.stdout  # nothing received: exit 1
         bad = invoke("tail", live, "--curve-server-key", str(tmp_path / "nope.key"))
         assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no such key file" in bad.stderr
