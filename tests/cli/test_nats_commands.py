@@ -17,7 +17,7 @@ from kvevents.jetstream.link import NatsOptions
 from kvevents.sim.worker import Request
 from kvevents.testing.nats import NatsServer, nats_server_binary
 from kvevents.zeromq.publisher import publish_steps
-from tests.helpers.cli import run, spawn
+from tests.helpers.cli import invoke, spawn
 from tests.helpers.jetstream import Engine
 from tests.helpers.wait import wait_until
 
@@ -103,21 +103,23 @@ def test_record_durable_resumes_replay_and_doctor_over_nats(fleet, tmp_path):
     log = str(tmp_path / "kv.kvlog")
     e.step(30)
     time.sleep(0.5)
-    p = run("record", "--nats", srv.url, "--stream", "KV", "--durable", "rec", "-o", log, "--duration", "2")
+    p = invoke("record", "--nats", srv.url, "--stream", "KV", "--durable", "rec", "-o", log, "--duration", "2")
     assert p.returncode == 0, p.stderr
     e.step(30)
-    p = run("record", "--nats", srv.url, "--stream", "KV", "--durable", "rec", "-o", log, "--append", "--duration", "2")
+    p = invoke(
+        "record", "--nats", srv.url, "--stream", "KV", "--durable", "rec", "-o", log, "--append", "--duration", "2"
+    )
     assert p.returncode == 0, p.stderr
     seqs = [r.seq for r in select_records(log, on_damage=lambda d: None) if r.kind == "live"]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))) and seqs[-1] >= e.last_seq() - 5
 
-    p = run("fetch", "--nats", srv.url, "--stream", "KV", "--into-index", "--json")
+    p = invoke("fetch", "--nats", srv.url, "--stream", "KV", "--into-index", "--json")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["copies"] == sum(e.truth().values())
 
-    p = run("doctor", "--nats", srv.url, "--stream", "KV", "--json")
+    p = invoke("doctor", "--nats", srv.url, "--stream", "KV", "--json")
     assert p.returncode == 0, p.stdout + p.stderr
     rep = json.loads(p.stdout)
     assert rep["ok"] and {c["name"] for c in rep["checks"]} >= {"stream exists", "sources", "snapshots", "lag"}
-    p = run("doctor", "--nats", srv.url, "--stream", "NOPE")
+    p = invoke("doctor", "--nats", srv.url, "--stream", "NOPE")
     assert p.returncode == 1 and "stream exists" in p.stderr + p.stdout

@@ -28,7 +28,6 @@ from kvevents.zeromq.publisher import Publisher  # noqa: E402
 from kvevents.zeromq.wire import pack_seq  # noqa: E402
 from tests.helpers.cli import argv as _kv
 from tests.helpers.cli import invoke
-from tests.helpers.cli import run as _run
 from tests.helpers.repo import README, REPO
 
 PAGE = 4
@@ -46,10 +45,9 @@ def refusing_endpoint() -> Iterator[str]:
 
 
 # ---------------------------------------------------------------- nothing received
-@pytest.mark.subprocess
 def test_record_with_nothing_received_says_so_and_exits_1(tmp_path: Path, refusing_endpoint: str) -> None:
     out = tmp_path / "none.kvlog"
-    r = _run("record", "--publisher", f"w0={refusing_endpoint}", "-o", str(out), "--duration", "3.5")
+    r = invoke("record", "--publisher", f"w0={refusing_endpoint}", "-o", str(out), "--duration", "3.5")
     assert r.returncode == 1, (r.stdout, r.stderr)
     err = r.stderr.splitlines()
     assert err[0] == f"kvevents: connecting to w0 at {refusing_endpoint}"

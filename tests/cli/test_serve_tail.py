@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.helpers.cli import invoke, run, spawn
+from tests.helpers.cli import invoke, spawn
 
 pytestmark = pytest.mark.subprocess
 
@@ -43,11 +43,11 @@ def test_serve_two_workers_and_tail_text_and_json():
     try:
         live, replay = _endpoints(lines[1])
         assert "dp_rank 1" in lines[1]
-        text = run("tail", live, "--replay", replay, "--count", "5", "--duration", "8", timeout=20)
+        text = invoke("tail", live, "--replay", replay, "--count", "5", "--duration", "8")
         assert text.returncode == 0, text.stderr
         batch_lines = [ln for ln in text.stdout.splitlines() if ln.startswith("seq=")]
         assert batch_lines[0].startswith("seq=0 replay rank=1") and len(batch_lines) == 5
-        js = run("tail", live, "--replay", replay, "--count", "3", "--json", "--duration", "8", timeout=20)
+        js = invoke("tail", live, "--replay", replay, "--count", "3", "--json", "--duration", "8")
         assert js.returncode == 0, js.stderr
         objs = [json.loads(ln) for ln in js.stdout.splitlines()]
         batches = [o for o in objs if o["type"] in ("batch", "heartbeat")]
@@ -100,7 +100,7 @@ def test_tail_reports_heartbeats_and_bad_endpoint():
     proc, lines = _start_serve("--rate", "0.5", "--duration", "3", "--heartbeat", "0.1")
     try:
         live, replay = _endpoints(lines[0])
-        r = run("tail", live, "--count", "4", "--duration", "5", timeout=15)
+        r = invoke("tail", live, "--count", "4", "--duration", "5")
         assert r.returncode == 0 and "heartbeat" in r.stdout
     finally:
         proc.kill()

@@ -1,6 +1,6 @@
 """`kvevents tail` as a newcomer meets it (issue 15): it says what it connects to and exits 1 on
 nothing, its notices explain themselves. Subprocesses on loopback, ephemeral ports read back from
-`serve`'s first line."""
+`serve`'s first line; `tail` itself in-process through the real entry point."""
 
 from __future__ import annotations
 
@@ -10,14 +10,12 @@ import time
 
 import pytest
 
-from tests.helpers.cli import run, spawn
-
-pytestmark = pytest.mark.subprocess
+from tests.helpers.cli import invoke, spawn
 
 
 def test_tail_on_nothing_says_connecting_hints_doctor_and_exits_1():
     t0 = time.monotonic()
-    r = run("tail", "tcp://127.0.0.1:1", "--duration", "3.5", timeout=30)
+    r = invoke("tail", "tcp://127.0.0.1:1", "--duration", "3.5")
     assert r.returncode == 1 and r.stdout == "", (r.stdout, r.stderr)
     lines = r.stderr.splitlines()
     assert lines[0].startswith("kvevents tail: connecting to tcp://127.0.0.1:1")
@@ -34,6 +32,7 @@ def _serve(*extra: str) -> tuple[subprocess.Popen, str, str]:
     return proc, first[first.index("live") + 1], first[first.index("replay") + 1]
 
 
+@pytest.mark.subprocess
 def test_tail_joining_mid_stream_explains_the_loss_and_says_stale_once():
     proc, live, _ = _serve("--rate", "100", "--duration", "30", "--heartbeat", "0.1")
     tail = None
@@ -59,10 +58,11 @@ def test_tail_joining_mid_stream_explains_the_loss_and_says_stale_once():
     assert stale == 1, err
 
 
+@pytest.mark.subprocess
 def test_tail_json_keeps_notices_on_stdout_as_json():
     proc, live, replay = _serve("--rate", "50", "--duration", "2", "--heartbeat", "0.1")
     try:
-        r = run("tail", live, "--replay", replay, "--json", "--count", "3", "--duration", "8", timeout=30)
+        r = invoke("tail", live, "--replay", replay, "--json", "--count", "3", "--duration", "8")
     finally:
         proc.kill()
         proc.wait()

@@ -1,5 +1,5 @@
-"""`kvevents conformance stream` against `kvevents serve`, both run as a user would (subprocesses;
-help text and usage errors in-process)."""
+"""`kvevents conformance stream` against `kvevents serve` as a user starts it (a subprocess); the kit's
+command runs in-process through the real entry point."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from kvevents.conformance.stream import StreamObserver, StreamOptions
 from kvevents.testing.zeromq import EPH
 from kvevents.zeromq.publisher import Publisher
 from tests.helpers.cli import invoke, one_line_error, spawn
-from tests.helpers.cli import run as kve
+from tests.helpers.cli import invoke as kve
 
 BANNER = re.compile(r"live (\S+) replay (\S+)")
 

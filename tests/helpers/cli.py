@@ -2,16 +2,22 @@
 
 - `invoke`: in-process through the real entry point (`kvevents.cli.main`, which maps every error
   to one stderr line and an exit code) inside typer's `CliRunner` isolation. For text-only
-  commands: help, versions, hashes, golden checks, usage errors that need no socket.
+  commands (help, versions, hashes, golden checks, log files, usage errors) and for client
+  commands that end by themselves (`tail --count`, `record --count`, `fetch`, `doctor`,
+  `conformance stream`): no interpreter to start, the same code path from argv on.
 - `run` / `spawn`: a `python -m kvevents` subprocess, for commands that serve, connect or are
   killed; the calling test must carry `@pytest.mark.subprocess` (checked).
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,13 +39,37 @@ class CliResult:
     stderr: str
 
 
+@contextmanager
+def _process_state_kept() -> Iterator[None]:
+    """What a command changes for its process, put back after it: the `kvevents` loggers' handlers
+    (bound to the runner's streams), their levels and propagation, the SIGINT/SIGTERM handlers."""
+    manager = logging.Logger.manager
+    before = {
+        name: (list(lg.handlers), lg.propagate, lg.level)
+        for name, lg in manager.loggerDict.items()
+        if isinstance(lg, logging.Logger) and name.split(".")[0] == "kvevents"
+    }
+    signals = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for name, lg in list(manager.loggerDict.items()):
+            if isinstance(lg, logging.Logger) and name.split(".")[0] == "kvevents":
+                handlers, lg.propagate, level = before.get(name, ([], True, logging.NOTSET))
+                lg.handlers = handlers
+                lg.setLevel(level)
+        for sig, handler in signals.items():
+            signal.signal(sig, handler)
+
+
 def invoke(*args: str, env: dict[str, str] | None = None) -> CliResult:
     """`kvevents ARGS` in this process: its exit code, stdout and stderr (help at 120 columns, no
-    colour); never a traceback on stderr."""
+    colour); never a traceback on stderr. For commands that end by themselves (never one a test
+    must signal); the loggers and signal handlers a command sets up are undone after it."""
     from kvevents.cli import main
 
     runner = CliRunner()
-    with runner.isolation(env={**_ENV, **(env or {})}) as (out, err, _mixed):
+    with _process_state_kept(), runner.isolation(env={**_ENV, **(env or {})}) as (out, err, _mixed):
         try:
             code: Any = main(list(args))
         except SystemExit as exc:

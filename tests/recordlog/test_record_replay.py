@@ -15,7 +15,7 @@ from kvevents.recordlog import RecordWriter, read_records
 pytest.importorskip("kvevents.zeromq.publisher")
 from kvevents.zeromq.publisher import Publisher  # noqa: E402
 from tests.helpers.cli import argv as _kv  # noqa: E402
-from tests.helpers.cli import invoke, run  # noqa: E402
+from tests.helpers.cli import invoke  # noqa: E402
 
 PAGE = 4
 
@@ -172,7 +172,7 @@ def test_fetch_pulls_the_replay_buffer(tmp_path: Path) -> None:
     try:
         sent = [pub.publish([]) for _ in range(15)]
         out = tmp_path / "f.kvlog"
-        r = run("fetch", pub.replay_endpoint, "--since", "2", "-o", str(out), timeout=30)
+        r = invoke("fetch", pub.replay_endpoint, "--since", "2", "-o", str(out))
     finally:
         pub.close()
     assert r.returncode == 0, r.stderr

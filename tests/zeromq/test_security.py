@@ -220,7 +220,7 @@ def test_cli_keys_serve_and_tail_with_curve(tmp_path: Path) -> None:
         assert serve.stdout is not None
         started = serve.stdout.readline().split()
         live, replay = started[started.index("live") + 1], started[started.index("replay") + 1]
-        tail = run(
+        tail = invoke(
             "tail",
             live,
             "--replay",
@@ -238,7 +238,7 @@ def test_cli_keys_serve_and_tail_with_curve(tmp_path: Path) -> None:
         lines = [x for x in tail.stdout.splitlines() if x.startswith("seq=")]
         assert len(lines) == 5 and lines[0].startswith("seq=0 replay"), tail.stdout
         # without the client's keys: nothing in 1 s (the publisher sends 50 batches a second)
-        plain = run("tail", live, "--replay", replay, "--duration", "1")
+        plain = invoke("tail", live, "--replay", replay, "--duration", "1")
         assert plain.returncode == 1 and plain.stdout.strip() == "", plain.stdout  # nothing received: exit 1
         bad = invoke("tail", live, "--curve-server-key", str(tmp_path / "nope.key"))
         assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "no such key file" in bad.stderr
@@ -278,7 +278,7 @@ def test_cli_record_and_doctor_with_curve(keys: dict[str, Path], tmp_path: Path)
         for events in chain_events(1, 3):
             pub.publish(events)
         out = tmp_path / "c.kvlog"
-        rec = run(
+        rec = invoke(
             "record",
             "--publisher",
             f"w0={pub.endpoint},{pub.replay_endpoint}",
@@ -294,7 +294,7 @@ def test_cli_record_and_doctor_with_curve(keys: dict[str, Path], tmp_path: Path)
         )
         assert rec.returncode == 0 and "no snapshot" not in rec.stderr, rec.stderr
         assert "after a snapshot of" in rec.stdout  # --from snapshot asked KVE/SNAPSHOT over CURVE
-        doc = run(
+        doc = invoke(
             "doctor",
             pub.endpoint,
             "--replay",
@@ -364,9 +364,9 @@ def test_cli_fetch_and_replay_with_curve(keys: dict[str, Path], tmp_path: Path) 
     try:
         for events in chain_events(1, 3):
             pub.publish(events)
-        plain = run("fetch", pub.replay_endpoint or "", "-o", str(tmp_path / "plain.kvlog"), "--timeout", "1")
+        plain = invoke("fetch", pub.replay_endpoint or "", "-o", str(tmp_path / "plain.kvlog"), "--timeout", "1")
         assert plain.returncode == 2 and "no replay answer" in plain.stderr, plain.stderr  # the handshake fails
-        got = run("fetch", pub.replay_endpoint or "", "-o", str(out), "--timeout", "5", *creds)
+        got = invoke("fetch", pub.replay_endpoint or "", "-o", str(out), "--timeout", "5", *creds)
         assert got.returncode == 0, got.stderr
         fetched = [r.payload for r in read_records(str(out))]  # the 3 batches and the heartbeats between
         stored = [p for p in fetched if decode_batch(p).events]
