@@ -45,6 +45,7 @@ def refusing_endpoint() -> Iterator[str]:
 
 
 # ---------------------------------------------------------------- nothing received
+@pytest.mark.slow
 def test_record_with_nothing_received_says_so_and_exits_1(tmp_path: Path, refusing_endpoint: str) -> None:
     out = tmp_path / "none.kvlog"
     r = invoke("record", "--publisher", f"w0={refusing_endpoint}", "-o", str(out), "--duration", "3.5")

@@ -13,6 +13,7 @@ import pytest
 from tests.helpers.cli import invoke, spawn
 
 
+@pytest.mark.slow
 def test_tail_on_nothing_says_connecting_hints_doctor_and_exits_1():
     t0 = time.monotonic()
     r = invoke("tail", "tcp://127.0.0.1:1", "--duration", "3.5")

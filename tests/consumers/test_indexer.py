@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -159,6 +160,7 @@ def test_index_matches_a_plain_reference_model(ops, small):
     assert len(idx) == sum(model.values())
 
 
+@pytest.mark.slow
 def test_index_equals_union_of_sim_caches_after_long_lossy_workload():
     """Many steps with restarts; lost batches are healed the way a subscriber would: a replayed
     batch is applied in order, an unrecoverable loss becomes drop_source + a rebuild (snapshot)."""

@@ -443,6 +443,7 @@ def _model_prefixes(holdings, chain, lora, strict):
     return out
 
 
+@pytest.mark.slow
 @given(st.data())
 def test_lookup_over_crowded_tables_equals_a_model(data):
     """Random holdings of keys crowding a few home buckets (a third or more spill), several

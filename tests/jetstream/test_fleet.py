@@ -116,6 +116,7 @@ def test_bridge_killed_and_restarted_no_loss_no_duplicate(nats_server):
         e.close()
 
 
+@pytest.mark.slow
 def test_nats_server_restart_loses_nothing_acknowledged(nats_server):
     e = Engine("w0", 6)
     bridge = _bridge(nats_server.url, [e])

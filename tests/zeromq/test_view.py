@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -74,6 +75,7 @@ _single = st.one_of(
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300)
 @given(st.lists(st.lists(st.one_of(_event, _single, _single), max_size=8), max_size=12))
 def test_apply_matches_the_reference_model(batches):
