@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.repo import REPO
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -19,6 +19,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
 
 
+@pytest.mark.subprocess
 def test_without_sglang_it_says_so_in_one_line() -> None:
     if importlib.util.find_spec("sglang") is not None:
         pytest.skip("SGLang is installed here")
@@ -30,6 +31,7 @@ def test_without_sglang_it_says_so_in_one_line() -> None:
     assert "SGLang is needed" in lines[0] and "Traceback" not in p.stderr
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("config", ["{not json", "[1, 2]"])
 def test_bad_config_is_a_usage_error(config: str) -> None:
     p = _run("--module", "m", "--class", "C", "--config", config)

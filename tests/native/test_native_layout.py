@@ -78,6 +78,7 @@ print(native.describe())
 """
 
 
+@pytest.mark.subprocess
 @needs_c
 def test_an_extension_built_for_another_layout_is_refused_and_the_python_twins_run():
     from kvevents.native import _speedups
