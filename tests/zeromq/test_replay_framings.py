@@ -28,7 +28,8 @@ from kvevents.testing.zeromq import apply, stored
 from kvevents.zeromq.framing import NO_TOPIC_FRAMING, TOPIC_FRAMING
 from kvevents.zeromq.subscriber import Delivery, Reset, Source, Subscriber
 from kvevents.zeromq.wire import END_SEQ, pack_seq
-from tests.helpers.conformance_fakes import FakeEngine, observe_fake, payload
+from tests.helpers.conformance_fakes import FakeEngine, observe_fake
+from tests.helpers.payloads import batch as payload
 
 FRAMING_NAMES = {3: NO_TOPIC_FRAMING, 4: TOPIC_FRAMING}
 BEFORE, LIVE = 40, 40  # batches kept in the ring before the subscriber joins, then sent live
