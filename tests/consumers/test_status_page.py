@@ -180,6 +180,7 @@ def test_get_root_is_the_page_rendered_without_javascript(live):
 @pytest.mark.subprocess
 def test_status_json_adds_adapters_activity_and_score(live):
     live.service.status.adapter_refresh_s = 0  # recount copies by adapter on every call (default: every 5 s)
+
     def adapters_add_up(s: dict) -> bool:
         # /workers and the adapter count take the index lock one after the other: batches may land
         # between (a loaded box lands many), so a sample whose counts agree must come soon
