@@ -18,6 +18,7 @@ from rich.console import Console
 
 from kvevents.cli.app import CheckFailed, app, user_error
 from kvevents.cli.keys import CLIENT_CERT_HELP, SERVER_KEYS_HELP, with_curve
+from kvevents.cli.route_front import API_KEY_ENV, READ_ONLY_KEY_ENV, front_security, make_proxy, served, worker_urls
 
 
 def _host_port(spec: str) -> tuple[str, int]:
@@ -90,6 +91,35 @@ def route_cmd(
         help="A Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json with its chat "
         "template): /score then takes prompt (text) or messages (chat) as the engine tokenizes them.",
     ),
+    proxy: bool = typer.Option(
+        False,
+        "--proxy",
+        help="Also serve OpenAI's /v1/completions, /v1/chat/completions and /v1/models, each request sent to "
+        "the best-ranked worker (README: The proxy).",
+    ),
+    worker_url: list[str] = typer.Option(
+        [],
+        "--worker-url",
+        help="NAME=http://HOST:PORT: where the proxy sends publisher NAME's requests (every dp rank); "
+        "NAME#dpR=URL for rank R alone. Repeatable.",
+    ),
+    upstream_timeout: float = typer.Option(
+        600.0, "--upstream-timeout", help="Proxy: seconds to wait for a worker's next byte (> 0)."
+    ),
+    api_key: Optional[str] = typer.Option(
+        None,
+        "--api-key",
+        envvar=API_KEY_ENV,
+        help="A bearer token every endpoint but /healthz requires (Authorization: Bearer KEY).",
+    ),
+    read_only_key: Optional[str] = typer.Option(
+        None,
+        "--read-only-key",
+        envvar=READ_ONLY_KEY_ENV,
+        help="A second token for GET /workers, /status.json, / and /metrics only (no copies by adapter).",
+    ),
+    tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help="Serve HTTPS with this PEM certificate (chain)."),
+    tls_key: Optional[str] = typer.Option(None, "--tls-key", help="The PEM private key of --tls-cert."),
 ) -> None:
     """Subscribe to publishers, keep a block index, and rank workers for requests over HTTP.
 
@@ -125,6 +155,8 @@ def route_cmd(
         user_error(str(exc))
     host, port = _host_port(http)
     renderer = _renderer(tokenizer)
+    urls = worker_urls(proxy, worker_url)
+    security = front_security(api_key, read_only_key, tls_cert, tls_key, host)
     # this command prints its own stale / back lines (below): the subscriber's warning would repeat them
     logging.getLogger("kvevents.zeromq.subscriber").setLevel(logging.ERROR)
     if nats_url is not None:  # kvevents.cli.nats: the JetStream feed (one line while NATS is unreachable)
@@ -155,13 +187,16 @@ def route_cmd(
     stop = threading.Event()
     try:
         try:
+            front = make_proxy(service, urls, upstream_timeout, max_connections, security)
             service.start()
-            bound = service.serve_http(host, port, HttpLimits(max_connections=max_connections))
+            limits = HttpLimits(max_connections=max_connections)
+            bound = service.serve_http(host, port, limits, security=security, proxy=front)
         except ValueError as exc:
             user_error(str(exc))
+        scheme = "https" if security.tls else "http"
         sys.stderr.write(
-            f"kvevents route: {f'stream {stream}' if nats_url else f'{len(sources)} publisher(s)'}; http://{bound[0]}:{bound[1]} "
-            "(status page at /, POST /score, GET /workers, GET /metrics, GET /openapi.json); Ctrl-C to stop\n"
+            f"kvevents route: {f'stream {stream}' if nats_url else f'{len(sources)} publisher(s)'}; {scheme}://{bound[0]}:{bound[1]} "
+            f"({served(front)}); Ctrl-C to stop\n"
         )
         sys.stderr.flush()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -71,8 +71,8 @@ def serve(
     http: Optional[str] = typer.Option(
         None,
         "--http",
-        help="Also serve an OpenAI-compatible /v1/completions on HOST:PORT (0: a free port) feeding worker w0: "
-        "token-id prompts, model = adapter, cache_salt.",
+        help="Also serve an OpenAI-compatible /v1/completions for every worker: worker i on HOST:PORT+i "
+        "(port 0: each a free one, printed); token-id prompts, model = adapter, cache_salt, stream.",
     ),
 ) -> None:
     """Run simulated engine workers, each publishing its KV events; a status line per second."""
@@ -153,17 +153,9 @@ def serve(
             f"{_STARTED} worker w{i} dp_rank {i} live {p.endpoint} replay {p.replay_endpoint or '-'} "
             f"epoch {p.epoch}{metrics}"
         )
-    lock, web = threading.Lock(), None  # --http: its thread and the loop below take turns on the workers
-    if http is not None:
-        from kvevents.sim.http import BASE_MODEL, serve_http
-
-        try:
-            web = serve_http(http, sims[0], pubs[0], lock)
-        except ValueError as exc:
-            for p in pubs:
-                p.close(0)
-            user_error(str(exc))
-        _out(f"{_STARTED} http {web.url}/v1/completions (worker w0; model {BASE_MODEL} = no adapter)")
+    # --http: each worker's endpoint and the loop below take turns on it (a lock per worker)
+    locks = [threading.Lock() for _ in sims]
+    webs = _serve_http(http, sims, pubs, locks)
     stop = {"flag": False}
 
     def _on_term(signum: int, frame: Any) -> None:
@@ -187,7 +179,7 @@ def serve(
                 time.sleep(min(next_req - now, max(0.0, next_status - now), 0.05))
                 continue
             k = served % workers
-            with lock:
+            with locks[k]:
                 serve_and_publish(sims[k], next(loads[k]), pubs[k])
             served += 1
             next_req += interval
@@ -195,10 +187,32 @@ def serve(
         pass
     finally:
         signal.signal(signal.SIGTERM, old)
-        if web is not None:
+        for web in webs:
             web.close()
         unsent = sum(p.close(1.0) for p in pubs)
         _out(_status_line(time.monotonic() - t0, served, sims, pubs) + f" stopped unsent={unsent}")
+
+
+def _serve_http(spec: str | None, sims: list, pubs: list, locks: list) -> list:
+    """`serve --http`: a /v1/completions per worker (worker i on port + i), a banner line each;
+    a bad or busy address closes the publishers and exits 2 with one line."""
+    if spec is None:
+        return []
+    from kvevents.sim.http import BASE_MODEL, serve_http, worker_addresses
+
+    webs: list = []
+    try:
+        for address, sim, pub, lock in zip(worker_addresses(spec, len(sims)), sims, pubs, locks):
+            webs.append(serve_http(address, sim, pub, lock))
+    except ValueError as exc:
+        for web in webs:
+            web.close()
+        for p in pubs:
+            p.close(0)
+        user_error(str(exc))
+    for i, web in enumerate(webs):
+        _out(f"{_STARTED} http {web.url}/v1/completions (worker w{i}; model {BASE_MODEL} = no adapter)")
+    return webs
 
 
 def _after(endpoint: str, workers: int) -> str:
