@@ -395,8 +395,7 @@ class RouterService:
             return self.index.worker_adapter_counts()
 
     def set_inflight_source(self, fn: InflightSource | None) -> None:
-        """Where the router's own in-flight load per worker comes from: `fn()` -> {WorkerKey:
-        (prefill_blocks, decode_blocks)} (kvevents.consumers.service.proxy counts the requests it proxies)."""
+        """The router's own in-flight load: `fn()` -> {WorkerKey: (prefill_blocks, decode_blocks)} (the proxy's)."""
         self.inflight_source = fn
 
     def add_status_section(self, name: str, view: Callable[[], Any]) -> None:
@@ -463,18 +462,11 @@ class RouterService:
     # ---------------------------------------------------------------- HTTP
 
     def serve_http(
-        self,
-        host: str = "127.0.0.1",
-        port: int = 8080,
-        limits: Any = None,
-        *,
-        security: Any = None,
-        proxy: Any = None,
+        self, host: str = "127.0.0.1", port: int = 8080, limits: Any = None, *, security: Any = None, proxy: Any = None
     ) -> tuple[str, int]:
-        """Serve HTTP (FastAPI on uvicorn) on a background thread; returns the bound (host, port)
-        (port 0: a free one). `limits`: a kvevents.consumers.service.http_api.HttpLimits (defaults otherwise);
-        `security`: a kvevents.consumers.service.auth.HttpSecurity (keys, TLS); `proxy`: a
-        kvevents.consumers.service.proxy.Proxy whose /v1 endpoints are served too."""
+        """Serve HTTP (FastAPI on uvicorn) on a background thread; returns the bound (host, port) (port 0:
+        a free one). `limits`: a service.http_api.HttpLimits (defaults otherwise); `security`: a
+        service.auth.HttpSecurity (keys, TLS); `proxy`: a service.proxy.Proxy (its /v1 endpoints too)."""
         from kvevents.consumers.service.http_api import HttpLimits, HttpServer, build_app
 
         if self._http is not None:

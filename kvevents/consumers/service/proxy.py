@@ -85,6 +85,15 @@ class _Failed(Exception):
         self.kind, self.retry = kind, retry
 
 
+def _decode(body: bytes) -> Any:
+    """The request's JSON: msgspec (~3x faster on token lists), else the standard library, which
+    takes what msgspec refuses but an engine may not (numbers past 64 bits)."""
+    try:
+        return msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return json.loads(body)
+
+
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> Response:
     body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
     return Response(_json.encode(body) + b"\n", status, media_type="application/json")
@@ -130,6 +139,7 @@ class Proxy:
         self.metrics = ProxyMetrics(service.metrics.registry, self.metrics_snapshot)
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._listing: asyncio.Task[list[dict[str, Any]] | None] | None = None  # one /v1/models ask at a time
         service.set_inflight_source(self.inflight)
         service.add_status_section("proxy", self.status_view)
 
@@ -169,13 +179,13 @@ class Proxy:
 
         @app.post("/v1/completions", summary="OpenAI completions, sent to the best worker", openapi_extra=body)
         async def completions(request: Request) -> Response:
-            return await self.handle(request, "completions", limits)
+            return await self._guarded(request, "completions", limits)
 
         @app.post(
             "/v1/chat/completions", summary="OpenAI chat completions, sent to the best worker", openapi_extra=body
         )
         async def chat(request: Request) -> Response:
-            return await self.handle(request, "chat", limits)
+            return await self._guarded(request, "chat", limits)
 
         @app.get("/v1/models", summary="The models the workers serve (their /v1/models, merged)", responses=notes)
         async def models(request: Request) -> Response:
@@ -184,13 +194,20 @@ class Proxy:
                 return _error(502, "no worker answered GET /v1/models", "upstream_error")
             return Response(_json.encode({"object": "list", "data": entries}), media_type="application/json")
 
+    async def _guarded(self, request: Request, kind: str, limits: HttpLimits) -> Response:
+        try:
+            return await self.handle(request, kind, limits)
+        except Exception as exc:  # noqa: BLE001 - a bug answers 500 in one logged line, never a traceback
+            log.error("%s %s failed: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
+            return _error(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error")
+
     async def handle(self, request: Request, kind: str, limits: HttpLimits) -> Response:
         """One proxied request: read, rank, send (with retries), relay."""
         body = await _read_body(request, limits)
         if isinstance(body, Response):
             return body
         try:
-            obj = json.loads(body)
+            obj = _decode(body)
         except ValueError as exc:
             return _error(400, f"body is not valid JSON: {exc}")
         if not isinstance(obj, dict):
@@ -198,7 +215,7 @@ class Proxy:
         headers = self._upstream_headers(request)
         model = obj.get("model") if isinstance(obj.get("model"), str) else None
         if self.models.should_ask(model):
-            await self._learn_models(headers)
+            await self._ask_models_once(headers)
         plan = plan_request(
             kind, obj, tokenizer=self.service.renderer is not None, lora_name=self.models.lora_name(model)
         )
@@ -286,6 +303,9 @@ class Proxy:
                 if f.retry:
                     continue
                 return _error(504 if f.kind == "timeout" else 502, "; ".join(failures), "upstream_error")
+            except BaseException:  # cancelled (the server stops): the blocks leave with the request
+                ticket.end()
+                raise
             ticket.first_byte()
             ttfb = time.perf_counter() - t0
             self.stats.answered(cand.key, cand.url, resp.status_code, ttfb)
@@ -357,6 +377,12 @@ class Proxy:
             message = f"{cand.key.label}: answer broken off: {type(exc).__name__}: {exc}"
             event = {"error": {"message": message, "type": "upstream_error", "param": None, "code": 502}}
             yield b"data: " + _json.encode(event) + b"\n\n"
+
+    async def _ask_models_once(self, headers: dict[str, str]) -> None:
+        """Learn the base models, the requests that arrive meanwhile waiting for the same answer."""
+        if self._listing is None or self._listing.done():
+            self._listing = asyncio.ensure_future(self._learn_models(headers))
+        await asyncio.shield(self._listing)
 
     async def _learn_models(self, headers: dict[str, str]) -> list[dict[str, Any]] | None:
         """Every worker's /v1/models, merged by id (the first worker listing an id gives its entry)."""
