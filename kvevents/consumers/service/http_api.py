@@ -6,7 +6,9 @@ request's headers and one for its body, a cap on connections in service (503 pas
 listen backlog. POST /score is scored on the event loop (a thread hop costs more than the usual
 request), a body over INLINE_BODY_BYTES on the thread pool so the loop keeps serving meanwhile;
 the service hashes outside the index lock and looks up inside.
-OpenAPI is served at /openapi.json, generated from the models below.
+OpenAPI is served at /openapi.json, generated from the models below. With keys, every request's key
+is checked first (kvevents.consumers.service.auth); with a proxy, its /v1 routes are served too
+(kvevents.consumers.service.proxy); with a certificate, over HTTPS.
 """
 
 from __future__ import annotations
