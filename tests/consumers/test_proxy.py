@@ -16,7 +16,7 @@ from proxy_rig import PAGE, Handler, Rig, Upstream, dead_url, wait_for
 from kvevents.consumers.prompts import PromptRenderer
 from kvevents.consumers.service.proxy import ProxyConfig
 from kvevents.consumers.service.proxy_request import ModelNames, plan_request
-from kvevents.consumers.service.proxy_targets import WorkerUrl, parse_worker_url
+from kvevents.consumers.service.proxy_targets import Targets, WorkerUrl, parse_worker_url
 from kvevents.consumers.worker_key import WorkerKey
 from kvevents.testing.tokenizers import CHATML, make_tokenizer_dir
 
@@ -223,6 +223,17 @@ def test_without_a_tokenizer_text_goes_to_the_worker_with_fewer_blocks_in_flight
         rig.close()
 
 
+def test_a_worker_without_a_url_gets_no_request_whatever_it_holds(upstreams) -> None:
+    b = upstreams("b")
+    rig = Rig(["a", "b"], {"b": b.url})
+    try:
+        rig.store("a", DOC)
+        assert rig.service.handle_score(json.dumps({"tokens": DOC}).encode())[1]["best"] == "a"
+        assert _post(rig, "/v1/completions", {"prompt": DOC}).headers["x-kvevents-worker"] == "b"
+    finally:
+        rig.close()
+
+
 def test_bad_bodies_and_no_worker_answering_are_openai_errors(upstreams) -> None:
     rig = Rig(["a", "b"], {"a": dead_url(), "b": dead_url()})
     try:
@@ -264,6 +275,15 @@ def test_worker_urls_and_plans() -> None:
         "chat", {"messages": [{"role": "user", "content": "abcdefgh"}]}, tokenizer=False, lora_name=None
     )
     assert plan.score is None and plan.why_unscored == "no tokenizer" and plan.pages(None, 1) == 3  # "user" + 8 bytes
+    targets = Targets(
+        [WorkerUrl("w", None, "http://all"), WorkerUrl("w", 1, "http://one"), WorkerUrl("v", 2, "http://v")]
+    )
+    assert targets.url_for(WorkerKey("w", 1)) == "http://one" and targets.url_for(WorkerKey("w", 3)) == "http://all"
+    assert targets.url_for(WorkerKey("v", 0)) is None and targets.all_keys() == [("w", 1), ("v", 2), ("w", 0)]
+    targets.seen([WorkerKey("w", 1), WorkerKey("w", 3)])
+    assert targets.all_keys() == [("w", 1), ("v", 2), ("w", 3)]  # rank 1 has its own URL
+    with pytest.raises(ValueError, match="given twice"):
+        Targets([WorkerUrl("w", None, "http://a"), WorkerUrl("w", None, "http://b")])
     names = ModelNames(clock=lambda: 0.0)
     assert names.should_ask("m") and names.lora_name("m") is None  # nothing listed yet: a base model
     names.learn([{"id": "m"}, {"id": "ad", "parent": "m"}])
