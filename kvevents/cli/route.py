@@ -20,6 +20,7 @@ from kvevents.cli.options import (
     with_curve,
 )
 from kvevents.cli.output import err_line
+from kvevents.cli.route_front import API_KEY_ENV, READ_ONLY_KEY_ENV, front_security, make_proxy, served, worker_urls
 
 ENDPOINTS = "(status page at /, POST /score, GET /workers, GET /metrics, GET /openapi.json)"
 
@@ -68,6 +69,35 @@ def route_cmd(
         help="A Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json with its chat "
         "template): /score then takes prompt (text) or messages (chat) as the engine tokenizes them.",
     ),
+    proxy: bool = typer.Option(
+        False,
+        "--proxy",
+        help="Also serve OpenAI's /v1/completions, /v1/chat/completions and /v1/models, each request sent to "
+        "the best-ranked worker (README: The proxy).",
+    ),
+    worker_url: list[str] = typer.Option(
+        [],
+        "--worker-url",
+        help="NAME=http://HOST:PORT: where the proxy sends publisher NAME's requests (every dp rank); "
+        "NAME#dpR=URL for rank R alone. Repeatable.",
+    ),
+    upstream_timeout: float = typer.Option(
+        600.0, "--upstream-timeout", help="Proxy: seconds to wait for a worker's next byte (> 0)."
+    ),
+    api_key: Optional[str] = typer.Option(
+        None,
+        "--api-key",
+        envvar=API_KEY_ENV,
+        help="A bearer token every endpoint but /healthz requires (Authorization: Bearer KEY).",
+    ),
+    read_only_key: Optional[str] = typer.Option(
+        None,
+        "--read-only-key",
+        envvar=READ_ONLY_KEY_ENV,
+        help="A second token for GET /workers, /status.json, / and /metrics only (no copies by adapter).",
+    ),
+    tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help="Serve HTTPS with this PEM certificate (chain)."),
+    tls_key: Optional[str] = typer.Option(None, "--tls-key", help="The PEM private key of --tls-cert."),
 ) -> None:
     """Subscribe to publishers, keep a block index, and rank workers for requests over HTTP.
 
@@ -93,17 +123,22 @@ def route_cmd(
         medium_weights=_medium_weights(medium_weight),
         renderer=_renderer(tokenizer),
     )
+    urls = worker_urls(proxy, worker_url)
+    security = front_security(api_key, read_only_key, tls_cert, tls_key, host)
     # this command prints its own stale / back lines (below): the subscriber's warning would repeat them
     logging.getLogger("kvevents.zeromq.subscriber").setLevel(logging.ERROR)
     service = _service(sources, nats_url, stream, stale_after, settings)
     try:
         try:
+            front = make_proxy(service, urls, upstream_timeout, max_connections, security)
             service.start()
-            bound = service.serve_http(host, port, HttpLimits(max_connections=max_connections))
+            limits = HttpLimits(max_connections=max_connections)
+            bound = service.serve_http(host, port, limits, security=security, proxy=front)
         except ValueError as exc:
             user_error(str(exc))
         feeds = f"stream {stream}" if nats_url else f"{len(sources)} publisher(s)"
-        err_line(f"kvevents route: {feeds}; http://{bound[0]}:{bound[1]} {ENDPOINTS}; Ctrl-C to stop")
+        scheme = "https" if security.tls else "http"
+        err_line(f"kvevents route: {feeds}; {scheme}://{bound[0]}:{bound[1]} ({served(front)}); Ctrl-C to stop")
         _report_staleness(service, stale_after)
     finally:
         service.stop()

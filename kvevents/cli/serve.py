@@ -56,8 +56,8 @@ def serve(
     http: Optional[str] = typer.Option(
         None,
         "--http",
-        help="Also serve an OpenAI-compatible /v1/completions on HOST:PORT (0: a free port) feeding worker w0: "
-        "token-id prompts, model = adapter, cache_salt.",
+        help="Also serve an OpenAI-compatible /v1/completions for every worker: worker i on HOST:PORT+i "
+        "(port 0: each a free one, printed); token-id prompts, model = adapter, cache_salt, stream.",
     ),
 ) -> None:
     """Run simulated engine workers, each publishing its KV events; a status line per second."""
@@ -130,7 +130,7 @@ def _run(cfg: Any, rate: float, duration: Optional[float], http: Optional[str]) 
             f"{STARTED} worker w{i} dp_rank {i} live {p.endpoint} replay {p.replay_endpoint or '-'} "
             f"epoch {p.epoch}{metrics}"
         )
-    web = _front_end(fleet, http) if http is not None else None
+    webs = _front_ends(fleet, http) if http is not None else []
     stop = threading.Event()
     old = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     loop = ServeLoop(fleet, rate, duration)
@@ -140,23 +140,29 @@ def _run(cfg: Any, rate: float, duration: Optional[float], http: Optional[str]) 
         pass
     finally:
         signal.signal(signal.SIGTERM, old)
-        if web is not None:
+        for web in webs:
             web.close()
         unsent = fleet.close(1.0)
         out_line(_status_line(loop.elapsed(), fleet.status(loop.served)) + f" stopped unsent={unsent}")
 
 
-def _front_end(fleet: Any, http: str) -> Any:
-    """--http: /v1/completions in front of worker w0 (taking turns with the loop on the fleet's lock)."""
-    from kvevents.sim.http import BASE_MODEL, serve_http
+def _front_ends(fleet: Any, http: str) -> list[Any]:
+    """--http: a /v1/completions per worker (worker i on port + i), each taking turns with the loop
+    on the fleet's lock, a banner line each; a bad or busy address closes the fleet, one line, exit 2."""
+    from kvevents.sim.http import BASE_MODEL, serve_http, worker_addresses
 
+    webs: list[Any] = []
     try:
-        web = serve_http(http, fleet.sims[0], fleet.pubs[0], fleet.lock)
+        for address, sim, pub in zip(worker_addresses(http, len(fleet.sims)), fleet.sims, fleet.pubs):
+            webs.append(serve_http(address, sim, pub, fleet.lock))
     except ValueError as exc:
+        for web in webs:
+            web.close()
         fleet.close(0)
         user_error(str(exc))
-    out_line(f"{STARTED} http {web.url}/v1/completions (worker w0; model {BASE_MODEL} = no adapter)")
-    return web
+    for i, web in enumerate(webs):
+        out_line(f"{STARTED} http {web.url}/v1/completions (worker w{i}; model {BASE_MODEL} = no adapter)")
+    return webs
 
 
 def _status_line(elapsed: float, s: Any) -> str:

@@ -6,7 +6,9 @@ request's headers and one for its body, a cap on connections in service (503 pas
 listen backlog. POST /score is scored on the event loop (a thread hop costs more than the usual
 request), a body over INLINE_BODY_BYTES on the thread pool so the loop keeps serving meanwhile;
 the service hashes outside the index lock and looks up inside.
-OpenAPI is served at /openapi.json, generated from the models below.
+OpenAPI is served at /openapi.json, generated from the models below. With keys, every request's key
+is checked first (kvevents.consumers.service.auth); with a proxy, its /v1 routes are served too
+(kvevents.consumers.service.proxy); with a certificate, over HTTPS.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
@@ -29,12 +32,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from kvevents.consumers.service.auth import ACCESS_KEY, READ, AuthMiddleware, HttpSecurity, tenant_redacted
 from kvevents.consumers.service.http_wire import OneWrite, set_nodelay
 from kvevents.consumers.service.metrics import CONTENT_TYPE
 from kvevents.consumers.service.status import render_page
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvevents.consumers.service.core import RouterService
+    from kvevents.consumers.service.proxy import Proxy
 
 __all__ = ["ErrorBody", "HttpLimits", "HttpServer", "ScoreResponse", "WorkerEntry", "build_app"]
 
@@ -151,8 +156,17 @@ async def _score(service: RouterService, limits: HttpLimits, request: Request) -
     return _reply(status, obj)
 
 
-def build_app(service: RouterService, limits: HttpLimits) -> FastAPI:
-    """The FastAPI app: POST /score, GET /workers, GET /metrics, GET /status.json, GET / (the page), /healthz."""
+def _status(service: RouterService, request: Request) -> dict[str, Any]:
+    """/status.json for this caller: without copies by adapter for the read-only key (tenant information)."""
+    view = service.status_view()
+    return tenant_redacted(view) if request.scope.get(ACCESS_KEY) == READ else view
+
+
+def build_app(
+    service: RouterService, limits: HttpLimits, *, security: HttpSecurity | None = None, proxy: Proxy | None = None
+) -> FastAPI:
+    """The FastAPI app: POST /score, GET /workers, GET /metrics, GET /status.json, GET / (the page), /healthz;
+    the proxy's /v1 endpoints with `proxy`; every request's key checked first with `security`'s keys."""
     app = FastAPI(
         title="kvevents route",
         summary="Ranks workers by the longest cached prefix of a request, from their KV events.",
@@ -183,11 +197,15 @@ def build_app(service: RouterService, limits: HttpLimits) -> FastAPI:
     async def score(request: Request) -> Response:
         return await _score(service, limits, request)
 
-    _add_views(app, service)
+    _add_views(app, service, proxy)
+    if proxy is not None:
+        proxy.mount(app, limits)
+    if security is not None and security.keyed:
+        app.add_middleware(AuthMiddleware, security=security)
     return app
 
 
-def _add_views(app: FastAPI, service: RouterService) -> None:
+def _add_views(app: FastAPI, service: RouterService, proxy: Proxy | None) -> None:
     """The read-only routes: GET /workers, /metrics, /status.json, / (the page), /healthz."""
 
     @app.get("/workers", summary="Per worker: blocks by medium, last seq, epoch, lag, stale, replay framing")
@@ -209,7 +227,7 @@ def _add_views(app: FastAPI, service: RouterService) -> None:
     )
     def status_json(request: Request) -> Response:
         try:
-            return _reply(200, service.status_view(), {"Cache-Control": "no-store"})
+            return _reply(200, _status(service, request), {"Cache-Control": "no-store"})
         except Exception as exc:  # noqa: BLE001 - as above
             return _bug(request, exc)
 
@@ -218,7 +236,7 @@ def _add_views(app: FastAPI, service: RouterService) -> None:
     )
     def page(request: Request) -> Response:
         try:
-            body = render_page(service.status_view())
+            body = render_page(_status(service, request))
         except Exception as exc:  # noqa: BLE001 - as above
             return _bug(request, exc)
         return Response(body, 200, media_type="text/html; charset=utf-8", headers=_PAGE_HEADERS)
@@ -236,6 +254,7 @@ def _add_views(app: FastAPI, service: RouterService) -> None:
                     "GET /status.json",
                     "GET /",
                     "GET /openapi.json",
+                    *(proxy.endpoints if proxy is not None else ()),
                 ],
             },
         )
@@ -291,9 +310,14 @@ class _Protocol(H11Protocol):
 class HttpServer:
     """uvicorn serving `app` on its own thread and event loop; `start()` returns the bound address."""
 
-    def __init__(self, app: FastAPI, limits: HttpLimits) -> None:
+    def __init__(self, app: FastAPI, limits: HttpLimits, *, security: HttpSecurity | None = None) -> None:
         self.limits = limits
         protocol = type("RouteProtocol", (_Protocol,), {"header_timeout_s": limits.header_timeout_s})
+        tls = security if security is not None and security.tls else None
+        if tls is not None:
+            tls.check_tls()  # ValueError naming the file, before the server thread would fail on it
+        self.scheme = "https" if tls is not None else "http"
+        self.on_stop: list[Callable[[], None]] = []  # called first by stop(), while the event loop still runs
         self.config = uvicorn.Config(
             app,
             http=protocol,
@@ -305,6 +329,8 @@ class HttpServer:
             limit_concurrency=limits.max_connections,
             backlog=limits.backlog,
             server_header=False,
+            ssl_certfile=tls.tls_cert if tls is not None else None,  # uvicorn's own TLS
+            ssl_keyfile=tls.tls_key if tls is not None else None,
         )
         self.server = uvicorn.Server(self.config)
         self._thread: threading.Thread | None = None
@@ -344,6 +370,12 @@ class HttpServer:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop accepting, close every connection, join the thread, release the port."""
+        for hook in self.on_stop:
+            try:
+                hook()
+            except Exception as exc:  # noqa: BLE001 - stopping goes on whatever a hook says
+                log.warning("stopping the HTTP server: %s: %s", type(exc).__name__, exc)
+        self.on_stop.clear()
         self.server.should_exit = True
         self.server.force_exit = True  # do not wait for keep-alive clients to leave
         if self._thread is not None:
