@@ -32,6 +32,7 @@ from kvevents.consumers.service.score_body import (
     decode_fast,
     decode_packed,
 )
+from kvevents.consumers.service.seams import InflightSource
 from kvevents.consumers.service.status import StatusBoard
 from kvevents.consumers.worker_key import WorkerKey
 from kvevents.events import rank_of
@@ -39,7 +40,6 @@ from kvevents.feed import Delivery, EventFeed, FeedLoop, Reset, dispatch
 from kvevents.zeromq.subscriber import Source, Subscriber, parse_source
 
 #: The router's own in-flight (prefill_blocks, decode_blocks) per worker (the proxy's accounting).
-InflightSource = Callable[[], Mapping[WorkerKey, tuple[int, int]]]
 
 __all__ = [
     "InflightSource",

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import msgspec
 import uvicorn
@@ -35,11 +35,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from kvevents.consumers.service.auth import ACCESS_KEY, READ, AuthMiddleware, HttpSecurity, tenant_redacted
 from kvevents.consumers.service.http_wire import OneWrite, set_nodelay
 from kvevents.consumers.service.metrics import CONTENT_TYPE
+from kvevents.consumers.service.seams import HttpService, ProxyFront
 from kvevents.consumers.service.status import render_page
-
-if TYPE_CHECKING:  # pragma: no cover
-    from kvevents.consumers.service.core import RouterService
-    from kvevents.consumers.service.proxy import Proxy
 
 __all__ = ["ErrorBody", "HttpLimits", "HttpServer", "ScoreResponse", "WorkerEntry", "build_app"]
 
@@ -128,7 +125,7 @@ async def _body_within(request: Request, timeout_s: float) -> bytes:
     return await asyncio.wait_for(request.body(), timeout_s)
 
 
-async def _score(service: RouterService, limits: HttpLimits, request: Request) -> Response:
+async def _score(service: HttpService, limits: HttpLimits, request: Request) -> Response:
     """POST /score: the body read within its limits (length, size, time), then scored."""
     length = request.headers.get("content-length")
     if length is None and "chunked" not in request.headers.get("transfer-encoding", ""):
@@ -156,14 +153,14 @@ async def _score(service: RouterService, limits: HttpLimits, request: Request) -
     return _reply(status, obj)
 
 
-def _status(service: RouterService, request: Request) -> dict[str, Any]:
+def _status(service: HttpService, request: Request) -> dict[str, Any]:
     """/status.json for this caller: without copies by adapter for the read-only key (tenant information)."""
     view = service.status_view()
     return tenant_redacted(view) if request.scope.get(ACCESS_KEY) == READ else view
 
 
 def build_app(
-    service: RouterService, limits: HttpLimits, *, security: HttpSecurity | None = None, proxy: Proxy | None = None
+    service: HttpService, limits: HttpLimits, *, security: HttpSecurity | None = None, proxy: ProxyFront | None = None
 ) -> FastAPI:
     """The FastAPI app: POST /score, GET /workers, GET /metrics, GET /status.json, GET / (the page), /healthz;
     the proxy's /v1 endpoints with `proxy`; every request's key checked first with `security`'s keys."""
@@ -205,7 +202,7 @@ def build_app(
     return app
 
 
-def _add_views(app: FastAPI, service: RouterService, proxy: Proxy | None) -> None:
+def _add_views(app: FastAPI, service: HttpService, proxy: ProxyFront | None) -> None:
     """The read-only routes: GET /workers, /metrics, /status.json, / (the page), /healthz."""
 
     @app.get("/workers", summary="Per worker: blocks by medium, last seq, epoch, lag, stale, replay framing")

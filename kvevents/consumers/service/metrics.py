@@ -8,15 +8,14 @@ several services (tests, the demo) can live in one process.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:  # pragma: no cover
-    from kvevents.consumers.service.core import RouterService
-    from kvevents.consumers.worker_key import WorkerKey
+from kvevents.consumers.service.seams import MetricsSource
+from kvevents.consumers.worker_key import WorkerKey
 
 __all__ = ["METRIC_NAMES", "ProxyMetrics", "ServiceMetrics", "CONTENT_TYPE"]
 
@@ -48,7 +47,7 @@ METRIC_NAMES: dict[str, str] = {
 
 
 class _Collector(Collector):
-    def __init__(self, service: RouterService) -> None:
+    def __init__(self, service: MetricsSource) -> None:
         self.service = service
 
     def collect(self) -> Iterator[Any]:
@@ -102,7 +101,7 @@ class _Collector(Collector):
 class ServiceMetrics:
     """One registry per service: the scrape-time collector plus a score latency histogram."""
 
-    def __init__(self, service: RouterService) -> None:
+    def __init__(self, service: MetricsSource) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(service))
         self.score_seconds = Histogram(

@@ -34,10 +34,10 @@ from kvevents.consumers.service.metrics import ProxyMetrics
 from kvevents.consumers.service.proxy_request import ModelNames, RoutePlan, plan_request
 from kvevents.consumers.service.proxy_stats import InflightBook, ProxyStats, Ticket
 from kvevents.consumers.service.proxy_targets import Targets, WorkerUrl
+from kvevents.consumers.service.seams import ProxyService
 from kvevents.consumers.worker_key import WorkerKey
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kvevents.consumers.service.core import RouterService
     from kvevents.consumers.service.http_api import HttpLimits
 
 __all__ = ["Proxy", "ProxyConfig", "WORKER_HEADER", "RANK_HEADER"]
@@ -122,7 +122,7 @@ class Proxy:
 
     def __init__(
         self,
-        service: RouterService,
+        service: ProxyService,
         urls: Sequence[WorkerUrl],
         config: ProxyConfig | None = None,
         *,

@@ -16,12 +16,10 @@ from collections import Counter, deque
 from collections.abc import Callable
 from importlib import resources
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from kvevents.consumers.service.seams import StatusSource
 from kvevents.consumers.worker_key import WorkerKey
-
-if TYPE_CHECKING:  # pragma: no cover
-    from kvevents.consumers.service.core import RouterService
 
 __all__ = ["MATCHED_BUCKETS", "PROXY_COLUMNS", "SOURCE_SERIES", "StatusBoard", "page_template", "render_page"]
 
@@ -171,7 +169,7 @@ class StatusBoard:
 
     # ---------------------------------------------------------------- the whole view
 
-    def view(self, service: RouterService) -> dict[str, Any]:
+    def view(self, service: StatusSource) -> dict[str, Any]:
         """GET /status.json: /workers plus copies by adapter, repair activity and /score outcomes."""
         workers = service.workers_view()
         adapters, adapters_at = self._adapter_counts(service)
@@ -193,7 +191,7 @@ class StatusBoard:
             **act,
         }
 
-    def _adapter_counts(self, service: RouterService) -> tuple[dict[WorkerKey, dict[str, int]], float]:
+    def _adapter_counts(self, service: StatusSource) -> tuple[dict[WorkerKey, dict[str, int]], float]:
         now = self.clock()
         cached = self._adapters
         if cached is not None and now - cached[0] < max(self.adapter_refresh_s, 50 * cached[1]):
