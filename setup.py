@@ -25,6 +25,10 @@ if os.environ.get("KVEVENTS_SANITIZE") == "1":
         "-fsanitize=address,undefined",
         "-fno-sanitize-recover=undefined",
     ]
+# one extension from several C files (the module map: kvevents/native/__init__.py), so one build, one
+# import and one fallback line
+_SOURCES = ["_speedups", "_chain", "_json", "_table", "_walk_args", "_walk", "_apply"]
+_HEADERS = ["_native", "_sha256", "_table", "_walk"]
 _LINK = ["-fsanitize=address,undefined"] if os.environ.get("KVEVENTS_SANITIZE") == "1" else []
 
 
@@ -54,8 +58,8 @@ if os.environ.get("KVEVENTS_NO_EXT") != "1" and sys.implementation.name == "cpyt
     ext_modules.append(
         Extension(
             "kvevents.native._speedups",
-            sources=["kvevents/native/_speedups.c"],
-            depends=["kvevents/native/_sha256.h"],
+            sources=[f"kvevents/native/{name}.c" for name in _SOURCES],
+            depends=[f"kvevents/native/{name}.h" for name in _HEADERS],
             extra_compile_args=_FLAGS,
             extra_link_args=_LINK,
             optional=True,

@@ -284,7 +284,7 @@ def summarize(applies: list[dict], rounds: list[dict], extra: dict | None = None
     return s
 
 
-def main() -> None:
+def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workers", type=int, default=64)
     ap.add_argument("--copies", type=int, default=1_000_000)
@@ -296,7 +296,11 @@ def main() -> None:
     ap.add_argument("--peer-python", default=None)
     ap.add_argument("--no-fallback", action="store_true", help="skip the pure-Python measurement")
     ap.add_argument("--json", action="store_true")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _args()
     if args.cpu >= 0:
         os.sched_setaffinity(0, {args.cpu})
     rnd = random.Random(0)
@@ -313,6 +317,19 @@ def main() -> None:
     peer = Peer(peer_py, docs, batches, reqs, args.pages, copies, args.cpu) if peer_py else None
     if peer is None:
         report["dynamo"] = "skipped: no interpreter with ai-dynamo-runtime (--peer-python)"
+    try:
+        _measure(args.rounds, sides, peer, report)
+    finally:
+        if peer:
+            peer.close()
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    _print_report(report, args, copies)
+
+
+def _measure(rounds_n: int, sides: dict, peer: Peer | None, report: dict) -> None:
+    """The sides take turns each round (so the machine's load hits them alike); summaries into `report`."""
     applies: dict[str, list] = {k: [] for k in [*sides, *(["dynamo"] if peer else [])]}
     rounds: dict[str, list] = {k: [] for k in applies}
 
@@ -323,31 +340,27 @@ def main() -> None:
                 return fn(side)
         return fn(side)
 
-    try:
-        for _ in range(args.rounds):  # the sides take turns, so the machine's load hits them alike
-            for name in sides:
-                applies[name].append(on(name, Ours.apply))
-            if peer:
-                applies["dynamo"].append(peer.ask("apply"))
-            for name in sides:
-                rounds[name].append(on(name, Ours.round))
-            if peer:
-                rounds["dynamo"].append(peer.ask("round"))
+    for _ in range(rounds_n):
         for name in sides:
-            report[name] = summarize(
-                applies[name], rounds[name], {k: round(v, 1) for k, v in on(name, Ours.memory).items()}
-            )
+            applies[name].append(on(name, Ours.apply))
         if peer:
-            report["dynamo"] = summarize(applies["dynamo"], rounds["dynamo"])
-            ours = next(iter(sides.values()))[0].matches()
-            theirs = peer.ask("matches")
-            report["identical_matches"] = f"{sum(a == b for a, b in zip(ours, theirs))} of {len(ours)}"
-    finally:
+            applies["dynamo"].append(peer.ask("apply"))
+        for name in sides:
+            rounds[name].append(on(name, Ours.round))
         if peer:
-            peer.close()
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return
+            rounds["dynamo"].append(peer.ask("round"))
+    for name in sides:
+        report[name] = summarize(
+            applies[name], rounds[name], {k: round(v, 1) for k, v in on(name, Ours.memory).items()}
+        )
+    if peer:
+        report["dynamo"] = summarize(applies["dynamo"], rounds["dynamo"])
+        ours = next(iter(sides.values()))[0].matches()
+        theirs = peer.ask("matches")
+        report["identical_matches"] = f"{sum(a == b for a, b in zip(ours, theirs))} of {len(ours)}"
+
+
+def _print_report(report: dict, args: argparse.Namespace, copies: int) -> None:
     print(
         f"# {copies} copies, {args.workers} workers, {args.pages}-page requests x {args.requests}, "
         f"{args.rounds} rounds, cpu {args.cpu}; {native.describe()}"

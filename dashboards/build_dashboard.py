@@ -1,6 +1,6 @@
 """Writes dashboards/kvevents.json: the Grafana dashboard over kvevents' Prometheus metrics.
 
-Run `python3 dashboards/build_dashboard.py` after changing a panel; tests/test_dashboard.py checks
+Run `python3 dashboards/build_dashboard.py` after changing a panel; tests/consumers/test_dashboard.py checks
 that every metric the dashboard queries exists in a live scrape of a router, a publisher and a
 subscriber, and that the file is what this script writes.
 """

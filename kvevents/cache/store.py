@@ -15,6 +15,7 @@ import os
 import stat
 import struct
 import tempfile
+import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -142,7 +143,8 @@ class FileStore:
     a checksum. A page holds at most `max_page_bytes` (put() refuses more, get() never reads a
     bigger file). stats(): `corrupt` counts damaged or unreadable pages (and anything at a page path
     that is not a regular file within that bound: a directory, FIFO, device, socket, symlink or an
-    oversized file), `misplaced` valid pages whose header names another key; all are misses."""
+    oversized file), `misplaced` valid pages whose header names another key; all are misses. Safe to
+    share between threads (an engine's storage threads do): writes are atomic renames, counters locked."""
 
     def __init__(
         self, directory: str | os.PathLike[str], *, fsync: bool = True, max_page_bytes: int = MAX_PAGE_BYTES
@@ -157,6 +159,7 @@ class FileStore:
             raise ValueError(f"FileStore directory {str(self.directory)!r} exists and is not a directory")
         self.directory.mkdir(parents=True, exist_ok=True)
         self.fsync = fsync
+        self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
         self.corrupt = 0
@@ -182,49 +185,91 @@ class FileStore:
             if magic == _MAGIC and length == len(data) and _checksum(key_raw, data) == digest:
                 if key_raw == bytes.fromhex(key):
                     return data
-                self.misplaced += 1  # a valid page of another key: never served under this one
+                self._bump("misplaced")  # a valid page of another key: never served under this one
                 self._drop(path)
                 return None
         # Corrupt or truncated: never returned; drop the file so the next write repairs it.
-        self.corrupt += 1
+        self._bump("corrupt")
         self._drop(path)
         return None
 
-    def _read_page_file(self, path: Path) -> bytes | None:
-        """The bytes of a regular file at `path` (no symlink followed, the fan-out directory
-        included), or None: missing (a plain miss) or refused before reading (counted corrupt)."""
+    def _bump(self, counter: str) -> None:
+        with self._lock:
+            setattr(self, counter, getattr(self, counter) + 1)
+
+    def _open_page(self, path: Path) -> tuple[int, os.stat_result] | None:
+        """An open descriptor of the regular file at `path` within the page bound (no symlink
+        followed, the fan-out directory included) and its stat, or None: missing (a plain miss) or
+        refused before reading (counted corrupt). The caller closes the descriptor."""
         try:
             dfd = os.open(path.parent, _DIR_FLAGS)
         except FileNotFoundError:
             return None
         except OSError:  # a file or a symlink where the fan-out directory should be
-            self.corrupt += 1
+            self._bump("corrupt")
             return None
         try:
             fd = os.open(path.name, _PAGE_FLAGS, dir_fd=dfd)  # O_NONBLOCK: a FIFO cannot hang the open
         except FileNotFoundError:
             return None
         except OSError:  # ELOOP (a symlink), EISDIR, ENXIO, EACCES...: not a page file we can read
-            self.corrupt += 1
+            self._bump("corrupt")
             return None
         finally:
             os.close(dfd)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _HEADER.size + self.max_page_bytes:
+            os.close(fd)
+            self._bump("corrupt")  # a FIFO, device, socket or directory; or bigger than any page
+            return None
+        return fd, st
+
+    def _read_page_file(self, path: Path) -> bytes | None:
+        """The bytes of the page file at `path` (see _open_page), bounded even if it grew meanwhile."""
+        opened = self._open_page(path)
+        if opened is None:
+            return None
+        fd, _ = opened
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_size > _HEADER.size + self.max_page_bytes:
-                self.corrupt += 1  # a FIFO, device, socket or directory; or bigger than any page
-                return None
             with os.fdopen(fd, "rb", closefd=False) as fh:
-                raw = fh.read(_HEADER.size + self.max_page_bytes + 1)  # bounded even if it grew
+                raw = fh.read(_HEADER.size + self.max_page_bytes + 1)
         except OSError:
-            self.corrupt += 1
+            self._bump("corrupt")
             return None
         finally:
             os.close(fd)
         if len(raw) > _HEADER.size + self.max_page_bytes:
-            self.corrupt += 1
+            self._bump("corrupt")
             return None
         return raw
+
+    def present(self, key: str) -> bool:
+        """A cheap `contains`: the page file is there, its header names `key` and its length fits
+        the file; the payload is not read (get() verifies the checksum). A short file or a header
+        of another key is counted and dropped, as get() would."""
+        path = self.path_for(key)
+        opened = self._open_page(path)
+        if opened is None:
+            return False
+        fd, st = opened
+        try:
+            head = os.read(fd, _HEADER.size)
+        except OSError:
+            self._bump("corrupt")
+            return False
+        finally:
+            os.close(fd)
+        if len(head) == _HEADER.size:
+            magic, length, key_raw, _ = _HEADER.unpack(head)
+            if magic == _MAGIC and st.st_size == _HEADER.size + length:
+                if key_raw == bytes.fromhex(key):
+                    return True
+                self._bump("misplaced")
+                self._drop(path)
+                return False
+        self._bump("corrupt")
+        self._drop(path)
+        return False
 
     @staticmethod
     def _drop(path: Path) -> None:
@@ -235,10 +280,7 @@ class FileStore:
 
     def get(self, key: str) -> bytes | None:
         data = self._load(key)
-        if data is None:
-            self.misses += 1
-        else:
-            self.hits += 1
+        self._bump("misses" if data is None else "hits")
         return data
 
     def put(self, key: str, data: bytes) -> None:
@@ -271,7 +313,7 @@ class FileStore:
                 os.fsync(dfd)
             finally:
                 os.close(dfd)
-        self.writes += 1
+        self._bump("writes")
 
     def contains(self, key: str) -> bool:
         """True only for a page that verifies (pages are small): a corrupt one is never counted."""
@@ -290,11 +332,13 @@ class FileStore:
         return sorted(p.stem for p in self.directory.glob("??/*.page") if p.is_file() and not p.is_symlink())
 
     def stats(self) -> dict[str, int]:
-        return {
-            "pages": len(self.keys()),
-            "hits": self.hits,
-            "misses": self.misses,
-            "corrupt": self.corrupt,
-            "misplaced": self.misplaced,
-            "writes": self.writes,
-        }
+        pages = len(self.keys())
+        with self._lock:
+            return {
+                "pages": pages,
+                "hits": self.hits,
+                "misses": self.misses,
+                "corrupt": self.corrupt,
+                "misplaced": self.misplaced,
+                "writes": self.writes,
+            }

@@ -1,7 +1,8 @@
 """The typer application and the one place that turns errors into exit codes.
 
 Exit codes: 0 ok, 1 a check failed, 2 a user error (bad flag, bad input, unreachable file).
-Every error is one line on stderr; a traceback is never shown.
+Every error is one line on stderr; a traceback is never shown. The commands are registered on
+`app` by kvevents.cli (its module map); this module imports none of them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ app = typer.Typer(
 
 def _show_version(value: bool) -> None:
     if value:
-        from kvevents.cli.contract import version as print_version  # `kvevents version` says the same
+        from kvevents.cli.version import version as print_version  # `kvevents version` says the same
 
         print_version()
         raise typer.Exit(0)

@@ -1,4 +1,4 @@
-"""`kvevents conformance hash|stream|drive|render`: the contract tests pointed at any engine.
+"""`kvevents conformance hash|stream|drive|render|storage`: the contract tests pointed at any engine.
 
 Thin: parse, call kvevents.conformance, render a table (or `--json`). Exit 0 when every
 applicable rule passes, 1 when one fails, 2 for a usage error (one line on stderr).
@@ -11,8 +11,8 @@ import sys
 
 import typer
 
-from kvevents.cli.app import app, user_error
-from kvevents.cli.keys import CLIENT_CERT_HELP, SERVER_KEY_HELP, curve_client
+from kvevents.cli.app import user_error
+from kvevents.cli.options import CURVE_CLIENT_CERT, CURVE_SERVER_KEY, check_endpoint, curve_client
 
 conformance_app = typer.Typer(
     name="conformance",
@@ -21,7 +21,6 @@ conformance_app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.add_typer(conformance_app, name="conformance")
 
 _PROFILE_HELP = "Hash profile: contract (kvevents / SGLang 0.5.20), vllm-sha256, vllm-sha256_cbor."
 
@@ -31,16 +30,6 @@ def _emit(report: object, as_json: bool) -> int:
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
     return int(report.exit_code)  # type: ignore[attr-defined]
-
-
-def _check_endpoint(what: str, ep: str | None) -> None:
-    from kvevents.zeromq.wire import check_endpoint
-
-    if ep:
-        try:
-            check_endpoint(ep)
-        except ValueError as exc:
-            user_error(f"{what}: {exc}")
 
 
 @conformance_app.command("hash")
@@ -100,16 +89,16 @@ def stream_cmd(
         None, "--lora-path", help="vLLM profiles: LoRA path template, {name} = lora name."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-    curve_server_key: str | None = typer.Option(None, "--curve-server-key", help=SERVER_KEY_HELP),
-    curve_client_cert: str | None = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
+    curve_server_key: str | None = CURVE_SERVER_KEY,
+    curve_client_cert: str | None = CURVE_CLIENT_CERT,
 ) -> int:
     """Observe a live publisher and judge every named rule (pass / fail / not offered / not checkable)."""
     from kvevents.conformance.profiles import ProfileUnavailable
     from kvevents.conformance.stream import StreamOptions, observe
     from kvevents.zeromq.security import client_context
 
-    _check_endpoint("ENDPOINT", endpoint)
-    _check_endpoint("--replay", replay)
+    check_endpoint("ENDPOINT", endpoint, empty_ok=True)
+    check_endpoint("--replay", replay, empty_ok=True)
     curve = curve_client(curve_server_key, curve_client_cert)  # bad key files: one line, exit 2
     opts = StreamOptions(
         endpoint,
@@ -164,16 +153,8 @@ def drive_cmd(
         user_error("give exactly two different --adapter and two different --salt values")
     if not http.startswith(("http://", "https://")):
         user_error(f"--http must be a URL (http://HOST:PORT), got {http!r}")
-    _check_endpoint("--endpoint", endpoint)
-    _check_endpoint("--replay", replay)
-    extra: dict = {}
-    if body_extra:
-        try:
-            extra = json.loads(body_extra)
-        except ValueError as exc:
-            user_error(f"--body-extra is not JSON: {exc}")
-        if not isinstance(extra, dict):
-            user_error("--body-extra must be a JSON object")
+    check_endpoint("--endpoint", endpoint, empty_ok=True)
+    check_endpoint("--replay", replay, empty_ok=True)
     opts = DriveOptions(
         http,
         endpoint,
@@ -188,7 +169,7 @@ def drive_cmd(
         timeout,
         hash_seed=hash_seed,
         lora_path=lora_path,
-        extra_body=extra,
+        extra_body=_body_extra(body_extra),
     )
     try:
         report = drive(opts)
@@ -197,6 +178,19 @@ def drive_cmd(
     except ValueError as exc:
         user_error(str(exc))
     return _emit(report, as_json)
+
+
+def _body_extra(raw: str | None) -> dict:
+    """--body-extra: a JSON object merged into every request body ({} when not given)."""
+    if not raw:
+        return {}
+    try:
+        extra = json.loads(raw)
+    except ValueError as exc:
+        user_error(f"--body-extra is not JSON: {exc}")
+    if not isinstance(extra, dict):
+        user_error("--body-extra must be a JSON object")
+    return extra
 
 
 @conformance_app.command("render")
@@ -223,5 +217,44 @@ def render_cmd(
     try:
         report = check_render(http, renderer, render_cases(seed, cases), timeout)
     except ValueError as exc:
+        user_error(str(exc))
+    return _emit(report, as_json)
+
+
+@conformance_app.command("storage")
+def storage_cmd(
+    module: str = typer.Option(..., "--module", help="The backend's module, e.g. kvevents.plugins.hicache."),
+    class_name: str = typer.Option(
+        ..., "--class", help="Its HiCacheStorage subclass, e.g. KVEventsHiCacheStorage (built as cls(config, kwargs))."
+    ),
+    config: str | None = typer.Option(
+        None, "--config", help='JSON object merged into the backend\'s extra config, e.g. \'{"path": "/tmp/pages"}\'.'
+    ),
+    pages: int = typer.Option(5, min=1, help="Whole pages per prompt."),
+    page_size: int = typer.Option(16, "--page-size", min=1, help="SGLang's page size for the run."),
+    seed: int | None = typer.Option(None, "--seed", help="Prompt seed (default: a fresh prompt every run)."),
+    device: str | None = typer.Option(None, "--device", help="cuda or cpu (default: cuda when torch has it)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> int:
+    """Run SGLang's own HiRadixCache over a HiCache storage backend: adapter, base and salted requests."""
+    from kvevents.conformance.storage_engine import sglang_missing
+
+    extra: object = {}
+    if config:
+        try:
+            extra = json.loads(config)
+        except ValueError as exc:
+            user_error(f"--config is not JSON: {exc}")
+    if not isinstance(extra, dict):
+        user_error("--config must be a JSON object")
+    why = sglang_missing()
+    if why is not None:
+        user_error(f"conformance storage runs SGLang's own cache: SGLang is needed in this environment ({why})")
+    from kvevents.conformance.storage import EngineUnavailable, StorageOptions, run_storage
+
+    try:
+        opts = StorageOptions(module, class_name, extra, pages=pages, page_size=page_size, seed=seed, device=device)
+        report = run_storage(opts)
+    except (EngineUnavailable, ValueError) as exc:
         user_error(str(exc))
     return _emit(report, as_json)

@@ -3,29 +3,23 @@
 from __future__ import annotations
 
 import signal
-import sys
 import time
 from typing import Any, Optional
 
 import typer
 
-from kvevents.cli.app import app, user_error
-from kvevents.cli.keys import (
-    ALLOW_HELP,
+from kvevents.cli.app import user_error
+from kvevents.cli.options import (
     CLIENT_CERT_HELP,
-    SECRET_HELP,
+    CURVE_ALLOW,
+    CURVE_SECRET,
     SERVER_KEY_HELP,
     curve_client,
     curve_server,
-    show_plain_bind_once,
 )
+from kvevents.cli.output import out_line, show_plain_bind_once
 
 _TAG = "kvevents relay:"
-
-
-def _out(line: str) -> None:
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
 
 
 def _default_replay(endpoint: str, ranks: int) -> str:
@@ -72,7 +66,6 @@ def _build(
         user_error(f"relay: cannot open {config.endpoint}: {exc}")
 
 
-@app.command()
 def relay(
     source: str = typer.Option(
         ...,
@@ -95,8 +88,8 @@ def relay(
     metrics_port: Optional[int] = typer.Option(
         None, help="Serve Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed)."
     ),
-    curve_secret: Optional[str] = typer.Option(None, "--curve-secret", help=SECRET_HELP),
-    curve_allow: Optional[str] = typer.Option(None, "--curve-allow", help=ALLOW_HELP),
+    curve_secret: Optional[str] = CURVE_SECRET,
+    curve_allow: Optional[str] = CURVE_ALLOW,
     curve_server_key: Optional[str] = typer.Option(None, "--curve-server-key", help="Engine side: " + SERVER_KEY_HELP),
     curve_client_cert: Optional[str] = typer.Option(
         None, "--curve-client-cert", help="Engine side: " + CLIENT_CERT_HELP
@@ -121,7 +114,7 @@ def relay(
     r = _build(source, from_bind, curve_server_key, curve_client_cert, ranks, topic, settings)
     for rank, (src, pub) in enumerate(zip(r.sources, r.publishers)):
         metrics = f" metrics http://127.0.0.1:{pub.metrics_port}/metrics" if pub.metrics_port is not None else ""
-        _out(
+        out_line(
             f"{_TAG} rank {rank} from {src.endpoint} (replay {src.replay_endpoint or '-'}) -> live {pub.endpoint} "
             f"replay {pub.replay_endpoint or '-'} epoch {pub.epoch}{metrics}"
         )
@@ -130,7 +123,7 @@ def relay(
     r.stop()
     kinds = ", ".join(f"{k} {v}" for k, v in s["relayed"].items())
     resets = ", ".join(f"{k} {v}" for k, v in s["resets"].items()) or "none"
-    _out(f"{_TAG} relayed {kinds}; resets {resets}; not republished {s['failed']}")
+    out_line(f"{_TAG} relayed {kinds}; resets {resets}; not republished {s['failed']}")
     if interrupted:
         raise typer.Exit(130)
 

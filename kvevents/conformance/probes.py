@@ -1,27 +1,43 @@
 """The ROUTER extensions judged: KVE/DESCRIBE and KVE/SNAPSHOT (not offered when unanswered).
 
-Functions over a `rules.StreamChecker`'s public state; the observer calls them at the end.
+Functions over a stream checker's public state (`CheckerState`, which `rules.StreamChecker` is);
+the observer calls them at the end.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 
 from kvevents.conformance import shape
+from kvevents.conformance.profiles import Profile
+from kvevents.conformance.tally import Tally
 from kvevents.events import AllBlocksCleared, BlockStored
 from kvevents.zeromq.framing import parse_reply
 from kvevents.zeromq.wire import SNAPSHOT_SEQ, unpack_seq
 
-if TYPE_CHECKING:  # pragma: no cover
-    from kvevents.conformance.rules import StreamChecker
-
-__all__ = ["compare_snapshot", "judge_describe", "judge_snapshot"]
+__all__ = ["CheckerState", "compare_snapshot", "judge_describe", "judge_snapshot"]
 
 
-def judge_describe(c: StreamChecker, reply: list[bytes] | None) -> None:
+class CheckerState(Protocol):
+    """What the probes read and set on the checker that judged the stream."""
+
+    t: dict[str, Tally]
+    page_size: int | None
+    topic: bytes | None
+    rank: Any
+    profile: Profile
+    last_live: int | None
+    allow_epoch: bool
+    expected: int | None
+    complete: bool
+    live: dict[tuple[Any, int], int]
+    snapshot_copies: Counter[tuple[Any, int]]
+
+
+def judge_describe(c: CheckerState, reply: list[bytes] | None) -> None:
     """KVE/DESCRIBE: one map agreeing with the stream; no reply or an empty replay means not offered."""
     t = c.t["describe"]
     if reply is None or shape.is_end_marker(reply):
@@ -52,7 +68,7 @@ def judge_describe(c: StreamChecker, reply: list[bytes] | None) -> None:
         t.fail(f"newest_seq {newest!r} is older than seq {c.last_live} already seen live")
 
 
-def judge_snapshot(c: StreamChecker, replies: list[list[bytes]] | None, ended: bool) -> int | None:
+def judge_snapshot(c: CheckerState, replies: list[list[bytes]] | None, ended: bool) -> int | None:
     """Shape-check a snapshot reply; returns S (the seq it reflects) to compare at, or None."""
     t = c.t["snapshot"]
     if not replies or (len(replies) == 1 and shape.is_end_marker(replies[0]) and len(replies[0][-1]) != 8):
@@ -89,7 +105,7 @@ def judge_snapshot(c: StreamChecker, replies: list[list[bytes]] | None, ended: b
     return unpack_seq(end)
 
 
-def compare_snapshot(c: StreamChecker, s: int) -> None:
+def compare_snapshot(c: CheckerState, s: int) -> None:
     """After applying every batch <= S: the snapshot's blocks must equal the live ones."""
     t = c.t["snapshot"]
     if c.expected is None or c.expected <= s or not c.complete:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from kvevents.conformance import probes, shape
 from kvevents.conformance.profiles import NotCheckable, Profile
 from kvevents.conformance.report import Report, RuleResult, Status
+from kvevents.conformance.tally import Tally
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from kvevents.hashing import Namespace, storage_hashes, to_int64
 from kvevents.zeromq.framing import framing_label, parse_reply, reply_problem
@@ -37,28 +37,7 @@ RULES = {
     "describe": "KVE/DESCRIBE answers one consistent map",
     "snapshot": "KVE/SNAPSHOT rebuilds exactly the live blocks at its seq",
 }
-MAX_EXAMPLES = 8
 KEEP_PAYLOADS = 20000  # live payloads kept to compare replayed bytes with (vLLM's ring holds 10000)
-
-
-@dataclass
-class _Tally:
-    checked: int = 0
-    failed: int = 0
-    unknown: int = 0
-    offered: bool = True
-    note: str = ""
-    seen: str = ""  # what a pass observed, said in its detail (the replay framing)
-    examples: list[str] = field(default_factory=list)
-
-    def ok(self, n: int = 1) -> None:
-        self.checked += n
-
-    def fail(self, text: str) -> None:
-        self.checked += 1
-        self.failed += 1
-        if len(self.examples) < MAX_EXAMPLES:
-            self.examples.append(text)
 
 
 class StreamChecker:
@@ -68,7 +47,7 @@ class StreamChecker:
         self.profile = profile
         self.page_size = page_size
         self.allow_epoch = allow_epoch
-        self.t: dict[str, _Tally] = {name: _Tally() for name in RULES}
+        self.t: dict[str, Tally] = {name: Tally() for name in RULES}
         self.expected: int | None = None  # next seq to apply
         self.last_live: int | None = None
         self.topic: bytes | None = None
@@ -145,6 +124,18 @@ class StreamChecker:
         t = self.t["replay-protocol"]
         if not replies and not ended:
             return t.fail(f"replay from {start}: no reply")
+        good = self._judge_replies(start, replies)
+        if not ended:
+            t.fail(f"replay from {start}: no end marker ['', ff*8, ''] after {len(replies)} replies")
+        else:
+            t.ok()
+        if upto is not None:
+            self._fill_gap(start, good, upto, heal)
+
+    def _judge_replies(self, start: int, replies: list[list[bytes]]) -> list[tuple[int, bytes]]:
+        """Judge each reply up to the end marker (frames, seq, topic, order, bytes); returns the
+        (seq, payload) of the good ones."""
+        t = self.t["replay-protocol"]
         prev: int | None = None
         good: list[tuple[int, bytes]] = []
         for i, fr in enumerate(replies):
@@ -169,12 +160,10 @@ class StreamChecker:
                 t.ok()
                 good.append((seq, payload))
             prev = seq
-        if not ended:
-            t.fail(f"replay from {start}: no end marker ['', ff*8, ''] after {len(replies)} replies")
-        else:
-            t.ok()
-        if upto is None:
-            return
+        return good
+
+    def _fill_gap(self, start: int, good: list[tuple[int, bytes]], upto: int, heal: bool) -> None:
+        """Apply the replayed batches below `upto`; with `heal`, judge whether they closed the gap."""
         for seq, payload in good:
             if seq >= upto:
                 break

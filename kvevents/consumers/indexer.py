@@ -227,17 +227,12 @@ class BlockIndex(IndexReports):
         wi = w.index
         lora = ev.lora_name
         vid = self._lora_ix.get(lora)
-        if vid is None:
-            vid = self._view_id(lora)
-            if vid is None:
-                self.counters["dropped_adapter"] += 1
-                return
         mi = self._medium_ix.get(ev.medium)
-        if mi is None:
-            mi = self._medium(ev.medium)
-            if mi is None:
-                self.counters["dropped_medium"] += 1
+        if vid is None or mi is None:  # a new adapter or medium (or one past its cap: dropped, counted)
+            slots = self._new_slots(lora, ev.medium)
+            if slots is None:
                 return
+            vid, mi = slots
         if lora is not None and wi not in self._lora_sources:
             self._lora_sources.add(wi)
             self._changed()
@@ -260,6 +255,19 @@ class BlockIndex(IndexReports):
         self._hot[1] += n
         if dup:
             self.counters["duplicate_copies"] += dup
+
+    def _new_slots(self, lora: str | None, medium: str | None) -> tuple[int, int] | None:
+        """(view id, medium index) of a store, registering a new adapter or medium; None (counted)
+        when one is past its cap."""
+        vid = self._view_id(lora)
+        if vid is None:
+            self.counters["dropped_adapter"] += 1
+            return None
+        mi = self._medium(medium)
+        if mi is None:
+            self.counters["dropped_medium"] += 1
+            return None
+        return vid, mi
 
     def _holds(self, wi: int, h: int) -> bool:
         """True if worker `wi` holds a copy of `h` on any medium, under any lora_name."""

@@ -85,6 +85,33 @@ def parse_key_mode(spec: str) -> tuple[str, str]:
     return name.strip(), mode.strip()
 
 
+def _engine_hashes(c: Counter[str], raw: Any) -> list[int | bytes] | None:
+    """A store's engine hashes as map keys; None (counted) when empty or one is not a hash (the
+    block could never be removed: not indexed at all)."""
+    if type(raw) is list and raw and set(map(type, raw)) == _INT_ONLY and min(raw) >= 0 and max(raw) <= _U64:
+        maybe: list[Any] = raw  # the common case (vLLM's uint64s): no per-hash call
+    else:
+        maybe = [engine_hash_key(h) for h in raw] if isinstance(raw, list) else [None]
+    if not maybe:
+        c["empty_store"] += 1
+        return None
+    if None in maybe:
+        c["bad_hash"] += 1
+        return None
+    return cast("list[int | bytes]", maybe)
+
+
+def _parent_key(chain: _Chain, parent: Any) -> tuple[bytes, int] | str:
+    """A child's prior: its parent's key digest and int64 key, or the reason it cannot be keyed."""
+    ph = engine_hash_key(parent)
+    got = None if ph is None else chain.digests.get(ph)
+    if got is None:
+        return "bad_hash" if ph is None else "unknown_parent"
+    if got is _UNKEYED:
+        return "unkeyed_parent"
+    return got, key_int64(got)
+
+
 class _Chain:
     """One (source, dp_rank)'s engine-hash map: digest per hash, extra copies, lora per lora block."""
 
@@ -359,57 +386,27 @@ class SourceKeyer:
         )
 
     def _store(self, c: Counter[str], chain: _Chain, ev: Any) -> BlockStored | None:
-        raw = ev.block_hashes
-        if type(raw) is list and raw and set(map(type, raw)) == _INT_ONLY and min(raw) >= 0 and max(raw) <= _U64:
-            maybe: list[Any] = raw  # the common case (vLLM's uint64s): no per-hash call
-        else:
-            maybe = [engine_hash_key(h) for h in raw] if isinstance(raw, list) else [None]
-        if not maybe:
-            c["empty_store"] += 1
+        """A store keyed from its own fields (tokens, extra keys, its parent's key), or unkeyed
+        (counted by reason) when they do not allow an exact key."""
+        hashes = _engine_hashes(c, ev.block_hashes)
+        if hashes is None:
             return None
-        if None in maybe:
-            c["bad_hash"] += 1  # the block could never be removed: not indexed at all
-            return None
-        hashes = cast("list[int | bytes]", maybe)
         n, ps = len(hashes), self.page_size
         tokens, lora = ev.token_ids, ev.lora_name
         if not isinstance(lora, str):
             lora = None
+        extras = getattr(ev, "extra_keys", None)
         if ev.block_size != ps:
             return self._unkeyed(c, chain, ev, hashes, "block_size_mismatch")
         if not isinstance(tokens, list) or len(tokens) != n * ps:
             return self._unkeyed(c, chain, ev, hashes, "token_count_mismatch")
-        extras = getattr(ev, "extra_keys", None)
         if extras is not None and (not isinstance(extras, list) or len(extras) != n):
             return self._unkeyed(c, chain, ev, hashes, "bad_extra_keys")
         parent = ev.parent_block_hash
-        salt = ev.cache_salt if isinstance(ev.cache_salt, str) else None
-        prior: bytes | None
-        if parent is None:
-            if extras is not None and extras[0] is not None:
-                strings = [k for k in extras[0] if isinstance(k, str)] if isinstance(extras[0], list) else None
-                if strings is None:
-                    return self._unkeyed(c, chain, ev, hashes, "bad_extra_keys")
-                if lora is not None and lora in strings:
-                    strings.remove(lora)
-                if len(strings) > 1 or (strings and salt is not None and strings[0] != salt):
-                    return self._unkeyed(c, chain, ev, hashes, "bad_extra_keys")
-                if strings:
-                    salt = strings[0]
-            seed = event_seed(Namespace(cache_salt=salt)) if salt else None
-            prior = None if seed is None else bytes.fromhex(seed)
-            if salt:
-                c["salted_heads"] += 1
-            parent_key = None
-        else:
-            ph = engine_hash_key(parent)
-            got = None if ph is None else chain.digests.get(ph)
-            if got is None:
-                return self._unkeyed(c, chain, ev, hashes, "bad_hash" if ph is None else "unknown_parent")
-            if got is _UNKEYED:
-                return self._unkeyed(c, chain, ev, hashes, "unkeyed_parent")
-            prior = got
-            parent_key = key_int64(got)
+        head = self._head(c, ev, extras, lora) if parent is None else _parent_key(chain, parent)
+        if isinstance(head, str):
+            return self._unkeyed(c, chain, ev, hashes, head)
+        prior, parent_key = head
         try:
             mixed = block_extras(extras, lora, parent is None) if extras is not None else None
             if mixed is not None and any(mixed):
@@ -419,16 +416,45 @@ class SourceKeyer:
             digests = key_chain(pack_tokens(tokens), ps, prior, mixed)
         except ValueError:
             return self._unkeyed(c, chain, ev, hashes, "bad_extra_keys" if extras is not None else "bad_tokens")
+        keys = self._keep(c, chain, hashes, digests, lora)
+        if not keys:
+            return None
+        return BlockStored(keys, parent_key, tokens, ps, ev.lora_id, ev.medium, lora)
+
+    def _head(self, c: Counter[str], ev: Any, extras: Any, lora: str | None) -> tuple[bytes | None, None] | str:
+        """A chain head's prior (the seed of its cache_salt, from the event or its first block's
+        extra keys): (prior, no parent key), or the reason it cannot be keyed."""
+        salt = ev.cache_salt if isinstance(ev.cache_salt, str) else None
+        if extras is not None and extras[0] is not None:
+            strings = [k for k in extras[0] if isinstance(k, str)] if isinstance(extras[0], list) else None
+            if strings is None:
+                return "bad_extra_keys"
+            if lora is not None and lora in strings:
+                strings.remove(lora)
+            if len(strings) > 1 or (strings and salt is not None and strings[0] != salt):
+                return "bad_extra_keys"
+            if strings:
+                salt = strings[0]
+        seed = event_seed(Namespace(cache_salt=salt)) if salt else None
+        if salt:
+            c["salted_heads"] += 1
+        return (None if seed is None else bytes.fromhex(seed)), None
+
+    def _keep(
+        self, c: Counter[str], chain: _Chain, hashes: list[int | bytes], digests: list[bytes], lora: str | None
+    ) -> list[int]:
+        """Map each engine hash to its key digest; returns the keys to index (a hash already keyed
+        differently is skipped, counted: never a wrong key)."""
         ints = keys_int64(digests)
         keys = ints
         cmap, dups, loras = chain.digests, chain.dups, chain.loras
         get, intern = cmap.get, self._canon.setdefault
-        if cmap.keys().isdisjoint(hashes) and len(set(hashes)) == n:  # all new (the common case): C-level
+        if cmap.keys().isdisjoint(hashes) and len(set(hashes)) == len(hashes):  # all new (the common case): C-level
             cmap.update(zip(hashes, map(intern, digests, digests)))  # one bytes object per distinct key
             if lora is not None:
                 loras.update(dict.fromkeys(hashes, lora))
-            c["stored_blocks"] += n
-            return BlockStored(keys, parent_key, tokens, ps, ev.lora_id, ev.medium, lora)
+            c["stored_blocks"] += len(hashes)
+            return keys
         for k, (h, d) in enumerate(zip(hashes, digests)):
             old = get(h)
             if old is None:
@@ -444,10 +470,9 @@ class SourceKeyer:
                 continue
             if keys is not ints:
                 keys.append(ints[k])
-        if not keys:
-            return None
-        c["stored_blocks"] += len(keys)
-        return BlockStored(keys, parent_key, tokens, ps, ev.lora_id, ev.medium, lora)
+        if keys:
+            c["stored_blocks"] += len(keys)
+        return keys
 
     def _remove(self, c: Counter[str], chain: _Chain, ev: Any, out: list[Any]) -> None:
         raw = ev.block_hashes if isinstance(ev.block_hashes, list) else [None]

@@ -25,19 +25,20 @@ import mmap
 import numpy as np
 
 from kvevents import native
+from kvevents.native.layout import EMPTY, HAS_PARENT, LIVE, LIVE_BYTES, MASK_EXTRA_ROWS, MIX, SLOTS, TOMB
 
 __all__ = ["HashTable", "EMPTY", "LIVE", "TOMB", "HAS_PARENT", "SLOTS", "as_hashes", "rebuild_buckets", "zeros_paged"]
 
-EMPTY, LIVE, TOMB, HAS_PARENT = 0, 1, 2, 4  # slot state bits (uint8)
-SLOTS = 8  # slots per bucket: 8 keys = one 64-byte cache line
+# EMPTY, LIVE, TOMB, HAS_PARENT (slot states), SLOTS (per bucket), MIX, LIVE_BYTES, MASK_EXTRA_ROWS: the
+# layout the compiled twin shares, defined once in kvevents/native/layout.py (checked against the C at import)
 MAX_LOAD = 0.5  # used slots (live + tombstones) per slot before a rebuild
 REBUILD_LOAD = 0.3  # a rebuild picks the smallest size that keeps the live load at or below this
 # (so a table grows 2x at load 0.5 and lands at 0.25: few full buckets, <= 100 bytes per key)
 VACANT = -0x5EED_C0DE_5EED_C0DF  # the key of slots holding none (moved if a real key equals it)
 _MIN_BUCKETS = 8
 # Array operands are 0-d arrays, not numpy scalars: a ufunc takes them ~0.5 us faster a call.
-_MIX = np.array(0x9E3779B97F4A7C15, np.uint64)  # Fibonacci hashing: spreads sequential keys too
-_LIVE_BYTES = np.array(0x0101010101010101, np.uint64)  # the LIVE bit of each of a bucket's 8 state bytes
+_MIX = np.array(MIX, np.uint64)  # Fibonacci hashing: spreads sequential keys too
+_LIVE_BYTES = np.array(LIVE_BYTES, np.uint64)  # the LIVE bit of each of a bucket's 8 state bytes
 _GATHER = np.array(0x0102040810204080, np.uint64)  # w * _GATHER >> 56: the bytes' low bits as one byte
 _SHIFT56 = np.array(56, np.uint64)
 _SLOTS = np.array(SLOTS, np.intp)
@@ -133,7 +134,7 @@ class HashTable:
         self.state = np.zeros(n, np.uint8)
         self.parent = zeros_paged(n, np.int64)
         # one extra all-zero row at index -1: `masks.take(find(q), axis=0)` gives 0 for absent keys
-        self.masks = zeros_paged((n + 1, ncols), np.uint64)
+        self.masks = zeros_paged((n + MASK_EXTRA_ROWS, ncols), np.uint64)
         self.overflow = np.zeros(buckets, np.bool_)  # a key homed here lives in a later bucket
         self.limit = MAX_LOAD * n  # used slots past which the next reserve rebuilds
         self._bmask = buckets - 1
@@ -153,7 +154,8 @@ class HashTable:
 
     def cview(self) -> tuple:
         """The arrays and bucket math as the compiled fast path reads them (kvevents.native):
-        (keys, state, parent, masks flat, overflow bytes, nshift, vacant, spill, ncols), the arrays as
+        (keys, state, parent, masks flat, overflow bytes, nshift, vacant, spill, ncols), in the order
+        of kvevents.native.layout.CVIEW, the arrays as
         memoryviews (cheaper for C to open than numpy arrays). Valid until the next rebuild or added column."""
         c = self._cview
         if c is None:

@@ -12,7 +12,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-__all__ = ["DemoProgress", "render_result", "check_details", "check_meanings", "verdict"]
+__all__ = ["DemoProgress", "render_result", "check_details", "verdict"]
 
 WIDTH = 80  # the summary fits a standard terminal; a wider console keeps the same layout
 _POLICY_LABELS = {
@@ -243,11 +243,6 @@ def check_details(result: dict[str, Any]) -> dict[str, str]:
             f"{probe['vllm_worker']} {mp['prefix']['vllm']} (longer request: {mp['longer']['contract']} / {mp['longer']['vllm']})"
         )
     return details
-
-
-def check_meanings() -> dict[str, str]:
-    """What each live check shows, one line each."""
-    return dict(_MEANINGS)
 
 
 def verdict(result: dict[str, Any]) -> str:

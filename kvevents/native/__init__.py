@@ -2,9 +2,24 @@
 
 The one place that decides. kvevents.native._speedups (built by setup.py when a C compiler is present)
 runs the SHA-256 page chain, the index walk and the store/remove loops; the pure-Python code in
-kvevents.hashing and consumers.* gives identical results and is used when the extension is
-missing, or when KVEVENTS_PURE_PYTHON=1 is set, or inside `python_only()` (tests, benchmarks).
+kvevents._chain and consumers.* gives identical results and is used when the extension is missing,
+when its table layout differs from the Python table's (refused at import, said once on stderr),
+when KVEVENTS_PURE_PYTHON=1 is set, or inside `python_only()` (tests, benchmarks).
 Callers ask `active()` and call the functions below; nothing else imports the extension.
+
+| file | owns |
+|------|------|
+| `__init__.py` | the switch: `active()`, `describe()`, the layout check, typed wrappers of the extension |
+| `layout.py` | the HashTable layout consumers/table.py and the C share (slots, state bits, mix, view fields) |
+| `_speedups.pyi` | the extension's typed signatures (what mypy checks the wrappers against) |
+| `_native.h` | the C files' private header: argument helpers, compiler hints, the method table's functions |
+| `_speedups.c` | the module: method table, init, argument helpers |
+| `_chain.c`, `_sha256.h` | the contract's page chain: SHA-256 (SHA-NI or portable), token packing, int64 |
+| `_json.c` | the /score body's JSON token-id array read straight into packed uint32, and found in the body (split_json_tokens) |
+| `_table.h`, `_table.c` | a table view as C reads it, the probe of one key, the layout export |
+| `_walk.h`, `_walk_args.c` | the walk's state; its arguments parsed, checked and flattened |
+| `_walk.c` | the index walk: pipelined probes, per-word AND, results (twin of lookup.py's walk_plan) |
+| `_apply.c` | the store/remove loops and one-key checks (twins in consumers/table.py, copies.py, indexer.py) |
 """
 
 from __future__ import annotations
@@ -12,18 +27,26 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import functools
+import logging
 import os
 import types
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
+
+from kvevents.native.layout import mismatch as layout_mismatch
 
 try:
-    from kvevents.native import _speedups as _c  # type: ignore[attr-defined]
+    from kvevents.native import _speedups as _c
 except ImportError:  # no compiler at install time, or a pure-Python install
-    _c = None  # type: ignore[assignment]
+    HAVE_C: bool = False
+else:
+    HAVE_C = True
 
 __all__ = [
     "HAVE_C",
+    "REFUSED",
+    "refusal",
     "active",
     "describe",
     "python_only",
@@ -43,9 +66,25 @@ __all__ = [
     "sha_impl",
 ]
 
-#: True when the compiled extension imported (whether or not it is switched on).
-HAVE_C: bool = _c is not None
-_on: bool = HAVE_C and os.environ.get("KVEVENTS_PURE_PYTHON", "") not in ("1", "true", "yes")
+
+def refusal(c_layout: Mapping[str, object]) -> str | None:
+    """Why an extension exporting `c_layout` must not run (its table layout is not the Python
+    table's), as the one line said on stderr; None when the layouts agree."""
+    diff = layout_mismatch(c_layout)
+    if diff is None:
+        return None
+    return (
+        f"kvevents: the C extension was built for another table layout ({diff}); the pure-Python "
+        "fallback is in use (rebuild it: python3 setup.py build_ext --inplace)"
+    )
+
+
+#: HAVE_C: True when the compiled extension imported (whether or not it runs).
+#: REFUSED: why an imported extension does not run (its table layout differs), else None.
+REFUSED: str | None = refusal(_c.layout()) if HAVE_C else None
+if REFUSED:
+    logging.getLogger(__name__).warning(REFUSED)
+_on: bool = HAVE_C and REFUSED is None and os.environ.get("KVEVENTS_PURE_PYTHON", "") not in ("1", "true", "yes")
 
 
 def active() -> bool:
@@ -57,6 +96,8 @@ def describe() -> str:
     """One line for `kvevents --version` and `kvevents doctor`: which path runs, and why."""
     if _on:
         return f"speedups: C extension (SHA-256 {sha_impl()})"
+    if REFUSED:
+        return "speedups: pure Python (C extension refused: built for another table layout)"
     if HAVE_C:
         return "speedups: pure Python (C extension switched off by KVEVENTS_PURE_PYTHON)"
     return "speedups: pure Python (C extension not built)"
@@ -64,7 +105,7 @@ def describe() -> str:
 
 def sha_impl() -> str:
     """The C SHA-256 compression in use ('sha-ni' or 'portable'), or 'hashlib' without the extension."""
-    return _c.sha_impl() if _c is not None else "hashlib"
+    return _c.sha_impl() if HAVE_C else "hashlib"
 
 
 @contextmanager
@@ -81,7 +122,7 @@ def python_only() -> Iterator[None]:
 @contextmanager
 def portable_sha() -> Iterator[None]:
     """Run the block with the portable C SHA-256 compression instead of SHA-NI (tests)."""
-    if _c is None:
+    if not HAVE_C:
         yield
         return
     _c.select_sha(False)
@@ -93,44 +134,44 @@ def portable_sha() -> Iterator[None]:
 
 def pack_u32(token_ids: list) -> bytes | None:
     """Little-endian uint32 bytes of a list of ints, or None when one is not in 0..2**32-1."""
-    return _c.pack_u32(token_ids)  # type: ignore[union-attr]
+    return _c.pack_u32(token_ids)
 
 
 def pack_json_u32(text: Any) -> bytes | None:
     """Little-endian uint32 bytes of a JSON array of plain token ids (digits only, 0..2**32-1), or
     None for any other text (twin: consumers.score_body.pack_json_ids_py)."""
-    return _c.pack_json_u32(text)  # type: ignore[union-attr]
+    return _c.pack_json_u32(text)
 
 
 def split_json_tokens(body: Any) -> tuple[int, int, bytes] | None:
     """(start, stop, packed ids) of the top-level "tokens" array of a JSON object with plain keys,
     or None (twin: consumers.score_body.split_json_tokens_py); lets the GIL go for a long body."""
-    return _c.split_json_tokens(body)  # type: ignore[union-attr]
+    return _c.split_json_tokens(body)
 
 
 def all_int64(hashes: list, prev: int | None) -> bool:
     """Every hash (and `prev` unless None) an exact int in int64 range."""
-    return _c.all_int64(hashes, prev)  # type: ignore[union-attr]
+    return _c.all_int64(hashes, prev)
 
 
 def chain_list(token_ids: list, page_size: int, prior: bytes | None) -> bytes | None:
     """Digests of the whole pages of a token list, packed and hashed in one pass; None on a bad id."""
-    return _c.chain_list(token_ids, page_size, prior, True)  # type: ignore[union-attr]
+    return _c.chain_list(token_ids, page_size, prior, True)
 
 
 def chain_pages(pages: Any, prior: bytes | None) -> list[bytes]:
-    """Raw digests of a page chain (the C twin of kvevents.hashing's chain loop)."""
-    return _c.chain_pages(pages, prior)  # type: ignore[union-attr]
+    """Raw digests of a page chain (the C twin of kvevents._chain.chain_digests)."""
+    return _c.chain_pages(pages, prior)
 
 
 def chain_packed(data: bytes, page_size: int, prior: bytes | None) -> bytes:
     """Concatenated digests of the chain over packed tokens cut into pages (last may be partial)."""
-    return _c.chain_packed(data, page_size, prior)  # type: ignore[union-attr]
+    return _c.chain_packed(data, page_size, prior)
 
 
 def digests_int64(packed: bytes) -> bytes:
     """Native int64 bytes of the published integers of concatenated 32-byte digests."""
-    return _c.digests_int64(packed)  # type: ignore[union-attr]
+    return _c.digests_int64(packed)
 
 
 _SLOTS: dict[type, tuple | None] = {}
@@ -152,14 +193,14 @@ def walk(hashes: Any, plan: list, layout: list, media: list, weights: list, pref
     """The index walk over table views (see kvevents.consumers.lookup.walk_plan); NotImplemented when the
     weights are not all floats (the Python twin then runs, keeping its result types)."""
     extra = _walk_extra(prefix_cls, worker_cls)
-    return _c.walk(hashes, plan, layout, media, weights, prefix_cls, worker_cls, *extra)  # type: ignore[union-attr]
+    return _c.walk(hashes, plan, layout, media, weights, prefix_cls, worker_cls, *extra)
 
 
 def bind_walk(plan: list, layout: list, media: list, weights: list, prefix_cls: type, worker_cls: type) -> Any:
     """`walk` with everything but the request's hashes bound: a callable of the hashes alone, for
     callers that repeat a lookup shape (the walk's arguments are then parsed from one tuple)."""
     extra = _walk_extra(prefix_cls, worker_cls)
-    return functools.partial(_c.walk_with, (plan, layout, media, weights, prefix_cls, worker_cls, *extra))  # type: ignore[union-attr]
+    return functools.partial(_c.walk_with, (plan, layout, media, weights, prefix_cls, worker_cls, *extra))
 
 
 def _walk_extra(prefix_cls: type, worker_cls: type) -> tuple:
@@ -177,16 +218,16 @@ def set_bits_each(
     view: tuple, hashes: list[int], col: int, bit: int, prev: int | None
 ) -> tuple[list[int], int, int] | None:
     """The store loop over a table view: (duplicates, live added, used added), None to fall back."""
-    return _c.set_bits_each(view, hashes, col, bit, prev)  # type: ignore[union-attr]
+    return _c.set_bits_each(view, hashes, col, bit, prev)
 
 
 def remove_each(
     views: list[tuple], extra: dict, mi: int, col: int, wi: int, hashes: list[int], prefer: int | None, exact: bool
 ) -> tuple[int, int, int, list[int]]:
     """The remove loop over table views: (unknown, ambiguous, removed, rows deleted per view)."""
-    return _c.remove_each(views, extra, mi, col, wi, hashes, prefer, exact)  # type: ignore[union-attr]
+    return _c.remove_each(views, extra, mi, col, wi, hashes, prefer, exact)
 
 
 def holds_bit(views: list[tuple], h: int, cols: list[int], bit: int) -> bool:
     """Does any view hold key `h` with `bit` set in one of `cols`?"""
-    return _c.holds_bit(views, h, cols, bit)  # type: ignore[union-attr]
+    return _c.holds_bit(views, h, cols, bit)

@@ -1,5 +1,6 @@
 /* Self-contained SHA-256 (FIPS 180-4) for kvevents.native._speedups: a portable compression function and,
- * on x86-64 CPUs with the SHA extensions, one using them (picked at run time). No OpenSSL needed. */
+ * on x86-64 CPUs with the SHA extensions, one using them (picked at run time). No OpenSSL needed.
+ * Included by _chain.c only: the choice of compression is static state of the file that includes it. */
 #ifndef KVEVENTS_SHA256_H
 #define KVEVENTS_SHA256_H
 

@@ -2,6 +2,10 @@
 
 Layout and the resync rule are in `kvevents.recordlog.format`. Reading streams; damage (a CRC
 failure, a torn last record) is skipped with a RecordLogWarning.
+
+Logs and live streams (they import kvevents.zeromq, so they are not imported here):
+`kvevents.recordlog.live` records a feed into a log, fetches a replay buffer, drains a stored
+stream; `kvevents.recordlog.republish` publishes a log again through a Publisher.
 """
 
 from kvevents.recordlog.export import iter_jsonl, record_to_dict

@@ -27,7 +27,7 @@ from kvevents.recordlog.format import (
 )
 from kvevents.recordlog.rangecheck import RangeChecker
 
-__all__ = ["Damage", "RecordReader", "read_records", "feed_log", "open_log", "open_log_file", "open_regular_file"]
+__all__ = ["Damage", "RecordReader", "read_records", "feed_log", "open_log", "open_regular_file"]
 
 CHUNK = 1 << 20
 DIRECT_CRC_MAX = 4096  # bodies up to this size are CRC'd directly (cheap even for a false marker)
@@ -123,12 +123,6 @@ def open_log(path: str | os.PathLike[str]) -> tuple[object, int, bool]:
     return f, size, ok
 
 
-def open_log_file(path: str | os.PathLike[str]) -> tuple[object, int]:
-    """Open `path` for reading and check its header; return (binary file, size)."""
-    f, size, _ok = open_log(path)
-    return f, size
-
-
 class RecordReader:
     """Iterate the valid records of a log; damage goes to `on_damage` (default: a RecordLogWarning).
 
@@ -173,7 +167,7 @@ class RecordReader:
         finally:
             self.close()
 
-    def _scan(self) -> Iterator[Record]:
+    def _scan(self) -> Iterator[Record]:  # noqa: C901 - one resynchronising scan over a buffer (the reader's hot path); its states share locals
         if not self.header_ok:
             self._report(0, HEADER_SIZE, "header")
         f_read = self._f.read  # type: ignore[attr-defined]

@@ -236,23 +236,36 @@ def _account(st: LogStats, seqs: SeqTracker, rec: Record) -> None:
     if rec.kind == "snapshot" and rec.seq is not None:
         seqs.resume(rec.source, rank, rec.seq, epoch)
     elif rec.kind in ("live", "replay") and rec.seq is not None:
-        if src.first_seq is None:
-            src.first_seq = rec.seq
-        src.last_seq = rec.seq
-        bad = seqs.observe(rec.source, rank, rec.seq, epoch)
-        if bad is not None:
-            what, prev = bad
-            item = {"record": rec.index, "source": rec.source, "dp_rank": rank, "after": prev, "seq": rec.seq}
-            if what == "gap":
-                src.gaps += 1
-                src.missing_seqs += rec.seq - prev - 1
-                _add(st.gaps, dict(item, missing=rec.seq - prev - 1))
-            elif what == "epoch":
-                _add(st.epoch_changes, dict(item, epoch=epoch))
-            else:
-                _add(st.seq_anomalies, dict(item, what=what))
+        _seq_account(st, src, seqs, rec, rec.seq, rank, epoch)
     if rec.kind in ("live", "replay"):
         _stream_account(st, rec, batch)
+    _events_account(st, src, batch)
+
+
+def _seq_account(
+    st: LogStats, src: SourceStats, seqs: SeqTracker, rec: Record, seq: int, rank: Any, epoch: Any
+) -> None:
+    """A live or replayed batch's seq: first / last, and a gap, epoch change or odd seq if any."""
+    if src.first_seq is None:
+        src.first_seq = seq
+    src.last_seq = seq
+    bad = seqs.observe(rec.source, rank, seq, epoch)
+    if bad is None:
+        return
+    what, prev = bad
+    item = {"record": rec.index, "source": rec.source, "dp_rank": rank, "after": prev, "seq": seq}
+    if what == "gap":
+        src.gaps += 1
+        src.missing_seqs += seq - prev - 1
+        _add(st.gaps, dict(item, missing=seq - prev - 1))
+    elif what == "epoch":
+        _add(st.epoch_changes, dict(item, epoch=epoch))
+    else:
+        _add(st.seq_anomalies, dict(item, what=what))
+
+
+def _events_account(st: LogStats, src: SourceStats, batch: Any) -> None:
+    """A batch's events by type, blocks stored / removed (by medium), clears, or a heartbeat."""
     if not batch.events:
         src.heartbeats += 1
     for ev in batch.events:

@@ -1,9 +1,12 @@
-"""A minimal OpenAI-compatible `/v1/completions` in front of a simulated worker (`kvevents serve --http`).
+"""A minimal OpenAI-compatible `/v1/completions` in front of a simulated worker (`kvevents serve --http`:
+one per worker).
 
 Prompts are token-id lists; `model` names a LoRA adapter (the base model name means none) and
 `cache_salt` the tenant salt, as vLLM and SGLang take them. Each request is served by the worker
 and its events are published before the response is sent, so a client that saw the response can
-expect the events. Nothing is generated: the completion text is empty. Standard library only.
+expect the events. Nothing is generated: the completion text is empty. `stream: true` answers as
+an event stream (chunked), as OpenAI's API does, with a usage chunk when `stream_options.include_usage`.
+`system_fingerprint` names the worker that answered. Standard library only.
 """
 
 from __future__ import annotations
@@ -19,7 +22,14 @@ from kvevents.hashing import Namespace
 from kvevents.sim import worker as sim
 from kvevents.sim.worker import Request
 
-__all__ = ["BASE_MODEL", "CompletionsServer", "parse_http_address", "serve_and_publish", "serve_http"]
+__all__ = [
+    "BASE_MODEL",
+    "CompletionsServer",
+    "parse_http_address",
+    "serve_and_publish",
+    "serve_http",
+    "worker_addresses",
+]
 
 BASE_MODEL = "kvevents-sim"
 MAX_BODY = 8 << 20
@@ -31,6 +41,18 @@ def parse_http_address(spec: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or int(port) > 65535:
         raise ValueError(f"--http must be HOST:PORT (port 0-65535), got {spec!r}")
     return host.strip("[]"), int(port)
+
+
+def worker_addresses(spec: str, workers: int) -> list[str]:
+    """`kvevents serve --http HOST:PORT` for every worker: worker i on PORT + i (port 0: each a free
+    one). ValueError when the last port is past 65535."""
+    host, port = parse_http_address(spec)
+    if port and port + workers - 1 > 65535:
+        raise ValueError(
+            f"--http {spec!r}: {workers} workers need ports {port}..{port + workers - 1} (worker i: port + i)"
+        )
+    shown = f"[{host}]" if ":" in host else host
+    return [f"{shown}:{port + i if port else 0}" for i in range(workers)]
 
 
 def serve_and_publish(worker: Any, publisher: Any, request: Request) -> int:
@@ -63,9 +85,11 @@ class CompletionsServer:
         *,
         lock: threading.Lock | None = None,
         base_model: str = BASE_MODEL,
+        name: str = "w0",
     ) -> None:
         host, port = parse_http_address(address)
         self.base_model = base_model
+        self.name = name
         self.requests = 0
         self._handle = handle
         self._lock = lock or threading.Lock()
@@ -90,6 +114,17 @@ class CompletionsServer:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def _stream(self, obj: dict[str, Any], include_usage: bool) -> None:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for event in _events(obj, include_usage):
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+
             def _error(self, code: int, message: str) -> None:
                 self._reply(code, {"error": {"message": message, "type": "invalid_request_error", "code": code}})
 
@@ -111,7 +146,11 @@ class CompletionsServer:
                     body = json.loads(self.rfile.read(n) or b"{}")
                     if not isinstance(body, dict):
                         raise ValueError("the body must be a JSON object")
-                    self._reply(200, server.complete(body))
+                    answer = server.complete(body)
+                    if body.get("stream") is True:
+                        options = body.get("stream_options")
+                        return self._stream(answer, isinstance(options, dict) and options.get("include_usage") is True)
+                    self._reply(200, answer)
                 except ValueError as exc:
                     self._error(400, str(exc))
 
@@ -149,6 +188,7 @@ class CompletionsServer:
             "object": "text_completion",
             "created": int(time.time()),
             "model": model or self.base_model,
+            "system_fingerprint": f"kvevents-sim-{self.name}",
             "choices": choices,
             "usage": {
                 "prompt_tokens": prompt_tokens,
@@ -170,10 +210,21 @@ class CompletionsServer:
         self.close()
 
 
+def _events(answer: dict[str, Any], include_usage: bool) -> list[bytes]:
+    """A completion as OpenAI streams it: a chunk per choice, the usage chunk if asked, [DONE]."""
+    head = {k: answer[k] for k in ("id", "created", "model", "system_fingerprint")}
+    chunks = [{**head, "object": "text_completion", "choices": [c]} for c in answer["choices"]]
+    if include_usage:
+        chunks.append({**head, "object": "text_completion", "choices": [], "usage": answer["usage"]})
+    return [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
+
+
 def serve_http(address: str, worker: Any, publisher: Any, lock: threading.Lock) -> CompletionsServer:
     """`kvevents serve --http`: the endpoint in front of one worker; the caller's serving loop holds
     `lock` around each of its own steps. ValueError (one line) for a bad or busy address."""
     try:
-        return CompletionsServer(address, lambda req: serve_and_publish(worker, publisher, req), lock=lock)
+        return CompletionsServer(
+            address, lambda req: serve_and_publish(worker, publisher, req), lock=lock, name=str(worker.name)
+        )
     except OSError as exc:
         raise ValueError(f"--http {address}: {exc}") from None

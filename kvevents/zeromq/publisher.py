@@ -10,13 +10,14 @@ Each publisher owns its zmq.Context (unless given one), so `close()` returns wit
 
 from __future__ import annotations
 
+import errno
 import logging
 import queue
 import secrets
 import threading
 import time
 from collections import deque
-from typing import Any, Iterable, Literal, Protocol, Sequence
+from typing import Any, Literal, Protocol, Sequence
 
 import msgspec
 import zmq
@@ -80,6 +81,11 @@ _SVC_KEYS = (
     "rejected_describe_rate",
 )
 PLAIN_BIND_WARNING = "plain-bind"  # the log record key (security.OnceFilter) of the warning below
+_BIND_ERRORS = {  # what a failed bind / connect means, by errno
+    errno.ENODEV: "the host cannot be resolved or is not an address of this machine (cannot bind)",
+    errno.EADDRINUSE: "the address is already in use",
+    errno.EADDRNOTAVAIL: "the address is not on this machine (cannot bind)",
+}
 
 
 class Publisher:
@@ -98,17 +104,29 @@ class Publisher:
         context: zmq.Context | None = None,
         **overrides: Any,
     ) -> None:
-        if config is None:
-            config = PublisherConfig(**overrides)
-        elif overrides:
-            base = config.model_dump()
-            if "endpoint" in overrides and "bind" not in overrides and "endpoint" not in config.model_fields_set:
-                base.pop("bind")  # the bind came with the default endpoint, not with this one
-            config = PublisherConfig(**{**base, **overrides})
+        config = PublisherConfig(**overrides) if config is None else config.with_overrides(overrides)
         if send_mode not in ("caller", "queue"):
             raise ValueError(f"send_mode must be 'caller' or 'queue', got {send_mode!r}")
         self.config = config
         self.send_mode = send_mode
+        self._init_state(config)
+        curve = None
+        if config.curve_secret_key_file is not None:  # a bad key file is a ValueError before any socket
+            curve = security.CurveServer.from_files(config.curve_secret_key_file, config.curve_allow_dir)
+        self._open_sockets(config, context, curve)
+        if curve is None:
+            self._warn_exposed()
+        # snapshots are only served over the ROUTER; without them the (empty) view only holds the
+        # page size DESCRIBE reports, learned from the first BlockStored (_learn_page)
+        self._keep_view = self._router is not None and config.snapshots
+        self._learn_page = self._router is not None and not config.snapshots
+        self._service = ReplayServer(self, self._router) if self._router is not None else None
+        self._start_threads(send_mode, config.max_queue_size)
+        if config.metrics_port is not None:
+            self._serve_metrics(config.metrics_port)
+
+    def _init_state(self, config: PublisherConfig) -> None:
+        """Stream identity, encoders, the replay ring, the live view and the counters."""
         self._epoch: int = secrets.randbits(63) if config.epoch is None else config.epoch
         self._topic_b = config.topic.encode()
         self._rank = config.dp_rank
@@ -140,80 +158,88 @@ class Publisher:
         self._pending = 0
         self._abandoned = False
         self._stop = threading.Event()
-        inproc = any(e and e.startswith("inproc://") for e in (config.endpoint, config.replay_endpoint))
-        # inproc peers must share the context: use the global one (no ports to release there)
-        self._own_ctx = context is None and not inproc
-        self._ctx = context or (zmq.Context.instance() if inproc else zmq.Context())
         self._router: zmq.Socket | None = None
         self._queue: queue.Queue | None = None
         self._sender: threading.Thread | None = None
         self._curve_handles: list[security.ServerHandle] = []
-        curve = None
-        if config.curve_secret_key_file is not None:  # a bad key file is a ValueError before any socket
-            curve = security.CurveServer.from_files(config.curve_secret_key_file, config.curve_allow_dir)
+
+    def _open_sockets(
+        self, config: PublisherConfig, context: zmq.Context | None, curve: security.CurveServer | None
+    ) -> None:
+        """The context, the PUB socket and (with a replay endpoint) the ROUTER, bound or connected;
+        a failure closes what was opened and is one ValueError naming the endpoint."""
+        inproc = any(e and e.startswith("inproc://") for e in (config.endpoint, config.replay_endpoint))
+        # inproc peers must share the context: use the global one (no ports to release there)
+        self._own_ctx = context is None and not inproc
+        self._ctx = context or (zmq.Context.instance() if inproc else zmq.Context())
         try:
-            self._pub = self._ctx.socket(zmq.PUB)
-            if curve is not None:  # before bind: ZeroMQ's listener copies the options
-                self._curve_handles.append(security.apply_server(self._pub, curve))
-            self._send = _raw_send(self._pub)
-            self._pub.setsockopt(zmq.SNDHWM, config.hwm)
-            self._pub.setsockopt(zmq.LINGER, 0)
-            endpoint = offset_endpoint(config.endpoint, config.dp_rank)
-            if should_bind(endpoint, config.bind):
-                self._pub.bind(endpoint)
-                self.endpoint: str = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
-            else:
-                self._pub.connect(endpoint)
-                self.endpoint = endpoint
+            self._open_pub(config, curve)
             self.replay_endpoint: str | None = None
             if config.replay_endpoint:
-                r = self._router = self._ctx.socket(zmq.ROUTER)
-                r.setsockopt(zmq.ROUTER_MANDATORY, 1)
-                prepare_router_socket(r)  # request limits; before bind: ZeroMQ's listener copies the options
-                if curve is not None:
-                    self._curve_handles.append(security.apply_server(r, curve))
-                r.setsockopt(zmq.LINGER, 0)
-                r.bind(offset_endpoint(config.replay_endpoint, config.dp_rank))
-                self.replay_endpoint = r.getsockopt_string(zmq.LAST_ENDPOINT)
+                self._open_router(config, curve)
         except (zmq.ZMQError, ValueError) as exc:
             self._close_sockets()
             failed = (
                 config.replay_endpoint if hasattr(self, "replay_endpoint") else config.endpoint
             )  # set once PUB is up
-            code = getattr(exc, "errno", None)
-            why = {
-                19: "the host cannot be resolved or is not an address of this machine (cannot bind)",  # ENODEV
-                98: "the address is already in use",
-                99: "the address is not on this machine (cannot bind)",
-            }
-            raise ValueError(f"publisher endpoint {failed!r}: {why.get(code or 0, str(exc))}") from None
-        exposed = [] if curve is not None else security.exposed_endpoints(self.endpoint, self.replay_endpoint)
-        if exposed:  # one line; a CLI running several publishers shows it once (security.OnceFilter)
+            why = _BIND_ERRORS.get(getattr(exc, "errno", None) or 0, str(exc))
+            raise ValueError(f"publisher endpoint {failed!r}: {why}") from None
+
+    def _open_pub(self, config: PublisherConfig, curve: security.CurveServer | None) -> None:
+        self._pub = self._ctx.socket(zmq.PUB)
+        if curve is not None:  # before bind: ZeroMQ's listener copies the options
+            self._curve_handles.append(security.apply_server(self._pub, curve))
+        self._send = _raw_send(self._pub)
+        self._pub.setsockopt(zmq.SNDHWM, config.hwm)
+        self._pub.setsockopt(zmq.LINGER, 0)
+        endpoint = offset_endpoint(config.endpoint, config.dp_rank)
+        if should_bind(endpoint, config.bind):
+            self._pub.bind(endpoint)
+            self.endpoint: str = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        else:
+            self._pub.connect(endpoint)
+            self.endpoint = endpoint
+
+    def _open_router(self, config: PublisherConfig, curve: security.CurveServer | None) -> None:
+        assert config.replay_endpoint
+        r = self._router = self._ctx.socket(zmq.ROUTER)
+        r.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        prepare_router_socket(r)  # request limits; before bind: ZeroMQ's listener copies the options
+        if curve is not None:
+            self._curve_handles.append(security.apply_server(r, curve))
+        r.setsockopt(zmq.LINGER, 0)
+        r.bind(offset_endpoint(config.replay_endpoint, config.dp_rank))
+        self.replay_endpoint = r.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def _warn_exposed(self) -> None:
+        """One line for endpoints reachable beyond loopback without CURVE (a CLI running several
+        publishers shows it once: security.OnceFilter)."""
+        exposed = security.exposed_endpoints(self.endpoint, self.replay_endpoint)
+        if exposed:
             log.warning(
                 "publisher on %s without CURVE: events (token ids, cache_salt) travel in clear to anyone "
                 "who can reach it; use loopback or --curve-secret (README: Security)",
                 " and ".join(exposed),
                 extra={"kvevents_once": PLAIN_BIND_WARNING},
             )
-        # snapshots are only served over the ROUTER; without them the (empty) view only holds the
-        # page size DESCRIBE reports, learned from the first BlockStored (_learn_page)
-        self._keep_view = self._router is not None and config.snapshots
-        self._learn_page = self._router is not None and not config.snapshots
-        self._service = ReplayServer(self, self._router) if self._router is not None else None
+
+    def _start_threads(self, send_mode: str, max_queue_size: int) -> None:
+        """The service thread (replay server, heartbeats) and, in queue mode, the sender."""
         if send_mode == "queue":
-            self._queue = queue.Queue(maxsize=config.max_queue_size)
+            self._queue = queue.Queue(maxsize=max_queue_size)
             self._sender = threading.Thread(target=self._send_loop, name="kvevents-pub-sender", daemon=True)
             self._sender.start()
         self._thread = threading.Thread(target=self._service_loop, name="kvevents-pub-service", daemon=True)
         self._thread.start()
-        if config.metrics_port is not None:
-            from kvevents.zeromq import metrics
 
-            try:
-                self._metrics_port = metrics.serve_publisher(self, config.metrics_port)
-            except (OSError, ValueError) as exc:  # a busy port: release the thread and both ports first
-                self.close(0)
-                raise ValueError(f"metrics port {config.metrics_port}: {exc}") from None
+    def _serve_metrics(self, port: int) -> None:
+        from kvevents.zeromq import metrics
+
+        try:
+            self._metrics_port = metrics.serve_publisher(self, port)
+        except (OSError, ValueError) as exc:  # a busy port: release the thread and both ports first
+            self.close(0)
+            raise ValueError(f"metrics port {port}: {exc}") from None
 
     # ------------------------------------------------------------------ public API
     @property
@@ -539,8 +565,3 @@ def publish_steps(source: EventSource, publisher: Publisher) -> int | None:
     if not events:
         return None
     return publisher.publish(events)
-
-
-def publish_all(sources: Iterable[tuple[EventSource, Publisher]]) -> int:
-    """One step for several (source, publisher) pairs; returns the number of batches published."""
-    return sum(1 for src, pub in sources if publish_steps(src, pub) is not None)

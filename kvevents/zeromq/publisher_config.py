@@ -80,3 +80,12 @@ class PublisherConfig(BaseModel):
         if self.curve_allow_dir is not None and self.curve_secret_key_file is None:
             raise ValueError("curve_allow_dir needs curve_secret_key_file (the server's certificate)")
         return self
+
+    def with_overrides(self, overrides: dict[str, Any]) -> PublisherConfig:
+        """This config with keyword overrides applied (a new endpoint drops the default endpoint's bind)."""
+        if not overrides:
+            return self
+        base = self.model_dump()
+        if "endpoint" in overrides and "bind" not in overrides and "endpoint" not in self.model_fields_set:
+            base.pop("bind")  # the bind came with the default endpoint, not with this one
+        return PublisherConfig(**{**base, **overrides})

@@ -38,14 +38,15 @@ import ctypes.util
 import logging
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 
 import msgspec
 import zmq
 
 from kvevents.events import BatchEncoder
+from kvevents.zeromq.publisher_config import PublisherConfig
 from kvevents.zeromq.ratelimit import PeerRateLimiter
-from kvevents.zeromq.view import snapshot_batches
+from kvevents.zeromq.view import FrozenView, snapshot_batches
 from kvevents.zeromq.wire import (
     DESCRIBE_REQUEST,
     END_SEQ,
@@ -66,10 +67,34 @@ def _load_malloc_trim() -> Callable[[int], int] | None:
 
 _malloc_trim = _load_malloc_trim()
 
-if TYPE_CHECKING:  # pragma: no cover
-    from kvevents.zeromq.publisher import Publisher
 
-__all__ = ["ReplayServer", "prepare_router_socket", "ROUTER_COUNTERS", "MAX_FRAME_BYTES", "MAX_REQUEST_BYTES"]
+class ReplaySource(Protocol):
+    """What the ROUTER side reads of its publisher (kvevents.zeromq.publisher.Publisher is one)."""
+
+    config: PublisherConfig
+
+    def count(self, key: str, n: int = 1) -> None: ...
+
+    def ring_items(self) -> list[tuple[int, bytes, bytes]]: ...
+
+    @property
+    def topic_bytes(self) -> bytes: ...
+
+    def freeze_view(self) -> tuple[FrozenView, int]: ...
+
+    def batch_ids(self) -> tuple[int | None, int | None]: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
+__all__ = [
+    "ReplayServer",
+    "ReplaySource",
+    "prepare_router_socket",
+    "ROUTER_COUNTERS",
+    "MAX_FRAME_BYTES",
+    "MAX_REQUEST_BYTES",
+]
 
 log = logging.getLogger("kvevents.zeromq.publisher")
 
@@ -117,7 +142,7 @@ class ReplayServer:
 
     def __init__(
         self,
-        pub: Publisher,
+        pub: ReplaySource,
         sock: zmq.Socket,
         *,
         clock: Callable[[], float] = time.monotonic,

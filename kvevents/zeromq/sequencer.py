@@ -32,7 +32,7 @@ from kvevents.feed import START_MODES, Delivery, DeliveryKind, Output, Reset, Re
 from kvevents.zeromq.commands import Command, DropDealer, Send
 from kvevents.zeromq.framing import Reply, describe_epoch, framing_label, parse_reply, reply_problem
 from kvevents.zeromq.source import Source
-from kvevents.zeromq.streams import Item, Request, SourceState, Stream
+from kvevents.zeromq.streams import Item, Phase, Request, SourceState, Stream
 from kvevents.zeromq.wire import DESCRIBE_REQUEST, SEQ, SNAPSHOT_REQUEST, SNAPSHOT_SEQ, pack_seq
 
 __all__ = ["Sequencer", "Send", "DropDealer", "Command", "COUNTERS", "DESCRIBE_TIMEOUT_S"]
@@ -256,7 +256,8 @@ class Sequencer:
         st.epoch = epoch
         st.next_seq = None
         if s.active is not None and s.active.stream is st:
-            s.active.aborting = True
+            if s.active.phase is not Phase.DESCRIBING:  # (a DESCRIBE's own reply ends a superseded one)
+                s.active.phase = Phase.DRAINING
             s.active.superseded = True
         self._emit_reset(s, st, reason)
         if s.source.replay_endpoint and seq > 0:
@@ -314,10 +315,14 @@ class Sequencer:
         if s.active is not None or not s.queue or self.clock() < s.not_before:
             return
         req = s.queue.popleft()
-        if req.kind == "describe" or (req.kind == "replay" and not req.first and s.can_describe and not req.describing):
+        if req.kind == "describe" or (
+            req.kind == "replay" and not req.first and s.can_describe and req.phase is not Phase.DESCRIBING
+        ):
             self.counters["describes_requested"] += 1
-            req.describing = True
+            req.phase = Phase.DESCRIBING
             return self._send(s, req, DESCRIBE_REQUEST, min(self.request_timeout_s, DESCRIBE_TIMEOUT_S))
+        if req.phase is not Phase.DRAINING:  # a retry of a failed reply stays drained till its end marker
+            req.phase = Phase.REQUESTING
         if req.kind == "replay":
             self.counters["replays_requested"] += 1
             return self._send(s, req, pack_seq(req.start), self.request_timeout_s)
@@ -332,7 +337,7 @@ class Sequencer:
             return self._abandon(s, req, f"not finished within {self.request_budget_s:g}s")
         s.active = None
         self._commands.append(DropDealer(s.name))
-        if req.describing:
+        if req.phase is Phase.DESCRIBING:
             self.counters["describe_timeouts"] += 1
             log.info("source %s: no KVE/DESCRIBE reply; restarts are found by seqs going backwards only", s.name)
             return self._without_describe(s, req)
@@ -354,7 +359,7 @@ class Sequencer:
         s.active = None
         s.not_before = 0.0
         self._commands.append(DropDealer(s.name))
-        if req.describing:
+        if req.phase is Phase.DESCRIBING:
             log.info("source %s: KVE/DESCRIBE %s; going on without it", s.name, why)
             self._without_describe(s, req)
         elif not req.superseded:
@@ -387,7 +392,7 @@ class Sequencer:
     def _without_describe(self, s: SourceState, req: Request) -> None:
         """A publisher without KVE/DESCRIBE (vLLM, SGLang): go on without; seqs alone find restarts."""
         s.describes = False
-        req.describing = False
+        req.phase = Phase.QUEUED
         if req.superseded:
             return
         if req.kind == "replay":
@@ -416,7 +421,7 @@ class Sequencer:
         s.describes = True
         s.failing = False
         st = req.stream
-        req.describing = False
+        req.phase = Phase.QUEUED
         if req.superseded:
             s.active = None
             self._pump(s)
@@ -436,6 +441,7 @@ class Sequencer:
             st.epoch = epoch
         if req.kind == "replay":  # the epoch holds: now the replay itself
             self.counters["replays_requested"] += 1
+            req.phase = Phase.REQUESTING
             return self._send(s, req, pack_seq(req.start), self.request_timeout_s)
         s.active = None
         s.not_before = 0.0
@@ -443,13 +449,13 @@ class Sequencer:
         self._pump(s)
 
     # ------------------------------------------------------------------ replies
-    def on_reply(self, name: str, frames: list[bytes]) -> None:
+    def on_reply(self, name: str, frames: list[bytes]) -> None:  # noqa: C901 - the reply protocol's cases in order
         """One message on the DEALER of `name`: a DESCRIBE map, or a replayed batch, snapshot batch or
         end marker in either replay framing. Anything else fails the request in flight at once."""
         s = self._srcs[name]
         req = s.active
         s.heard(time.time(), self.clock())
-        if req is not None and req.describing and len(frames) == 2 and frames[0] == b"":
+        if req is not None and req.phase is Phase.DESCRIBING and len(frames) == 2 and frames[0] == b"":
             return self._on_describe(s, req, frames[1])
         reply = parse_reply(frames)
         if reply is None:
@@ -459,12 +465,12 @@ class Sequencer:
             s.framing = reply.framing
         if req is None:
             return self.bad(f"source {s.name}: replay reply with no request in flight", "", "bad_replies")
-        if req.describing:  # an engine without KVE/DESCRIBE reads it as a start past its newest seq
+        if req.phase is Phase.DESCRIBING:  # an engine without KVE/DESCRIBE reads it as a start past its newest seq
             return self._describe_refused(s, req) if reply.is_end else self._unusable(s, req, "a batch")
         req.deadline = self.clock() + self.request_timeout_s  # progress extends the deadline (not give_up_at)
         if reply.is_end:
             return self._finish(s, req, reply.payload)
-        if req.aborting:
+        if req.phase is Phase.DRAINING:
             return
         topic = s.topic if reply.topic is None else reply.topic
         if req.kind == "snapshot":
@@ -473,7 +479,7 @@ class Sequencer:
 
     def _unusable(self, s: SourceState, req: Request | None, why: str) -> None:
         """A reply in neither framing, or of the wrong kind: counted; the request in flight fails."""
-        kind = "" if req is None else f" to a {'describe' if req.describing else req.kind} request"
+        kind = "" if req is None else f" to a {'describe' if req.phase is Phase.DESCRIBING else req.kind} request"
         self.bad(f"source {s.name}: unusable reply{kind}", why, "bad_replies")
         if req is not None:
             self._abandon(s, req, f"answered with {why}")
@@ -484,7 +490,7 @@ class Sequencer:
         try:
             batch = decode_batch(reply.payload)
         except DecodeError as exc:
-            req.aborting = req.failed = True
+            req.phase, req.failed = Phase.DRAINING, True
             return self.bad(f"source {s.name}: undecodable snapshot batch", str(exc))
         req.stream.snapshot.append(Item(0, topic, reply.payload, batch, time.time()))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from kvevents.events import KVEventBatch
@@ -38,24 +39,33 @@ class Stream:
     snapshot: list[Item] = field(default_factory=list)
 
 
+class Phase(Enum):
+    """Where a request is: waiting its turn, its KVE/DESCRIBE in flight, its replay or snapshot
+    request sent (replies taken), or draining (replies ignored until the end marker)."""
+
+    QUEUED = "queued"
+    DESCRIBING = "describing"
+    REQUESTING = "requesting"
+    DRAINING = "draining"  # failed, restarted meanwhile, or superseded: the end marker decides
+
+
 @dataclass(slots=True, eq=False)
 class Request:
     """A replay (from `start`), snapshot or describe request; one in flight per source DEALER.
 
-    A gap replay to a publisher that answers KVE/DESCRIBE asks DESCRIBE first (`describing`), so
-    a restart whose new seqs run past ours is found before its batches are replayed onto old state.
+    A gap replay to a publisher that answers KVE/DESCRIBE asks DESCRIBE first (Phase.DESCRIBING),
+    so a restart whose new seqs run past ours is found before its batches are replayed onto old state.
     """
 
     stream: Stream
     kind: str  # "replay" | "snapshot" | "describe"
     start: int
     first: bool = False  # the stream's first contact: a late first reply is reason "first"
-    describing: bool = False  # a DESCRIBE is in flight for this request
+    phase: Phase = Phase.QUEUED
     deadline: float = 0.0  # no reply by then: timed out (each reply moves it on)
     give_up_at: float = 0.0  # not finished by then, replies or not: abandoned (never moves)
     attempts: int = 0
-    got_any: bool = False
-    aborting: bool = False  # ignore replies until the end marker
+    got_any: bool = False  # a reply to the replay or snapshot request came
     failed: bool = False  # replay could not fill the gap / snapshot unusable
     superseded: bool = False  # the stream was reset meanwhile: discard the outcome
     new_epoch: int | None = None  # a reply came from a restarted publisher
@@ -67,7 +77,7 @@ class Request:
         first_reply = not self.got_any
         self.got_any = True
         if first_reply and seq > self.start:
-            self.aborting = self.failed = True  # the publisher no longer keeps next_seq
+            self.phase, self.failed = Phase.DRAINING, True  # the publisher no longer keeps next_seq
             return "skip"
         if batch is None:
             if st.next_seq is not None and seq == st.next_seq:
@@ -78,14 +88,14 @@ class Request:
                 st.epoch = batch.epoch
             st.next_seq = self.start
         if batch.epoch is not None and st.epoch is not None and batch.epoch != st.epoch:
-            self.aborting = True  # the publisher restarted meanwhile: resync when this reply ends
+            self.phase = Phase.DRAINING  # the publisher restarted meanwhile: resync when this reply ends
             self.new_epoch = batch.epoch
             return "skip"
         assert st.next_seq is not None
         if seq < st.next_seq:
             return "duplicate"
         if seq > st.next_seq:
-            self.aborting = self.failed = True  # a hole inside the ring (dropped batches)
+            self.phase, self.failed = Phase.DRAINING, True  # a hole inside the ring (dropped batches)
             return "skip"
         st.next_seq = seq + 1
         return "deliver"

@@ -31,6 +31,7 @@ def _kv(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "kvevents", *args], capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("extra", [[], ["--drop-corrupt"]])
 def test_repair_refuses_a_symlink_and_changes_nothing(tmp_path: Path, extra: list[str]) -> None:
     target = tmp_path / "real.kvlog"
@@ -46,6 +47,7 @@ def test_repair_refuses_a_symlink_and_changes_nothing(tmp_path: Path, extra: lis
     assert target.read_bytes() == before  # and its target was not touched
 
 
+@pytest.mark.subprocess
 def test_dry_run_reports_through_the_link_and_the_target_repairs(tmp_path: Path) -> None:
     target = tmp_path / "real.kvlog"
     before = _damaged_log(target, corrupt=False)

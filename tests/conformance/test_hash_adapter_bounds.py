@@ -13,6 +13,8 @@ import time
 import tracemalloc
 from pathlib import Path
 
+import pytest
+
 from kvevents.conformance.hashkit import golden_cases, run_adapter
 from kvevents.conformance.report import Status
 
@@ -37,6 +39,7 @@ def _examples(report) -> list[str]:
     return [ex for rule in report.results for ex in rule.examples]
 
 
+@pytest.mark.subprocess
 def test_an_endless_line_is_capped_and_names_the_case(tmp_path: Path) -> None:
     code = (
         "import sys, time\n"
@@ -68,6 +71,7 @@ def test_an_endless_line_is_capped_and_names_the_case(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 8  # the adapter was killed, not waited for
 
 
+@pytest.mark.subprocess
 def test_a_smaller_cap_applies_and_a_line_under_it_is_read(tmp_path: Path) -> None:
     report = run_adapter(_cmd(tmp_path, "a.py", _readme_adapter()), CASES, timeout=5, max_line=100)
     bad = [ex for ex in _examples(report) if "over 100 bytes" in ex]
@@ -75,6 +79,7 @@ def test_a_smaller_cap_applies_and_a_line_under_it_is_read(tmp_path: Path) -> No
     assert run_adapter(_cmd(tmp_path, "b.py", _readme_adapter()), CASES, timeout=5).ok
 
 
+@pytest.mark.subprocess
 def test_invalid_utf8_is_one_bad_answer_named_by_case_number(tmp_path: Path) -> None:
     code = _readme_adapter().replace(
         "    print(json.dumps(answer), flush=True)",
@@ -89,6 +94,7 @@ def test_invalid_utf8_is_one_bad_answer_named_by_case_number(tmp_path: Path) -> 
     assert report.figures["failed"] == 1  # every other case was still read and checked
 
 
+@pytest.mark.subprocess
 def test_invalid_utf8_through_the_cli_is_no_traceback(tmp_path: Path) -> None:
     code = "import sys\nfor line in sys.stdin:\n    sys.stdout.buffer.write(b'\\xc3\\x28\\n'); sys.stdout.flush()\n"
     proc = subprocess.run(
@@ -120,6 +126,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.subprocess
 def test_the_adapters_process_group_is_killed_when_the_kit_ends(tmp_path: Path) -> None:
     pidfile = tmp_path / "child.pid"
     code = (

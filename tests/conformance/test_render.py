@@ -107,6 +107,7 @@ def test_first_difference() -> None:
     assert first_difference([1, 2], [1, 2, 3]) == 2
 
 
+@pytest.mark.subprocess
 def test_the_cli_exits_0_on_a_match_1_on_a_mismatch_and_2_on_a_bad_tokenizer(tmp_path: Path) -> None:
     tok = make_tokenizer_dir(tmp_path, CHATML)
     good, bad = _Engine(_engine_tokenize(tok, "faithful")), _Engine(_engine_tokenize(tok, "raw"))

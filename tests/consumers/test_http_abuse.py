@@ -27,20 +27,12 @@ from kvevents.consumers.service.http_guard import Admission, PendingConnections
 from kvevents.sim.worker import Request, SimWorker
 from kvevents.zeromq.publisher import Publisher
 from kvevents.zeromq.subscriber import Source
+from tests.helpers.wait import wait_until
 
 EPH = "tcp://127.0.0.1:*"
 PAGE = 16
 DOC = list(range(500, 500 + 8 * PAGE))
 JSON_CT = "application/json"
-
-
-def _wait(cond, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def request(body: bytes, content_type: str | None = JSON_CT, close: bool = True) -> bytes:
@@ -77,7 +69,7 @@ class Front:
         self.pub.publish(self.worker.take_events())
         self.worker.serve(Request(DOC))
         self.pub.publish(self.worker.take_events())
-        _wait(lambda: self.score()[0] == 200 and self.score()[2]["best"] == "w0", what="the router to index DOC")
+        wait_until("the router to index DOC", lambda: self.score()[0] == 200 and self.score()[2]["best"] == "w0")
 
     def connect(self) -> socket.socket:
         return socket.create_connection((self.host, self.port), timeout=10)
@@ -161,9 +153,9 @@ def test_idle_connections_past_their_cap_close_the_oldest(front):
             return False
 
     try:
-        _wait(first_closed, timeout=5, what="the oldest idle connection to be closed")
+        wait_until("the oldest idle connection to be closed", first_closed, timeout=5)
         assert front.score()[0] == 200
-        _wait(lambda: front.service.http_counters()["idle_closed"] >= 10, timeout=5, what="ten closed")
+        wait_until("ten closed", lambda: front.service.http_counters()["idle_closed"] >= 10, timeout=5)
     finally:
         for s in idle + extra:
             s.close()
@@ -267,9 +259,9 @@ def test_long_bodies_past_their_gate_wait_then_get_503(front):
     holder, waiter = front.connect(), front.connect()
     try:
         holder.sendall(request(long_body)[: -len(long_body) // 2])
-        _wait(lambda: front.service.http_counters()["long_admitted"] == 1, what="the holder in its place")
+        wait_until("the holder in its place", lambda: front.service.http_counters()["long_admitted"] == 1)
         waiter.sendall(request(long_body))
-        _wait(lambda: front.service.http_counters()["long_queued"] == 1, what="the second one waiting")
+        wait_until("the second one waiting", lambda: front.service.http_counters()["long_queued"] == 1)
         status, headers, answer = front.score(long_body)
         assert status == 503 and headers["retry-after"] == "1" and "long bodies" in answer["error"]
         assert front.score()[0] == 200  # a short one meanwhile
@@ -348,6 +340,8 @@ def _hwm_mb(pid: int) -> float:
     raise AssertionError("no VmHWM")
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.skipif(not native.active(), reason="the GIL is let go by the compiled reader and hash only")
 def test_long_bodies_leave_normal_requests_fast():
     """Four clients posting legal 4M-token bodies (16 MB) back to back at a real `kvevents route`:

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+pytestmark = pytest.mark.subprocess  # kvevents route and serve run as the user runs them
+
 CMD = [sys.executable, "-m", "kvevents"]
 BUDGET_S = 0.2  # ten requests; the Nagle stall alone cost 9 x 40 ms
 ATTEMPTS = 3  # the best of three fresh connections (a busy shared machine may slow one)

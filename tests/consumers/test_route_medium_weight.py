@@ -58,6 +58,7 @@ def test_parse_medium_weights_overrides_the_defaults_and_refuses_bad_specs() -> 
             parse_medium_weights([bad])
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("spec", ["CPU", "CPU=-1", "CPU=fast", "=0.5", "CPU=nan"])
 def test_route_refuses_a_bad_medium_weight_in_one_line(spec: str) -> None:
     proc = subprocess.run(
@@ -81,6 +82,7 @@ def _get(port: int, method: str, path: str, body: dict | None = None) -> dict:
         conn.close()
 
 
+@pytest.mark.subprocess
 def test_route_scores_with_the_weights_given() -> None:
     pub = Publisher(
         endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", bind=True, heartbeat_interval_s=0.1

@@ -141,6 +141,7 @@ def test_refuses_non_buffers() -> None:
 
 
 @compiled
+@pytest.mark.slow
 def test_a_long_body_lets_other_threads_run() -> None:
     """4M ids (16 MB): the scan runs without the GIL, so a Python thread keeps counting meanwhile
     (holding it, the counter would stand still for the whole call)."""

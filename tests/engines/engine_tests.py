@@ -39,14 +39,20 @@ def engine_python(engine: str) -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
-def run_driver(engine: str, tmp: Path, extra_env: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run tests/engines/{engine}_driver.py in the engine's venv; its report (checks, stand-ins, figures)."""
+def run_driver(
+    engine: str, tmp: Path, extra_env: dict[str, str] | None = None, *, driver: str | None = None
+) -> dict[str, Any]:
+    """Run tests/engines/{driver or engine}_driver.py in the engine's venv; its report (checks, stand-ins, figures)."""
     python = engine_python(engine)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_", "KVEVENTS_CURVE"))}
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO)])
     env.update(extra_env or {})
     proc = subprocess.run(
-        [python, str(HERE / f"{engine}_driver.py"), str(tmp)], capture_output=True, text=True, env=env, timeout=600
+        [python, str(HERE / f"{driver or engine}_driver.py"), str(tmp)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(REPORT_TAG):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 import urllib.request
 from collections import Counter
@@ -24,9 +23,9 @@ from sglang.srt.distributed.parallel_state_wrapper import ParallelState
 from sglang.srt.managers.scheduler_components.kv_events_publisher import SchedulerKvEventsPublisher
 from sglang_engine import PAGE, SGLangEngine, tree_truth, workload
 
-from kvevents.plugins.sglang import ENV_CURVE_ALLOW, ENV_CURVE_SECRET, SGLangPublisher
+from kvevents.plugins.sglang import ENV_CURVE_ALLOW, ENV_CURVE_SECRET, SGLangPublisher, publisher_config
 from kvevents.zeromq.security import CurveClient
-from kvevents.zeromq.wire import DESCRIBE_REQUEST, END_SEQ
+from kvevents.zeromq.wire import DESCRIBE_REQUEST, END_SEQ, offset_endpoint
 
 SOURCE = "plug"
 STEPS, PER_STEP = 100, 3
@@ -61,12 +60,6 @@ def load(report: Report) -> None:
     pub = EventPublisherFactory.create(json.dumps({"publisher": "kvevents", "endpoint": "inproc://kv-probe"}), 0)
     report.check("sglang_factory_builds_kvevents", isinstance(pub, SGLangPublisher), type(pub).__name__)
     pub.shutdown()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def dealer_exchange(endpoint: str, body: bytes, timeout_s: float = 3.0) -> list[list[bytes]]:
@@ -250,14 +243,19 @@ class PluginRun:
 
 def check_ranks_and_queue(report: Report, tmp: str) -> None:
     """The dp-rank port offset, the batch rank, and a publish that never waits on a full queue."""
-    base = free_port()
-    cfg = {"publisher": "kvevents", "endpoint": f"ipc://{tmp}/rank-pub", "replay_endpoint": f"tcp://127.0.0.1:{base}"}
+    # ipc endpoints get the rank as a suffix, so the sockets bind with no port to race for; the tcp
+    # port offset (port + rank) is checked on the config the plug-in builds, before any bind
+    cfg = {"publisher": "kvevents", "endpoint": f"ipc://{tmp}/rank-pub", "replay_endpoint": f"ipc://{tmp}/rank-replay"}
+    tcp = publisher_config(1, endpoint="tcp://*:5557", replay_endpoint="tcp://127.0.0.1:6000")
     engine = SGLangEngine(pages=8)
     skp = scheduler_publisher({**cfg, "max_queue_size": 2}, engine, attn_dp_size=2, attn_dp_rank=1, dp_size=2)
     pub: SGLangPublisher = skp.kv_event_publisher
     try:
-        ok = pub.endpoint.endswith("rank-pub_dp1") and pub.replay_endpoint == f"tcp://127.0.0.1:{base + 1}"
-        report.check("plugin_dp_rank_port_offset", ok, f"{pub.endpoint} {pub.replay_endpoint}")
+        ok = pub.endpoint.endswith("rank-pub_dp1") and pub.replay_endpoint.endswith("rank-replay_dp1")
+        ok = (
+            ok and tcp.dp_rank == 1 and offset_endpoint(str(tcp.replay_endpoint), tcp.dp_rank) == "tcp://127.0.0.1:6001"
+        )
+        report.check("plugin_dp_rank_port_offset", ok, f"{pub.endpoint} {pub.replay_endpoint} {tcp}")
         for r in workload(4, seed=3):
             engine.serve(r)
         skp.publish_kv_events()

@@ -73,3 +73,46 @@ def stub_torchvision() -> str:
     if not any(isinstance(f, _StubFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _StubFinder("torchvision"))
     return TORCHVISION
+
+
+HICACHE_HOST_REGISTER = (
+    "sglang.srt.mem_cache.pool_host.common.ALLOC_MEMORY_FUNCS['cpu']: a plain allocation (SGLang's "
+    "host KV pool registers its memory with cudaHostRegister, CUDA only)"
+)
+HICACHE_TRANSFER = (
+    "sglang.srt.mem_cache.pool_host.mha.transfer_kv_direct: a torch index copy per layer (SGLang takes "
+    "its device<->host page copy from sgl_kernel, built for CUDA only)"
+)
+HICACHE_PIN_MEMORY = (
+    "MHATokenToKVPoolHost.pin_memory = False once built (pinned host tensors need a CUDA device; the "
+    "host pool's get_dummy_flat_data_page asks for them)"
+)
+HICACHE = (HICACHE_HOST_REGISTER, HICACHE_TRANSFER, HICACHE_PIN_MEMORY)
+
+
+def _transfer_kv_direct(src_layers: Any, dst_layers: Any, src_indices: Any, dst_indices: Any, page_size: int) -> None:
+    for src, dst in zip(src_layers, dst_layers):
+        dst[dst_indices.to(dst.device)] = src[src_indices.to(src.device)]
+
+
+def stand_in_hicache_cpu() -> list[str]:
+    """The three CUDA-only spots of SGLang 0.5.20's HiCache host tier, replaced for a CPU run
+    (../shared/ENGINES.md); returns their names. Call after stub_torchvision()."""
+    from sglang.srt.mem_cache.pool_host import common, mha
+
+    def alloc(dims: Any, dtype: Any, device: Any, pin_memory: bool, allocator: Any, **_: Any) -> Any:
+        return allocator.allocate(dims, dtype=dtype, device=device)
+
+    common.ALLOC_MEMORY_FUNCS["cpu"] = alloc
+    mha.transfer_kv_direct = _transfer_kv_direct
+    host = mha.MHATokenToKVPoolHost
+    if not getattr(host.__init__, "_kvevents_stand_in", False):
+        built = host.__init__
+
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            built(self, *args, **kwargs)
+            self.pin_memory = False
+
+        init._kvevents_stand_in = True  # type: ignore[attr-defined]
+        host.__init__ = init  # type: ignore[method-assign]
+    return list(HICACHE)

@@ -16,7 +16,7 @@ from kvevents.plugins import PLUGINS
 from kvevents.plugins import sglang as plug
 from kvevents.testing.zeromq import EPH
 from kvevents.zeromq.subscriber import Delivery, Source, Subscriber
-from tests.conftest import REPO
+from tests.helpers.repo import REPO
 
 
 def test_importable_without_sglang_and_register_needs_it() -> None:

@@ -14,7 +14,7 @@ import time
 import zlib
 from pathlib import Path
 
-from test_recordlog_helpers import PAGE, chain_events, payload
+import pytest
 
 from kvevents.consumers.indexer import BlockIndex
 from kvevents.hashing import Namespace
@@ -22,6 +22,7 @@ from kvevents.recordlog import RecordReader, apply_log, inspect_log, verify_log
 from kvevents.recordlog.crcshift import range_crc, zeros
 from kvevents.recordlog.format import HEADER_BYTES, SYNC, encode_record
 from kvevents.recordlog.rangecheck import RangeChecker
+from tests.helpers.recordlog import PAGE, chain_events, payload
 
 MB = 1 << 20
 
@@ -94,6 +95,7 @@ def test_inspect_verify_and_index_read_past_the_markers(tmp_path: Path) -> None:
     assert len(index) == len(want) > 0 and index.block_counts() == want.block_counts()
 
 
+@pytest.mark.subprocess
 def test_cli_inspect_and_index_read_past_the_markers(tmp_path: Path) -> None:
     p = tmp_path / "false.kvlog"
     pays, _at = _crafted(p, 4 * MB)

@@ -263,6 +263,7 @@ def test_relay_refuses_more_ranks_than_it_can_track_and_a_non_zero_base_rank() -
         Relay(src, PublisherConfig(endpoint=EPH, dp_rank=1))
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize(
     "args, says",
     [
@@ -283,6 +284,7 @@ def test_relay_cli_bad_input_is_one_line_and_exit_2(args: list[str], says: str) 
     assert len(lines) == 1 and says in lines[0], proc.stderr
 
 
+@pytest.mark.subprocess
 def test_relay_cli_runs_beside_an_engine_and_exits_130_on_ctrl_c() -> None:
     engine = _engine()
     proc = subprocess.Popen(

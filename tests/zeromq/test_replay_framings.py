@@ -28,7 +28,8 @@ from kvevents.testing.zeromq import apply, stored
 from kvevents.zeromq.framing import NO_TOPIC_FRAMING, TOPIC_FRAMING
 from kvevents.zeromq.subscriber import Delivery, Reset, Source, Subscriber
 from kvevents.zeromq.wire import END_SEQ, pack_seq
-from tests.conformance_fakes import FakeEngine, observe_fake, payload
+from tests.helpers.conformance_fakes import FakeEngine, observe_fake
+from tests.helpers.payloads import batch as payload
 
 FRAMING_NAMES = {3: NO_TOPIC_FRAMING, 4: TOPIC_FRAMING}
 BEFORE, LIVE = 40, 40  # batches kept in the ring before the subscriber joins, then sent live
@@ -228,6 +229,7 @@ def _kv(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return r
 
 
+@pytest.mark.subprocess
 def test_doctor_cli_shows_the_3_frame_framing(engines) -> None:
     eng = _engine(engines, framing=3)
     _ring(eng, 5)
@@ -239,6 +241,7 @@ def test_doctor_cli_shows_the_3_frame_framing(engines) -> None:
     assert "3-frame" in r.stdout + r.stderr and "SGLang <= 0.5.20" in r.stdout + r.stderr, r.stdout + r.stderr
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("framing", [3, 4])
 def test_tail_announces_the_framing_and_repairs(engines, framing) -> None:
     eng = _engine(engines, framing=framing)
@@ -257,6 +260,7 @@ def test_tail_announces_the_framing_and_repairs(engines, framing) -> None:
     assert lines.index(notes[0]) < lines.index(batches[0])
 
 
+@pytest.mark.subprocess
 def test_tail_against_a_garbage_endpoint_goes_on_live(engines) -> None:
     eng = _engine(engines, framing=3, replay_mode="garbage")
     _ring(eng)

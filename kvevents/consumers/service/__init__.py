@@ -4,6 +4,11 @@
 |---|---|
 | `core.py` | `RouterService`: applies a feed's deliveries to the index, scores requests, one lock |
 | `http_api.py` | the FastAPI app on uvicorn: /score, /workers, /metrics, /status.json, the status page |
+| `auth.py` | bearer keys (full, read-only) checked in constant time, TLS files, what a read-only caller does not see |
+| `proxy.py` | `Proxy`: OpenAI's /v1/completions, /v1/chat/completions, /v1/models sent to the best-ranked worker |
+| `proxy_request.py` | what the proxy reads from an OpenAI request to rank workers; base models vs adapters |
+| `proxy_targets.py` | `--worker-url NAME[#dpR]=URL`: a worker's URL, and the URLs that failed to connect lately |
+| `proxy_stats.py` | the proxy's in-flight blocks per worker (the router's own load), its rates, errors, TTFB |
 | `status.py` | what `GET /` and `GET /status.json` show |
 | `metrics.py` | Prometheus metrics of the service, read at scrape time |
 | `static/` | the status page |

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from typing import Annotated, Any, Mapping, Sequence
+from typing import Annotated, Any, Callable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -33,13 +33,17 @@ from kvevents.consumers.service.score_body import (
     decode_fast,
     decode_packed,
 )
+from kvevents.consumers.service.seams import InflightSource
 from kvevents.consumers.service.status import StatusBoard
 from kvevents.consumers.worker_key import WorkerKey
 from kvevents.events import rank_of
 from kvevents.feed import Delivery, EventFeed, FeedLoop, Reset, dispatch
 from kvevents.zeromq.subscriber import Source, Subscriber, parse_source
 
+#: The router's own in-flight (prefill_blocks, decode_blocks) per worker (the proxy's accounting).
+
 __all__ = [
+    "InflightSource",
     "RouterService",
     "ScoreRequest",
     "EventFeed",
@@ -165,6 +169,8 @@ class RouterService:
         self.metrics = ServiceMetrics(self)
         self.status = StatusBoard()  # GET / and /status.json: repair activity and /score outcomes
         self._http: Any = None  # kvevents.consumers.service.http_api.HttpServer while serving
+        self.inflight_source: InflightSource | None = None  # set_inflight_source (route --proxy)
+        self._status_sections: dict[str, Callable[[], Any]] = {}
 
     # ---------------------------------------------------------------- feed
 
@@ -400,9 +406,20 @@ class RouterService:
         with self.lock:
             return self.index.worker_adapter_counts()
 
+    def set_inflight_source(self, fn: InflightSource | None) -> None:
+        """The router's own in-flight load: `fn()` -> {WorkerKey: (prefill_blocks, decode_blocks)} (the proxy's)."""
+        self.inflight_source = fn
+
+    def add_status_section(self, name: str, view: Callable[[], Any]) -> None:
+        """Add `name: view()` to GET /status.json (the proxy's per-worker figures)."""
+        self._status_sections[name] = view
+
     def status_view(self) -> dict[str, Any]:
         """GET /status.json: /workers plus copies by adapter, per-source repairs, /score outcomes."""
-        return self.status.view(self)
+        out = self.status.view(self)
+        for name, view in self._status_sections.items():
+            out[name] = view()
+        return out
 
     def metrics_snapshot(self) -> dict[str, Any]:
         """Everything /metrics exports, read under the lock at scrape time."""
@@ -461,15 +478,20 @@ class RouterService:
         """The HTTP front's admission counters (`HttpServer.counters`; empty when not serving)."""
         return self._http.counters() if self._http is not None else {}
 
-    def serve_http(self, host: str = "127.0.0.1", port: int = 8080, limits: Any = None) -> tuple[str, int]:
-        """Serve HTTP (FastAPI on uvicorn) on a background thread; returns the bound (host, port)
-        (port 0: a free one). `limits`: a kvevents.consumers.service.http_api.HttpLimits (defaults otherwise)."""
+    def serve_http(
+        self, host: str = "127.0.0.1", port: int = 8080, limits: Any = None, *, security: Any = None, proxy: Any = None
+    ) -> tuple[str, int]:
+        """Serve HTTP (FastAPI on uvicorn) on a background thread; returns the bound (host, port) (port 0:
+        a free one). `limits`: a service.http_api.HttpLimits (defaults otherwise); `security`: a
+        service.auth.HttpSecurity (keys, TLS); `proxy`: a service.proxy.Proxy (its /v1 endpoints too)."""
         from kvevents.consumers.service.http_api import HttpLimits, HttpServer, build_app
 
         if self._http is not None:
             raise ValueError("serve_http: already serving")
         limits = limits or HttpLimits(max_body_bytes=MAX_BODY_BYTES)
-        server = HttpServer(build_app(self, limits), limits)
+        server = HttpServer(build_app(self, limits, security=security, proxy=proxy), limits, security=security)
+        if proxy is not None:
+            server.on_stop.append(proxy.close)  # its HTTP client lives on the server's event loop
         bound = server.start(host, port)
         self._http = server
         self.status.start()  # one sample a second for the status page's last minutes

@@ -5,60 +5,52 @@ one write per response: kvevents.consumers.http_wire), a timeout for a connectio
 one for a request's headers and one for its body, and a large listen backlog. Requests in service
 are capped and past the cap they queue (then 503); connections that sent no request are capped
 apart, the oldest closed past it (kvevents.consumers.service.http_guard). POST /score needs an
-application/json body; one up to INLINE_BODY_BYTES is scored on the event loop (a thread hop costs
-more than the usual request), a longer one on a small pool behind a gate of its own
-(kvevents.consumers.service.score_pool); the service hashes outside the index lock, looks up inside.
-OpenAPI is served at /openapi.json, generated from the models below.
+application/json body; one up to INLINE_BODY_BYTES is scored on the event loop, a longer one on a
+small pool behind a gate of its own (kvevents.consumers.service.score_http, score_pool); the
+service hashes outside the index lock, looks up inside.
+OpenAPI is served at /openapi.json, generated from the models below. With keys, every request's key
+is checked first (kvevents.consumers.service.auth); with a proxy, its /v1 routes are served too
+(kvevents.consumers.service.proxy); with a certificate, over HTTPS.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import socket
-import sys
 import threading
 import time
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable
+from typing import Any, cast
 
-import msgspec
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from kvevents.consumers.service.http_guard import (
-    Admission,
-    AdmittedApp,
-    PendingConnections,
-    busy_response,
-    ensure_fd_limit,
-)
+from kvevents.consumers.service.auth import ACCESS_KEY, READ, AuthMiddleware, HttpSecurity, tenant_redacted
+from kvevents.consumers.service.http_guard import Admission, AdmittedApp, PendingConnections, ensure_fd_limit
 from kvevents.consumers.service.http_wire import OneWrite, set_nodelay
 from kvevents.consumers.service.metrics import CONTENT_TYPE
-from kvevents.consumers.service.score_pool import BodyTooLong, LongBodies, read_body, score_encoded
+from kvevents.consumers.service.score_http import INLINE_BODY_BYTES, bug, reply
+from kvevents.consumers.service.score_http import score as score_request
+from kvevents.consumers.service.score_pool import LongBodies
+from kvevents.consumers.service.seams import HttpService, ProxyFront
 from kvevents.consumers.service.status import render_page
 
-if TYPE_CHECKING:  # pragma: no cover
-    from kvevents.consumers.service.core import RouterService
-
-__all__ = ["ErrorBody", "HttpLimits", "HttpServer", "ScoreResponse", "WorkerEntry", "build_app"]
+__all__ = ["ErrorBody", "HttpLimits", "HttpServer", "INLINE_BODY_BYTES", "ScoreResponse", "WorkerEntry", "build_app"]
 
 log = logging.getLogger("consumers.http")
 
-_json = msgspec.json.Encoder()
 # the page loads nothing from anywhere: its script and styles are inline, it only fetches /status.json
 _PAGE_HEADERS = {
     "Cache-Control": "no-store",
     "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
     "img-src data:; connect-src 'self'",
 }
-INLINE_BODY_BYTES = 64 * 1024  # POST /score bodies up to this are scored on the event loop itself
 
 
 def default_long_bodies() -> int:
@@ -133,88 +125,17 @@ class ErrorBody(BaseModel):
 # ---------------------------------------------------------------- the app
 
 
-def _reply(status: int, obj: Any, headers: dict[str, str] | None = None) -> Response:
-    return Response(_json.encode(obj) + b"\n", status, headers=headers, media_type="application/json")
+def _status(service: HttpService, request: Request) -> dict[str, Any]:
+    """/status.json for this caller: without copies by adapter for the read-only key (tenant information)."""
+    view = service.status_view()
+    return tenant_redacted(view) if request.scope.get(ACCESS_KEY) == READ else view
 
 
-def _bug(request: Request, exc: Exception) -> Response:
-    log.error("%s %s failed: %s: %s", request.method, request.url.path, type(exc).__name__, exc)
-    return _reply(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
-
-
-async def _within(step: Any, timeout_s: float) -> Any:
-    """`step` awaited, or asyncio.TimeoutError after `timeout_s`. On 3.11+ a timer on this task:
-    wait_for wraps the step in a task of its own, ~3 loop turns and ~60 us per request."""
-    if sys.version_info >= (3, 11):
-        async with asyncio.timeout(timeout_s):
-            return await step
-    return await asyncio.wait_for(step, timeout_s)
-
-
-_CLOSE = {"Connection": "close"}  # an error answered before the body is read: do not drain it
-
-
-def content_type_problem(value: str | None) -> str | None:
-    """None for an application/json Content-Type (charset, if given, UTF-8), else the 415's message.
-    Only JSON is parsed: text/plain and form bodies are what cross-site pages may POST unasked."""
-    if value is None:
-        return "a Content-Type of application/json is required"
-    media, _, params = value.partition(";")
-    if media.strip().lower() != "application/json":
-        return f"Content-Type must be application/json, not {value.strip()[:100]!r}"
-    for param in params.split(";"):
-        name, _, charset = param.partition("=")
-        if name.strip().lower() == "charset" and charset.strip().strip('"').lower() not in ("utf-8", "utf8"):
-            return f"application/json is UTF-8, not charset {charset.strip()[:40]!r}"
-    return None
-
-
-async def _score_inline(service: RouterService, limits: HttpLimits, request: Request) -> Response:
-    """A short body: read and scored on the event loop (the usual request: ~0.4 ms)."""
-    try:
-        body = await _within(request.body(), limits.body_timeout_s)
-    except asyncio.TimeoutError:
-        return _reply(408, {"error": f"body not received within {limits.body_timeout_s:g} s"}, _CLOSE)
-    except ClientDisconnect:  # the client left mid-body: nobody to answer, nothing to log
-        return Response(status_code=400)
-    if len(body) > limits.max_body_bytes:
-        return _reply(413, {"error": f"body of {len(body)} bytes exceeds {limits.max_body_bytes}"}, _CLOSE)
-    try:
-        status, obj = service.handle_score(body)
-    except Exception as exc:  # noqa: BLE001 - a bug answers 500 in one logged line, never a traceback
-        return _bug(request, exc)
-    return _reply(status, obj)
-
-
-async def _score_long(
-    service: RouterService, limits: HttpLimits, long: LongBodies, request: Request, declared: int | None
-) -> Response:
-    """A long (or chunked) body: a gate place first, then read into one buffer and scored on the pool."""
-    refused = await long.gate.enter()
-    if refused is not None:
-        body, headers = busy_response(refused)
-        return Response(body, 503, headers=headers, media_type="application/json")
-    try:
-        try:
-            read = read_body(request.stream(), declared, limits.max_body_bytes)
-            held = [await _within(read, limits.body_timeout_s)]
-        except asyncio.TimeoutError:
-            return _reply(408, {"error": f"body not received within {limits.body_timeout_s:g} s"}, _CLOSE)
-        except ClientDisconnect:
-            return Response(status_code=400)
-        except BodyTooLong as exc:
-            return _reply(413, {"error": str(exc)}, _CLOSE)
-        try:
-            status, answer = await long.run(functools.partial(score_encoded, service, held))
-        except Exception as exc:  # noqa: BLE001 - as in _score_inline
-            return _bug(request, exc)
-        return Response(answer, status, media_type="application/json")
-    finally:
-        long.gate.leave()
-
-
-def build_app(service: RouterService, limits: HttpLimits) -> FastAPI:
-    """The FastAPI app: POST /score, GET /workers, GET /metrics, GET /status.json, GET / (the page), /healthz."""
+def build_app(
+    service: HttpService, limits: HttpLimits, *, security: HttpSecurity | None = None, proxy: ProxyFront | None = None
+) -> FastAPI:
+    """The FastAPI app: POST /score, GET /workers, GET /metrics, GET /status.json, GET / (the page), /healthz;
+    the proxy's /v1 endpoints with `proxy`; every request's key checked first with `security`'s keys."""
     app = FastAPI(
         title="kvevents route",
         summary="Ranks workers by the longest cached prefix of a request, from their KV events.",
@@ -229,7 +150,7 @@ def build_app(service: RouterService, limits: HttpLimits) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
         detail = exc.detail if exc.status_code != 404 else f"no such path: {request.url.path}"
-        return _reply(exc.status_code, {"error": str(detail)}, dict(exc.headers or {}))
+        return reply(exc.status_code, {"error": str(detail)}, dict(exc.headers or {}))
 
     @app.post(
         "/score",
@@ -250,54 +171,55 @@ def build_app(service: RouterService, limits: HttpLimits) -> FastAPI:
         },
     )
     async def score(request: Request) -> Response:
-        length = request.headers.get("content-length")
-        if length is None and "chunked" not in request.headers.get("transfer-encoding", ""):
-            return _reply(411, {"error": "a Content-Length header is required"}, _CLOSE)
-        if length is not None and (not length.isdigit() or int(length) > limits.max_body_bytes):
-            return _reply(413, {"error": f"body of {length} bytes exceeds {limits.max_body_bytes}"}, _CLOSE)
-        wrong_type = content_type_problem(request.headers.get("content-type"))
-        if wrong_type is not None:
-            return _reply(415, {"error": wrong_type}, _CLOSE)
-        if length is not None and int(length) <= INLINE_BODY_BYTES:
-            return await _score_inline(service, limits, request)
-        return await _score_long(service, limits, long, request, None if length is None else int(length))
+        return await score_request(service, limits, long, request)
+
+    _add_views(app, service, proxy)
+    if proxy is not None:
+        proxy.mount(app, limits)
+    if security is not None and security.keyed:
+        app.add_middleware(AuthMiddleware, security=security)
+    return app
+
+
+def _add_views(app: FastAPI, service: HttpService, proxy: ProxyFront | None) -> None:
+    """The read-only routes: GET /workers, /metrics, /status.json, / (the page), /healthz."""
 
     @app.get("/workers", summary="Per worker: blocks by medium, last seq, epoch, lag, stale, replay framing")
     def workers(request: Request) -> Response:
         try:
-            return _reply(200, service.workers_view())
+            return reply(200, service.workers_view())
         except Exception as exc:  # noqa: BLE001 - as above
-            return _bug(request, exc)
+            return bug(request, exc)
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
     def metrics(request: Request) -> Response:
         try:
             return Response(service.metrics.render(), 200, media_type=CONTENT_TYPE)
         except Exception as exc:  # noqa: BLE001 - as above
-            return _bug(request, exc)
+            return bug(request, exc)
 
     @app.get(
         "/status.json", summary="The status page's data: /workers plus copies by adapter, repairs, /score outcomes"
     )
     def status_json(request: Request) -> Response:
         try:
-            return _reply(200, service.status_view(), {"Cache-Control": "no-store"})
+            return reply(200, _status(service, request), {"Cache-Control": "no-store"})
         except Exception as exc:  # noqa: BLE001 - as above
-            return _bug(request, exc)
+            return bug(request, exc)
 
     @app.get(
         "/", summary="The status page (HTML, self-contained; readable without JavaScript)", response_class=Response
     )
     def page(request: Request) -> Response:
         try:
-            body = render_page(service.status_view())
+            body = render_page(_status(service, request))
         except Exception as exc:  # noqa: BLE001 - as above
-            return _bug(request, exc)
+            return bug(request, exc)
         return Response(body, 200, media_type="text/html; charset=utf-8", headers=_PAGE_HEADERS)
 
     @app.get("/healthz", summary="What is served here")
     def root() -> Response:
-        return _reply(
+        return reply(
             200,
             {
                 "ok": True,
@@ -308,11 +230,10 @@ def build_app(service: RouterService, limits: HttpLimits) -> FastAPI:
                     "GET /status.json",
                     "GET /",
                     "GET /openapi.json",
+                    *(proxy.endpoints if proxy is not None else ()),
                 ],
             },
         )
-
-    return app
 
 
 # ---------------------------------------------------------------- uvicorn on a thread
@@ -382,7 +303,7 @@ class HttpServer:
     """uvicorn serving `app` on its own thread and event loop; `start()` returns the bound address.
     Requests pass an Admission (in service, then queued); connections that sent none are capped."""
 
-    def __init__(self, app: FastAPI, limits: HttpLimits) -> None:
+    def __init__(self, app: FastAPI, limits: HttpLimits, *, security: HttpSecurity | None = None) -> None:
         self.limits = limits
         self.app = app
         self.admission = Admission(limits.max_connections, limits.max_queued, limits.queue_wait_s)
@@ -396,6 +317,11 @@ class HttpServer:
                 "pending": self.pending,
             },
         )
+        tls = security if security is not None and security.tls else None
+        if tls is not None:
+            tls.check_tls()  # ValueError naming the file, before the server thread would fail on it
+        self.scheme = "https" if tls is not None else "http"
+        self.on_stop: list[Callable[[], None]] = []  # called first by stop(), while the event loop still runs
         self.config = uvicorn.Config(
             AdmittedApp(app, self.admission),
             http=protocol,
@@ -407,6 +333,8 @@ class HttpServer:
             limit_concurrency=None,  # uvicorn's counts every open socket, idle ones too: the Admission counts requests
             backlog=limits.backlog,
             server_header=False,
+            ssl_certfile=tls.tls_cert if tls is not None else None,  # uvicorn's own TLS
+            ssl_keyfile=tls.tls_key if tls is not None else None,
         )
         self.server = uvicorn.Server(self.config)
         self._thread: threading.Thread | None = None
@@ -457,6 +385,12 @@ class HttpServer:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop accepting, close every connection, join the thread, release the port."""
+        for hook in self.on_stop:
+            try:
+                hook()
+            except Exception as exc:  # noqa: BLE001 - stopping goes on whatever a hook says
+                log.warning("stopping the HTTP server: %s: %s", type(exc).__name__, exc)
+        self.on_stop.clear()
         self.server.should_exit = True
         self.server.force_exit = True  # do not wait for keep-alive clients to leave
         if self._thread is not None:

@@ -7,16 +7,17 @@ several services (tests, the demo) can live in one process.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterator
+from collections.abc import Callable
+from typing import Any, Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:  # pragma: no cover
-    from kvevents.consumers.service.core import RouterService
+from kvevents.consumers.service.seams import MetricsSource
+from kvevents.consumers.worker_key import WorkerKey
 
-__all__ = ["METRIC_NAMES", "ServiceMetrics", "CONTENT_TYPE"]
+__all__ = ["METRIC_NAMES", "ProxyMetrics", "ServiceMetrics", "CONTENT_TYPE"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -34,11 +35,20 @@ METRIC_NAMES: dict[str, str] = {
     "score_seconds": "kvevents_router_score_seconds",
     "score_matched_pages": "kvevents_router_score_matched_pages",
     "http_admission": "kvevents_router_http_admission_total",
+    # route --proxy (kvevents.consumers.service.proxy), per worker (source name, dp rank)
+    "proxy_requests": "kvevents_router_proxy_requests_total",
+    "proxy_answers": "kvevents_router_proxy_answers_total",
+    "proxy_errors": "kvevents_router_proxy_errors_total",
+    "proxy_retries": "kvevents_router_proxy_retries_total",
+    "proxy_load_only": "kvevents_router_proxy_load_only_total",
+    "proxy_ttfb": "kvevents_router_proxy_ttfb_seconds",
+    "proxy_inflight_requests": "kvevents_router_proxy_inflight_requests",
+    "proxy_inflight_blocks": "kvevents_router_proxy_inflight_blocks",
 }
 
 
 class _Collector(Collector):
-    def __init__(self, service: RouterService) -> None:
+    def __init__(self, service: MetricsSource) -> None:
         self.service = service
 
     def collect(self) -> Iterator[Any]:
@@ -100,7 +110,7 @@ class _Collector(Collector):
 class ServiceMetrics:
     """One registry per service: the scrape-time collector plus a score latency histogram."""
 
-    def __init__(self, service: RouterService) -> None:
+    def __init__(self, service: MetricsSource) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(service))
         self.score_seconds = Histogram(
@@ -118,3 +128,70 @@ class ServiceMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _ProxyCollector(Collector):
+    """The proxy's counters and in-flight figures, read at scrape time."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Any]:
+        snap = self.snapshot()
+        wr = ["worker", "dp_rank"]
+        sent = CounterMetricFamily(METRIC_NAMES["proxy_requests"], "Requests sent to a worker (retries too)", labels=wr)
+        answers = CounterMetricFamily(
+            METRIC_NAMES["proxy_answers"], "Answers relayed, by status class", labels=[*wr, "status"]
+        )
+        errors = CounterMetricFamily(
+            METRIC_NAMES["proxy_errors"],
+            "Failed requests by kind: connect, transport (closed before an answer), timeout, stream (broken off)",
+            labels=[*wr, "kind"],
+        )
+        for key, c in sorted(snap["counters"].items()):
+            labels = [key.source, str(key.dp_rank)]
+            sent.add_metric(labels, c["sent"])
+            for status, n in sorted(c["answers"].items()):
+                answers.add_metric([*labels, status], n)
+            for kind, n in sorted(c["errors"].items()):
+                errors.add_metric([*labels, kind], n)
+        yield from (sent, answers, errors)
+        yield CounterMetricFamily(
+            METRIC_NAMES["proxy_retries"], "Attempts on another worker after a failed connection", value=snap["retries"]
+        )
+        load_only = CounterMetricFamily(
+            METRIC_NAMES["proxy_load_only"], "Requests routed by load alone (not scored), by why", labels=["why"]
+        )
+        for why, n in sorted(snap["load_only"].items()):
+            load_only.add_metric([why], n)
+        yield load_only
+        reqs = GaugeMetricFamily(METRIC_NAMES["proxy_inflight_requests"], "Proxied requests in flight", labels=wr)
+        blocks = GaugeMetricFamily(
+            METRIC_NAMES["proxy_inflight_blocks"],
+            "Blocks of proxied requests in flight: prefill (pages the worker lacks, until the first byte), "
+            "decode (all the request's pages, until the answer ends)",
+            labels=[*wr, "phase"],
+        )
+        for key, (prefill, decode) in sorted(snap["blocks"].items()):
+            labels = [key.source, str(key.dp_rank)]
+            reqs.add_metric(labels, snap["requests"].get(key, 0))
+            blocks.add_metric([*labels, "prefill"], prefill)
+            blocks.add_metric([*labels, "decode"], decode)
+        yield from (reqs, blocks)
+
+
+class ProxyMetrics:
+    """The proxy's metrics in the service's registry: a scrape-time collector and a TTFB histogram."""
+
+    def __init__(self, registry: CollectorRegistry, snapshot: Callable[[], dict[str, Any]]) -> None:
+        registry.register(_ProxyCollector(snapshot))
+        self.ttfb = Histogram(
+            METRIC_NAMES["proxy_ttfb"],
+            "Time from sending a request to a worker to the first byte of its answer's body",
+            ["worker", "dp_rank"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+            registry=registry,
+        )
+
+    def observe_ttfb(self, key: WorkerKey, seconds: float) -> None:
+        self.ttfb.labels(key.source, str(key.dp_rank)).observe(seconds)

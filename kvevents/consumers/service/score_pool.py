@@ -21,15 +21,13 @@ import mmap
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from typing import AsyncIterator, Callable
 
 import msgspec
 
 from kvevents.consumers.service.http_guard import Admission
 from kvevents.consumers.service.score_body import Body
-
-if TYPE_CHECKING:  # pragma: no cover
-    from kvevents.consumers.service.core import RouterService
+from kvevents.consumers.service.seams import HttpService
 
 __all__ = ["BodyTooLong", "LongBodies", "read_body", "score_encoded"]
 
@@ -96,7 +94,7 @@ def _anonymous(size: int) -> mmap.mmap:
     return mmap.mmap(-1, size)  # pragma: no cover - Windows
 
 
-def score_encoded(service: RouterService, held: list[Body]) -> tuple[int, bytes]:
+def score_encoded(service: HttpService, held: list[Body]) -> tuple[int, bytes]:
     """Score the body in `held` (taken out of it, so it is freed once decoded): (status, JSON answer)."""
     status, obj = service.score_decoded(service.decode_score(held.pop()))
     return status, _json.encode(obj) + b"\n"

@@ -16,14 +16,12 @@ from collections import Counter, deque
 from collections.abc import Callable
 from importlib import resources
 from itertools import pairwise
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from kvevents.consumers.service.seams import StatusSource
 from kvevents.consumers.worker_key import WorkerKey
 
-if TYPE_CHECKING:  # pragma: no cover
-    from kvevents.consumers.service.core import RouterService
-
-__all__ = ["MATCHED_BUCKETS", "SOURCE_SERIES", "StatusBoard", "page_template", "render_page"]
+__all__ = ["MATCHED_BUCKETS", "PROXY_COLUMNS", "SOURCE_SERIES", "StatusBoard", "page_template", "render_page"]
 
 #: matched-pages buckets of the page (lower bounds): 0, 1, 2-3, 4-7, ... 64+
 MATCHED_BUCKETS: tuple[int, ...] = (0, 1, 2, 4, 8, 16, 32, 64)
@@ -171,7 +169,7 @@ class StatusBoard:
 
     # ---------------------------------------------------------------- the whole view
 
-    def view(self, service: RouterService) -> dict[str, Any]:
+    def view(self, service: StatusSource) -> dict[str, Any]:
         """GET /status.json: /workers plus copies by adapter, repair activity and /score outcomes."""
         workers = service.workers_view()
         adapters, adapters_at = self._adapter_counts(service)
@@ -193,7 +191,7 @@ class StatusBoard:
             **act,
         }
 
-    def _adapter_counts(self, service: RouterService) -> tuple[dict[WorkerKey, dict[str, int]], float]:
+    def _adapter_counts(self, service: StatusSource) -> tuple[dict[WorkerKey, dict[str, int]], float]:
         now = self.clock()
         cached = self._adapters
         if cached is not None and now - cached[0] < max(self.adapter_refresh_s, 50 * cached[1]):
@@ -326,6 +324,34 @@ def _score_html(s: dict[str, Any]) -> str:
     return f'<div class="tiles">{tiles}</div><div id="matched" class="hist">{bars}</div>'
 
 
+#: the proxy table's columns: (heading, key in /status.json's proxy.workers rows)
+PROXY_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("requests", "requests_total"),
+    ("per s", "rate_per_s"),
+    ("errors", "errors_total"),
+    ("TTFB p50 (s)", "ttfb_p50_s"),
+    ("TTFB p99 (s)", "ttfb_p99_s"),
+    ("in flight", "inflight_requests"),
+    ("prefill blocks", "prefill_blocks"),
+    ("decode blocks", "decode_blocks"),
+)
+
+
+def _proxy_html(s: dict[str, Any]) -> str:
+    """The proxy's per-worker table (route --proxy), or nothing."""
+    proxy = s.get("proxy")
+    if not proxy:
+        return ""
+    head = "".join(f'<th scope="col">{_e(h)}</th>' for h in ("worker", "dp rank", *(c[0] for c in PROXY_COLUMNS)))
+    rows = []
+    for w in proxy["workers"]:
+        cells = [f'<th scope="row" data-k="worker">{_e(w["worker"])}</th>', f'<td data-k="dp_rank">{w["dp_rank"]}</td>']
+        cells += [f'<td data-k="{k}">{_num(w[k], 4)}</td>' for _, k in PROXY_COLUMNS]
+        rows.append(f'<tr data-worker="{_e(w["worker"])}" data-rank="{w["dp_rank"]}">{"".join(cells)}</tr>')
+    body = "".join(rows) or f'<tr><td colspan="{2 + len(PROXY_COLUMNS)}">no request proxied yet</td></tr>'
+    return f'<table id="proxy"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
 def render_page(status: dict[str, Any]) -> str:
     """The whole page with `status` rendered in (readable without JavaScript)."""
     page = page_template()
@@ -339,6 +365,8 @@ def render_page(status: dict[str, Any]) -> str:
         "<!--WORKERS-->": _workers_html(status),
         "<!--SOURCES-->": _sources_html(status),
         "<!--SCORE-->": _score_html(status),
+        "<!--PROXY-->": _proxy_html(status),
+        "<!--PROXY-HIDDEN-->": "" if status.get("proxy") else "hidden",
     }
     for key, value in parts.items():
         page = page.replace(key, value)

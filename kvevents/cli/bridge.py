@@ -1,0 +1,129 @@
+"""`kvevents bridge`: engines' ZeroMQ streams into a NATS JetStream stream (kvevents.jetstream.bridge),
+with a status line on stderr every --status-every seconds."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from typing import Any, Optional
+
+import typer
+
+from kvevents.cli.app import user_error
+from kvevents.cli.options import (
+    CREDS_HELP,
+    CURVE_CLIENT_CERT,
+    CURVE_SERVER_KEYS,
+    GIVE_UP_HELP,
+    TLS_CA_HELP,
+    TLS_CERT_HELP,
+    TLS_KEY_HELP,
+    nats_options,
+    with_curve,
+)
+from kvevents.cli.output import log_to_stderr, say
+
+
+def bridge_cmd(
+    publisher: list[str] = typer.Option(
+        ..., "--publisher", help="NAME=ENDPOINT[,REPLAY_ENDPOINT]; repeat for every engine."
+    ),
+    nats_url: str = typer.Option("nats://127.0.0.1:4222", "--nats", help="NATS server URL(s), comma-separated."),
+    stream: str = typer.Option("kvevents", "--stream", help="JetStream stream name (subjects kvevents.<stream>.>)."),
+    snapshot_every: float = typer.Option(30.0, "--snapshot-every", help="Seconds between snapshots stored per engine."),
+    max_age: float = typer.Option(
+        3600.0, "--max-age", help="Seconds live batches are kept (when creating the stream)."
+    ),
+    max_bytes: Optional[int] = typer.Option(None, "--max-bytes", help="Stream size cap in bytes (when creating it)."),
+    replicas: int = typer.Option(1, "--replicas", help="Stream replicas in a NATS cluster (when creating it)."),
+    storage: str = typer.Option("file", "--storage", help="file or memory (when creating the stream)."),
+    create: bool = typer.Option(True, "--create/--no-create", help="Create the stream if it is missing."),
+    creds: Optional[str] = typer.Option(None, "--creds", help=CREDS_HELP),
+    tls_ca: Optional[str] = typer.Option(None, "--tls-ca", help=TLS_CA_HELP),
+    tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help=TLS_CERT_HELP),
+    tls_key: Optional[str] = typer.Option(None, "--tls-key", help=TLS_KEY_HELP),
+    give_up_after: Optional[float] = typer.Option(None, "--give-up-after", help=GIVE_UP_HELP),
+    duration: Optional[float] = typer.Option(None, "--duration", help="Stop after S seconds (default: until Ctrl-C)."),
+    status_every: float = typer.Option(5.0, "--status-every", help="Seconds between status lines on stderr (0: none)."),
+    curve_server_key: list[str] = CURVE_SERVER_KEYS,
+    curve_client_cert: Optional[str] = CURVE_CLIENT_CERT,
+) -> None:
+    """Forward engines' KV events (gap-repaired) into NATS JetStream, with periodic snapshots.
+
+    Run two bridges for one engine for high availability: JetStream stores each batch once.
+    Exit 0 on Ctrl-C or --duration, 2 on a usage error or NATS unreachable past --give-up-after.
+    """
+    from kvevents.jetstream.bridge import Bridge
+    from kvevents.jetstream.link import StreamOptions
+    from kvevents.zeromq.subscriber import parse_source
+
+    _check_stream_flags(snapshot_every, max_age, storage, replicas)
+    sources = [parse_source(spec, require_name=True) for spec in publisher]
+    with_curve(sources, curve_server_key, curve_client_cert)  # engines' CURVE keys (live, replay, snapshots)
+    opts = nats_options(nats_url, creds, tls_ca, tls_cert, tls_key, name="kvevents-bridge")
+    log_to_stderr()
+    bridge = Bridge(
+        sources,
+        stream,
+        opts,
+        snapshot_every_s=snapshot_every,
+        stream_options=StreamOptions(max_age, max_bytes, replicas, storage),
+        create_stream=create,
+        on_unreachable=lambda m: say("bridge", m),
+        give_up_after_s=give_up_after,
+    )
+    started = f"{len(sources)} engine(s) -> {opts.redacted()} stream {stream} (snapshots every {snapshot_every:g}s)"
+    _watch(bridge, started, duration, status_every)
+    if bridge.error is not None:
+        raise bridge.error  # NatsUnavailable / ValueError: one line, exit 2
+
+
+def _check_stream_flags(snapshot_every: float, max_age: float, storage: str, replicas: int) -> None:
+    if snapshot_every <= 0:
+        user_error(f"--snapshot-every must be > 0, got {snapshot_every:g}")
+    if snapshot_every >= max_age:
+        user_error(
+            f"--snapshot-every ({snapshot_every:g}s) must be below --max-age ({max_age:g}s): "
+            "otherwise a cold start can find no snapshot"
+        )
+    if storage not in ("file", "memory"):
+        user_error(f"--storage must be file or memory, got {storage!r}")
+    if replicas < 1:
+        user_error(f"--replicas must be >= 1, got {replicas}")
+
+
+def _watch(bridge: Any, started: str, duration: Optional[float], status_every: float) -> None:
+    """Run the bridge until SIGINT / SIGTERM, --duration or its end; say when it is connected, then
+    a status line every `status_every` s."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    t0 = time.monotonic()
+    announced = False
+    next_status = t0 + status_every
+    try:
+        bridge.start()
+        while not stop.wait(0.1):
+            now = time.monotonic()
+            if bridge.done:
+                break
+            if not announced and bridge.wait_connected(0):
+                announced = True
+                say("bridge", f"{started}; Ctrl-C to stop")
+            if status_every > 0 and now >= next_status and announced:
+                next_status = now + status_every
+                say("bridge", _status(bridge.counters()))
+            if duration is not None and now - t0 >= duration:
+                break
+    finally:
+        bridge.stop()
+
+
+def _status(c: dict[str, int]) -> str:
+    return (
+        f"published {c.get('live_published', 0)} batches ({c.get('duplicates_dropped', 0)} "
+        f"already stored), snapshots {c.get('snapshots_stored', 0)}, publish retries "
+        f"{c.get('publish_retries', 0)}, engine gaps repaired {c.get('subscriber_replayed', 0)}, "
+        f"losses {c.get('subscriber_losses', 0)}"
+    )

@@ -1,0 +1,176 @@
+"""`kvevents fetch`: a publisher's replay buffer (ENDPOINT, from seq --since) or what a JetStream
+stream holds (--nats) into a record log or a block index (kvevents.recordlog.live)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any, Optional
+
+import typer
+
+from kvevents.cli.app import user_error
+from kvevents.cli.options import (
+    CURVE_CLIENT_CERT,
+    CURVE_SERVER_KEY,
+    NATS_STREAM,
+    check_log_target,
+    curve_client,
+    jetstream_feed,
+)
+from kvevents.cli.output import out_console, warn
+
+NATS_READ_TIMEOUT_S = 30.0  # --nats: the stream must be read (caught up) within this
+
+
+def fetch_cmd(
+    endpoint: Optional[str] = typer.Argument(
+        None, help="A publisher's replay endpoint (its ROUTER), e.g. tcp://127.0.0.1:5558."
+    ),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="The record log to write."),
+    since: int = typer.Option(0, "--since", min=0, help="With ENDPOINT: the first seq to ask for."),
+    name: Optional[str] = typer.Option(
+        None, "--name", help="With ENDPOINT: source name to record (default: the endpoint)."
+    ),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
+    timeout: float = typer.Option(3.0, "--timeout", help="With ENDPOINT: seconds to wait for each reply."),
+    nats_url: Optional[str] = typer.Option(
+        None, "--nats", help="Read a NATS JetStream stream (URL) instead of an endpoint."
+    ),
+    stream: str = NATS_STREAM,
+    back: Optional[float] = typer.Option(
+        None,
+        "--back",
+        help="With --nats: only the live batches of the last N seconds (default: snapshot + tail, as a cold router reads it).",
+    ),
+    into_index: bool = typer.Option(
+        False,
+        "--into-index",
+        help="With --nats: rebuild a block index and print its summary (instead of, or besides, -o).",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="With --into-index: print the summary as JSON."),
+    curve_server_key: Optional[str] = CURVE_SERVER_KEY,
+    curve_client_cert: Optional[str] = CURVE_CLIENT_CERT,
+) -> None:
+    """Pull a publisher's replay buffer (ENDPOINT, from seq --since) or what a JetStream stream holds
+    (--nats URL --stream NAME) into a record log."""
+    if nats_url is not None:  # as a cold router reads it (or --back N seconds of batches)
+        if endpoint is not None:
+            user_error("give ENDPOINT or --nats URL, not both")
+        if curve_server_key or curve_client_cert:
+            user_error("--curve-server-key/--curve-client-cert apply to a replay ENDPOINT (ZeroMQ), not to --nats")
+        if output is not None:
+            check_log_target(output, force)
+        return _from_nats(nats_url, stream, back, output, into_index, as_json)
+    if endpoint is None:
+        user_error("missing ENDPOINT (a replay endpoint) or --nats URL")
+    if into_index or back is not None:
+        user_error("--into-index and --back go with --nats; for a record log use `kvevents log index FILE`")
+    if output is None:
+        user_error("fetch needs -o FILE")
+    curve = curve_client(curve_server_key, curve_client_cert)  # bad key files: one line, exit 2
+    check_log_target(output, force)
+    _from_endpoint(endpoint, since, output, name or endpoint, timeout, curve)
+
+
+def _from_endpoint(endpoint: str, since: int, output: str, name: str, timeout: float, curve: Any = None) -> None:
+    from kvevents.recordlog.live import fetch_replay
+
+    if since < 0:
+        user_error(f"--since must be >= 0, got {since}")
+    res = fetch_replay(endpoint, since, output, name, timeout=timeout, curve=curve)
+    first = res.first_seq
+    if first is not None and first > since:
+        warn(f"asked from seq {since} but the oldest kept batch is seq {first}: {first - since} batches are gone")
+    out_console().print(
+        f"fetched {res.batches} batches"
+        + (f" (seqs {first}..{res.last_seq})" if res.batches else "")
+        + f" from {endpoint} -> {output}",
+        highlight=False,
+    )
+
+
+def _from_nats(
+    url: str,
+    stream: str,
+    back_s: Optional[float],
+    output: Optional[str],
+    into_index: bool,
+    as_json: bool,
+    timeout: float = NATS_READ_TIMEOUT_S,
+) -> None:
+    """`fetch --nats`: what the stream holds, as a cold router reads it (snapshot + tail) or, with
+    --back, the live batches stored in the last N seconds; into a record log (-o) and/or an index."""
+    from kvevents.recordlog.live import drain_feed
+
+    if output is None and not into_index:
+        user_error("fetch --nats needs -o FILE (a record log) or --into-index")
+    if back_s is not None and back_s <= 0:
+        user_error(f"--back (seconds) must be > 0, got {back_s:g}")
+    sink = _Sink(output, into_index)
+    start_time = None if back_s is None else time.time() - back_s
+    src = jetstream_feed(url, stream, "replay", start_time=start_time, give_up_after_s=timeout)
+    t0 = time.monotonic()
+    try:
+        res = drain_feed(src, sink.on_delivery, sink.on_reset, timeout)
+    finally:
+        src.stop()
+        sink.close()
+    if not res.synced:
+        user_error(f"stream {stream} not read within {timeout:g}s")
+    summary: dict[str, Any] = {"stream": stream, "batches": res.batches, "resets": res.resets}
+    summary["seconds"] = round(time.monotonic() - t0, 3)
+    _print_summary(summary, sink, output, as_json)
+
+
+class _Sink:
+    """Where `fetch --nats` puts what it reads: a block index and / or a record log."""
+
+    def __init__(self, output: Optional[str], into_index: bool) -> None:
+        self.index: Any = None
+        self.writer: Any = None
+        self.rec: Any = None
+        if into_index:
+            from kvevents.consumers.indexer import BlockIndex
+
+            self.index = BlockIndex()
+        if output is not None:
+            from kvevents.recordlog import Recorder, RecordWriter
+
+            self.writer = RecordWriter(output, durability="buffered")
+            self.rec = Recorder(self.writer)
+
+    def on_delivery(self, it: Any) -> None:
+        if self.index is not None:
+            self.index.apply(it.source, it.batch)
+        if self.rec is not None:
+            self.rec.on_delivery(it)
+
+    def on_reset(self, it: Any) -> None:
+        if self.index is not None:
+            self.index.drop_source(it.source, it.dp_rank)
+        if self.rec is not None:
+            self.rec.on_reset(it)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def _print_summary(summary: dict[str, Any], sink: _Sink, output: Optional[str], as_json: bool) -> None:
+    index = sink.index
+    if index is not None:
+        summary.update(copies=len(index), workers=index.block_counts())
+    if output is not None:
+        summary["output"] = output
+    if as_json:
+        sys.stdout.write(json.dumps(summary) + "\n")
+        return
+    sys.stdout.write(
+        f"read {summary['batches']} batches ({summary['resets']} resets) from stream {summary['stream']} in "
+        f"{summary['seconds']:g}s"
+        + (f" -> {output}" if output else "")
+        + (f"; index: {len(index)} block copies" if index is not None else "")
+        + "\n"
+    )

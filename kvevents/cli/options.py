@@ -1,0 +1,201 @@
+"""Flags several commands share, and what they turn into: checked endpoints, HOST:PORT, a log file
+to write, CURVE keys (kvevents.zeromq.security) and NATS options (kvevents.jetstream.link).
+
+Publishers (serve, replay) take `--curve-secret FILE [--curve-allow DIR]`; consumers take
+`--curve-server-key FILE [--curve-client-cert FILE]` (tail, doctor, fetch: one publisher) or
+`--curve-server-key [NAME=]FILE ...` (route, record, bridge: FILE for every --publisher, NAME=FILE for one).
+A bad value is one `user_error` line (exit 2).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Optional, Sequence
+
+import typer
+
+from kvevents.cli.app import user_error
+from kvevents.cli.output import log_to_stderr, say
+
+SERVER_KEY_HELP = "CURVE: the publisher's public certificate (NAME.key from `kvevents keys generate`)."
+SERVER_KEYS_HELP = (
+    "CURVE: the publishers' public certificate (NAME.key from `kvevents keys generate`); "
+    "NAME=FILE for one --publisher, a bare FILE for every other one (repeatable)."
+)
+CLIENT_CERT_HELP = (
+    "CURVE: this client's certificate with its secret key (NAME.key_secret); needed when the "
+    "publisher has an allow-list (default: a throwaway keypair)."
+)
+SECRET_HELP = "CURVE: serve encrypted, with this server certificate (NAME.key_secret); consumers need NAME.key."
+ALLOW_HELP = (
+    "CURVE: only clients whose public certificate (*.key) is in this directory may connect "
+    "(default with --curve-secret: any client holding the server's public key)."
+)
+CREDS_HELP = "NATS credentials file (JWT + NKey seed, decentralized auth)."
+TLS_CA_HELP = "PEM file of the CA that signed the NATS server's certificate."
+TLS_CERT_HELP = "PEM client certificate (mutual TLS)."
+TLS_KEY_HELP = "PEM key of --tls-cert."
+GIVE_UP_HELP = "Exit 2 if NATS is still unreachable after S seconds (default: retry forever)."
+
+# option declarations reused as defaults (typer copies them per command)
+CURVE_SERVER_KEY = typer.Option(None, "--curve-server-key", help=SERVER_KEY_HELP)
+CURVE_SERVER_KEYS = typer.Option([], "--curve-server-key", help=SERVER_KEYS_HELP)
+CURVE_CLIENT_CERT = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP)
+CURVE_SECRET = typer.Option(None, "--curve-secret", help=SECRET_HELP)
+CURVE_ALLOW = typer.Option(None, "--curve-allow", help=ALLOW_HELP)
+NATS_STREAM = typer.Option("kvevents", "--stream", help="With --nats: the JetStream stream name.")
+
+
+def check_endpoint(what: str, endpoint: Optional[str], *, empty_ok: bool = False) -> None:
+    """A malformed ZeroMQ address is a usage error naming its flag (None, and '' when `empty_ok`,
+    mean not given: nothing to check)."""
+    from kvevents.zeromq.wire import check_endpoint as check
+
+    if endpoint is not None and (endpoint or not empty_ok):
+        try:
+            check(endpoint)
+        except ValueError as exc:
+            user_error(f"{what}: {exc}")
+
+
+def host_port(flag: str, spec: str) -> tuple[str, int]:
+    """HOST:PORT (port 0..65535, [v6] brackets stripped) from a flag's value."""
+    host, sep, port = spec.rpartition(":")
+    if not sep or not host:
+        user_error(f"{flag} {spec!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
+    try:
+        num = int(port)
+    except ValueError:
+        user_error(f"{flag} {spec!r}: port {port!r} is not a number")
+    if not 0 <= num <= 65535:
+        user_error(f"{flag} {spec!r}: port must be in 0..65535")
+    return host.strip("[]"), num
+
+
+def check_log_target(path: str, allowed: bool) -> None:
+    """A record log to write: a regular file name, existing only when `allowed` (--append/--force)."""
+    if os.path.isdir(path):
+        user_error(f"{path} is a directory: give a file name for the log, e.g. {os.path.join(path, 'capture.kvlog')}")
+    if os.path.exists(path) and not os.path.isfile(path):
+        user_error(f"{path} is not a regular file (a FIFO, socket or device): give a file name for the log")
+    if not allowed and os.path.exists(path) and os.path.getsize(path) > 0:
+        user_error(f"{path} exists: use --append to continue it or --force to overwrite it")
+
+
+# ---------------------------------------------------------------- CURVE
+
+
+def curve_server(secret: Optional[str], allow: Optional[str]) -> Any:
+    """--curve-secret / --curve-allow -> a CurveServer checked now (None when off)."""
+    from kvevents.zeromq.security import CurveServer
+
+    if secret is None:
+        if allow is not None:
+            user_error("--curve-allow needs --curve-secret (the server's certificate)")
+        return None
+    try:
+        return CurveServer.from_files(secret, allow)
+    except ValueError as exc:
+        user_error(f"--curve-secret/--curve-allow: {exc}")
+
+
+def _split_server_keys(server_keys: Sequence[str], names: list[str]) -> tuple[Optional[str], dict[str, str]]:
+    """--curve-server-key values -> (the bare FILE for every source, {name: FILE})."""
+    default: Optional[str] = None
+    per: dict[str, str] = {}
+    for spec in server_keys:
+        name, sep, path = spec.partition("=")
+        if sep and name in names:
+            per[name] = path
+        elif sep and "/" not in name and not name.endswith(".key"):
+            user_error(f"--curve-server-key {spec!r}: no --publisher named {name!r} (names: {', '.join(names)})")
+        else:
+            if default is not None:
+                user_error("--curve-server-key: give one bare FILE (for every publisher) and NAME=FILE for the others")
+            default = spec
+    return default, per
+
+
+def curve_clients(server_keys: Sequence[str], client_cert: Optional[str], names: Iterable[str]) -> dict[str, Any]:
+    """Source name -> CurveClient from --curve-server-key [NAME=]FILE ... and --curve-client-cert."""
+    from kvevents.zeromq.security import CurveClient
+
+    names = [str(n) for n in names]
+    if not server_keys:
+        if client_cert is not None:
+            user_error("--curve-client-cert needs --curve-server-key (the publisher's public certificate)")
+        return {}
+    default, per = _split_server_keys(server_keys, names)
+    out = {}
+    try:
+        for n in names:
+            key_file = per.get(n, default)
+            if key_file is not None:
+                out[n] = CurveClient.from_files(key_file, client_cert)
+    except ValueError as exc:
+        user_error(f"--curve-server-key/--curve-client-cert: {exc}")
+    return out
+
+
+def curve_client(server_key: Optional[str], client_cert: Optional[str]) -> Any:
+    """One publisher's CurveClient from --curve-server-key FILE / --curve-client-cert (None when off)."""
+    return curve_clients([server_key] if server_key else [], client_cert, ["-"]).get("-")
+
+
+def with_curve(sources: list[Any], server_keys: Sequence[str], client_cert: Optional[str]) -> list[Any]:
+    """Set each Source's `curve` from the flags (in place); returns the sources."""
+    if not sources and (server_keys or client_cert):
+        user_error("--curve-server-key/--curve-client-cert apply to --publisher sources (ZeroMQ), not to --nats")
+    clients = curve_clients(server_keys, client_cert, [s.name for s in sources])
+    for s in sources:
+        if s.name in clients:
+            s.curve = clients[s.name]
+    return sources
+
+
+# ---------------------------------------------------------------- NATS
+
+
+def nats_options(
+    url: str,
+    creds: Optional[str] = None,
+    tls_ca: Optional[str] = None,
+    tls_cert: Optional[str] = None,
+    tls_key: Optional[str] = None,
+    name: str = "kvevents",
+) -> Any:  # NatsOptions
+    """NatsOptions from the command line; a malformed URL or a missing file is a user error (exit 2).
+
+    Credentials and TLS files not given as flags come from KVEVENTS_NATS_CREDS, KVEVENTS_NATS_TLS_CA,
+    KVEVENTS_NATS_TLS_CERT and KVEVENTS_NATS_TLS_KEY (so route/record/fetch/doctor take them too).
+    """
+    from kvevents.jetstream.link import NatsOptions
+
+    creds = creds or os.environ.get("KVEVENTS_NATS_CREDS") or None
+    tls_ca = tls_ca or os.environ.get("KVEVENTS_NATS_TLS_CA") or None
+    tls_cert = tls_cert or os.environ.get("KVEVENTS_NATS_TLS_CERT") or None
+    tls_key = tls_key or os.environ.get("KVEVENTS_NATS_TLS_KEY") or None
+    for flag, path in (("--creds", creds), ("--tls-ca", tls_ca), ("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+        if path is not None and not os.path.isfile(path):
+            user_error(f"{flag} {path!r}: no such file")
+    if tls_key and not tls_cert:
+        user_error("--tls-key needs --tls-cert")
+    opts = NatsOptions(url, creds=creds, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, name=name)
+    try:
+        opts.servers()
+    except ValueError as exc:
+        user_error(str(exc))
+    return opts
+
+
+def jetstream_feed(url: str, stream: str, prog: str, **options: object) -> Any:  # JetStreamFeed
+    """A JetStreamFeed for `route --nats` / `record --nats` / `fetch --nats` (one-line notice while
+    NATS is unreachable)."""
+    from kvevents.jetstream.feed import JetStreamFeed
+
+    opts = nats_options(url, name=f"kvevents-{prog}")
+    log_to_stderr()
+    try:
+        return JetStreamFeed(opts, stream, on_unreachable=lambda m: say(prog, m), **options)  # type: ignore[arg-type]
+    except ValueError as exc:
+        user_error(str(exc))

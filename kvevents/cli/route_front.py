@@ -1,0 +1,84 @@
+"""`kvevents route`'s HTTP front options: keys and TLS (kvevents.consumers.service.auth), the
+OpenAI-compatible proxy (kvevents.consumers.service.proxy), and the lines the command prints.
+
+Each function turns a bad option into one line on stderr and exit 2 (kvevents.cli.app.user_error).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Optional, Sequence
+
+from kvevents.cli.app import user_error
+
+if TYPE_CHECKING:  # pragma: no cover
+    from kvevents.consumers.service.auth import HttpSecurity
+    from kvevents.consumers.service.core import RouterService
+    from kvevents.consumers.service.proxy import Proxy
+    from kvevents.consumers.service.proxy_targets import WorkerUrl
+
+__all__ = ["API_KEY_ENV", "READ_ONLY_KEY_ENV", "front_security", "make_proxy", "served", "worker_urls"]
+
+API_KEY_ENV, READ_ONLY_KEY_ENV = "KVEVENTS_API_KEY", "KVEVENTS_READ_ONLY_KEY"
+
+
+def front_security(
+    api_key: Optional[str], read_only_key: Optional[str], tls_cert: Optional[str], tls_key: Optional[str], host: str
+) -> HttpSecurity:
+    """The keys and TLS files; one warning line when a non-loopback address is served without a key."""
+    from kvevents.consumers.service.auth import HttpSecurity, is_loopback_host
+
+    try:
+        security = HttpSecurity(api_key, read_only_key, tls_cert, tls_key)
+        security.check_tls()
+    except ValueError as exc:
+        user_error(str(exc))
+    if not security.keyed and not is_loopback_host(host):
+        sys.stderr.write(
+            f"kvevents: warning: route's HTTP front on {host} without --api-key: anyone who can reach it can "
+            "score, proxy and read every worker's state; use loopback or --api-key (README: Auth and TLS)\n"
+        )
+        sys.stderr.flush()
+    return security
+
+
+def worker_urls(proxy: bool, specs: Sequence[str]) -> list[WorkerUrl]:
+    """--worker-url specs, parsed (they need --proxy, and --proxy needs one)."""
+    from kvevents.consumers.service.proxy_targets import parse_worker_url
+
+    if specs and not proxy:
+        user_error("--worker-url is for the proxy: add --proxy")
+    if proxy and not specs:
+        user_error("--proxy needs --worker-url NAME=http://HOST:PORT for every worker it may send to")
+    try:
+        return [parse_worker_url(s) for s in specs]
+    except ValueError as exc:
+        user_error(str(exc))
+
+
+def make_proxy(
+    service: RouterService,
+    urls: Sequence[WorkerUrl],
+    upstream_timeout: float,
+    max_connections: int,
+    security: HttpSecurity,
+) -> Optional[Proxy]:
+    """The proxy over `service` (None without --worker-url); the client's Authorization header is
+    passed on to the workers only when the router checks no key of its own."""
+    if not urls:
+        return None
+    from kvevents.consumers.service.proxy import Proxy, ProxyConfig
+
+    try:
+        config = ProxyConfig(read_timeout_s=upstream_timeout, max_connections=max_connections)
+        return Proxy(service, urls, config, forward_authorization=not security.keyed)
+    except ValueError as exc:
+        user_error(f"--proxy: {exc}")
+
+
+def served(proxy: Optional[Proxy]) -> str:
+    """The banner's list of what is served."""
+    base = "status page at /, POST /score, GET /workers, GET /metrics, GET /openapi.json"
+    if proxy is None:
+        return base
+    return base + "; proxy: " + ", ".join(proxy.endpoints)

@@ -1,0 +1,64 @@
+"""Types of the compiled extension kvevents.native._speedups (C in kvevents/native/*.c).
+
+Every function it exports, positional-only as in C. Malformed arguments raise ValueError (TypeError
+for chain_pages' pages). Callers go through kvevents.native, never this module directly.
+"""
+
+from collections.abc import Callable, Sequence
+from types import NotImplementedType
+from typing import Any, Literal, TypeAlias, TypeVar
+
+from typing_extensions import Buffer
+
+_P = TypeVar("_P")
+
+#: HashTable.cview(): keys int64, state uint8, parent int64, masks uint64 (row-major), overflow uint8,
+#: nshift, vacant key, spill {key: slot}, mask columns (field names: layout()["CVIEW"])
+_CView: TypeAlias = tuple[Buffer, Buffer, Buffer, Buffer, Buffer, int, int, dict[int, int], int]
+_SlotDescriptors: TypeAlias = tuple[Any, ...]  # member descriptors of a slotted dataclass, in field order
+
+# the contract's page chain (_chain.c)
+
+def chain_pages(pages: Sequence[Buffer], prior: bytes | None, /) -> list[bytes]: ...
+def chain_packed(data: Buffer, page_size: int, prior: bytes | None, /) -> bytes: ...
+def digests_int64(digests: Buffer, /) -> bytes: ...
+def pack_u32(token_ids: list[int], /) -> bytes | None: ...
+def pack_json_u32(text: bytes | bytearray | memoryview, /) -> bytes | None: ...
+def split_json_tokens(body: Buffer, /) -> tuple[int, int, bytes] | None: ...
+def chain_list(token_ids: list[int], page_size: int, prior: bytes | None, whole: bool, /) -> bytes | None: ...
+def sha_impl() -> Literal["sha-ni", "portable"]: ...
+def select_sha(allow_shani: object, /) -> Literal["sha-ni", "portable"]: ...
+
+# the index walk and apply (_table.c, _walk.c, _apply.c)
+
+def layout() -> dict[str, int | tuple[str, ...]]: ...
+def walk(
+    hashes: Buffer,
+    plan: list[tuple[_CView, Buffer | None]],
+    layout: list[Any],
+    media: list[str | None],
+    weights: list[float],
+    prefix_cls: type[_P],
+    worker_cls: type[Any],
+    sum_fn: Callable[[list[float]], float],
+    wm_fields: _SlotDescriptors | None = None,
+    pm_fields: _SlotDescriptors | None = None,
+    /,
+) -> _P | NotImplementedType: ...
+def walk_with(bound: tuple[Any, ...], hashes: Buffer, /) -> Any: ...
+def all_int64(hashes: list[int], prev: int | None, /) -> bool: ...
+def set_bits_each(
+    view: _CView, hashes: list[int], col: int, bit: int, prev: int | None, /
+) -> tuple[list[int], int, int] | None: ...
+def remove_each(
+    views: list[_CView],
+    extra: dict[Any, int],
+    mi: int,
+    col: int,
+    wi: int,
+    hashes: list[int],
+    prefer: int | None,
+    exact: bool,
+    /,
+) -> tuple[int, int, int, list[int]]: ...
+def holds_bit(views: list[_CView], h: int, cols: list[int], bit: int, /) -> bool: ...

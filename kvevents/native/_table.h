@@ -1,0 +1,61 @@
+/* A consumers/table.py HashTable as the C reads it: the layout constants both sides assume (their Python
+ * side is kvevents/native/layout.py; kv_layout exports these and the switch compares them at import),
+ * the view of a table's arrays, and the probe of one key. Shared by _table.c, _walk.c and _apply.c. */
+#ifndef KVEVENTS_TABLE_H
+#define KVEVENTS_TABLE_H
+
+#include "_native.h"
+
+/* the layout (kvevents/native/layout.py) */
+#define KV_SLOTS 8                                /* slots per bucket: 8 int64 keys, one 64-byte line */
+#define KV_EMPTY 0                                /* slot state: never used */
+#define KV_LIVE 1                                 /* slot state bit: holds a key */
+#define KV_TOMB 2                                 /* slot state: a deleted key (reusable) */
+#define KV_HAS_PARENT 4                           /* slot state bit: the parent column is set */
+#define KV_MIX 0x9E3779B97F4A7C15ULL              /* home bucket = (key * MIX) >> nshift */
+#define KV_LIVE_BYTES 0x0101010101010101ULL       /* the LIVE bit of each of a bucket's 8 state bytes */
+#define KV_WORD 64                                /* workers per uint64 mask column */
+#define KV_MASK_EXTRA_ROWS 1                      /* masks has one all-zero row past the last slot */
+/* HashTable.cview(): the 9-tuple's fields, in order */
+enum { CV_KEYS, CV_STATE, CV_PARENT, CV_MASKS, CV_OVERFLOW, CV_NSHIFT, CV_VACANT, CV_SPILL, CV_NC, CV_LEN };
+
+#define MAX_VIEWS 64       /* table views one call may take */
+#define MAX_COLUMNS 65536  /* mask columns per view */
+
+/* A HashTable's arrays: (keys int64[n], state uint8[n], parent int64[n], masks uint64[(n+1)*nc],
+ * overflow uint8[n/8], nshift, vacant, spill dict, nc). */
+typedef struct {
+    Py_buffer kb, sb, pb, mb, ob;
+    int64_t *keys;
+    uint8_t *state;
+    int64_t *parent;
+    uint64_t *masks;
+    uint8_t *over;
+    Py_ssize_t n, buckets, nc;
+    int nshift;
+    int64_t vacant;
+    PyObject *spill;
+    int held;
+} View;
+
+/* Open the view tuple `t` into v (writable: for the apply loops); 0, or -1 with ValueError. */
+KV_HIDDEN int kv_view_load(PyObject *t, View *v, int writable);
+KV_HIDDEN void kv_view_release(View *v);
+/* The slot of a key off its home bucket, from the spill dict; -1 absent, -2 error. */
+KV_HIDDEN COLD Py_ssize_t kv_probe_spill(const View *v, int64_t k);
+
+static inline Py_ssize_t home_of(const View *v, int64_t k) {
+    return (Py_ssize_t)(((uint64_t)k * KV_MIX) >> v->nshift);
+}
+
+/* The slot of key k in its home bucket (b), else via the spill dict, else -1 (-2 on error). */
+static HOT_INLINE Py_ssize_t probe(const View *v, int64_t k, Py_ssize_t b) {
+    const int64_t *row = v->keys + b * KV_SLOTS;
+    unsigned hit = 0;
+    for (int j = 0; j < KV_SLOTS; j++) hit |= (unsigned)(row[j] == k) << j;  /* branch-free compare */
+    if (hit && k != v->vacant) return b * KV_SLOTS + CTZ64(hit);
+    if (k == v->vacant || !v->over[b] || !PyDict_GET_SIZE(v->spill)) return -1;
+    return kv_probe_spill(v, k);
+}
+
+#endif

@@ -1,0 +1,267 @@
+/* The index walk (the twin of consumers/lookup.py's walk_plan): probe a request's pages in the plan's
+ * table views, OR their rows (each AND its filter), AND down the pages per word of 64 workers, credit
+ * each worker's pages to media, and build the PrefixMatch of WorkerMatches. Software-pipelined by
+ * blocks of BLOCK pages; stops at the first page no worker holds. Its arguments: _walk_args.c. */
+#include "_walk.h"
+
+/* ------------------------------------------------------------------ the pages */
+
+/* Prefetch the home buckets of pages [lo, lo + BLOCK) in every view. */
+static HOT_INLINE void prefetch_keys(const Walk *W, Py_ssize_t lo) {
+    const Py_ssize_t n = W->n, nv = W->nv;
+    const int64_t *q = W->q;
+    for (Py_ssize_t i = lo; i < lo + BLOCK && i < n; i++)
+        for (Py_ssize_t v = 0; v < nv; v++) PREFETCH(W->views[v].keys + home_of(&W->views[v], q[i]) * KV_SLOTS);
+}
+
+/* Probe pages [lo, lo + BLOCK) in every view into the block's half of `slots`, prefetching their rows. */
+static HOT_INLINE int probe_block(Walk *W, Py_ssize_t lo) {
+    const Py_ssize_t n = W->n, nv = W->nv, nc = W->nc;
+    const int64_t *q = W->q;
+    Py_ssize_t *half = W->slots + ((lo / BLOCK) & 1) * nv * BLOCK;
+    for (Py_ssize_t i = lo; i < lo + BLOCK && i < n; i++)
+        for (Py_ssize_t v = 0; v < nv; v++) {
+            const View *view = &W->views[v];
+            Py_ssize_t s = probe(view, q[i], home_of(view, q[i]));
+            if (s == -2) return -1;
+            half[v * BLOCK + (i - lo)] = s;
+            if (s >= 0) PREFETCH(view->masks + s * nc);
+        }
+    return 0;
+}
+
+/* Page k of a block's mask row: OR over the views of each held row AND its filter. One unfiltered view:
+ * its row in place (an absent key: the zero row past the last slot). */
+static HOT_INLINE const uint64_t *page_row(const Walk *W, const Py_ssize_t *bslots, Py_ssize_t k) {
+    const Py_ssize_t nv = W->nv, nc = W->nc;
+    if (nv == 1 && !W->filt[0]) {
+        Py_ssize_t s = bslots[k];
+        return W->views[0].masks + (s >= 0 ? s : W->views[0].n) * nc;
+    }
+    uint64_t *row = W->row;
+    for (Py_ssize_t c = 0; c < nc; c++) row[c] = 0; /* (no memset: its stores stall the loads) */
+    for (Py_ssize_t v = 0; v < nv; v++) {
+        Py_ssize_t s = bslots[v * BLOCK + k];
+        if (s < 0) continue;
+        const uint64_t *r = W->views[v].masks + s * nc, *f = W->filt[v];
+        if (f) for (Py_ssize_t c = 0; c < nc; c++) row[c] |= r[c] & f[c];
+        else for (Py_ssize_t c = 0; c < nc; c++) row[c] |= r[c];
+    }
+    return row;
+}
+
+/* Word w's bits in `ended` end their prefixes at page `at`, in this order. */
+static HOT_INLINE void record_ends(Walk *W, Py_ssize_t w, uint64_t ended, Py_ssize_t at) {
+    int32_t *ends = W->ends + w * KV_WORD, *nend = W->nend + w;
+    uint8_t *order = W->endorder + w * KV_WORD;
+    while (ended) {
+        int b = CTZ64(ended);
+        ends[b] = (int32_t)at;
+        order[(*nend)++] = (uint8_t)b;
+        ended &= ended - 1;
+    }
+}
+
+/* One page for every word: AND its held bits into the running prefix, note the prefixes that end,
+ * credit a word of several columns per medium (first column holding it wins). 1 while any matches. */
+static HOT_INLINE int step_words(Walk *W, const uint64_t *rowp, Py_ssize_t i) {
+    const Py_ssize_t nw = W->nw, nmedia = W->nmedia;
+    const Py_ssize_t *wstart = W->wstart, *wcols = W->wcols, *wmi = W->wmi;
+    uint64_t *acc = W->acc;
+    int32_t *credit = W->credit;
+    int going = 0;
+    for (Py_ssize_t w = 0; w < nw; w++) {
+        uint64_t a = acc[w];
+        if (!a) continue;
+        const Py_ssize_t lo = wstart[w], hi = wstart[w + 1];
+        uint64_t held = 0;
+        for (Py_ssize_t c = lo; c < hi; c++) held |= rowp[wcols[c]];
+        uint64_t now = a & held;
+        if (now != a) {
+            if (i > 0) record_ends(W, w, a & ~now, i);
+            acc[w] = a = now;
+        }
+        if (!a) continue;
+        going = 1;
+        if (hi - lo > 1) {
+            uint64_t rest = a;
+            for (Py_ssize_t c = lo; c < hi && rest; c++) {
+                uint64_t got = rowp[wcols[c]] & rest;
+                rest &= ~got;
+                int32_t *cr = credit + ((size_t)w * nmedia + wmi[c]) * KV_WORD;
+                while (got) { cr[CTZ64(got)]++; got &= got - 1; }
+            }
+        }
+    }
+    return going;
+}
+
+/* The pipelined walk: the buckets of block j+2 are prefetched and block j+1 is probed (its mask rows
+ * prefetched) before block j is walked. Workers still matching at the last page end there. */
+static int walk_pages(Walk *W) {
+    const Py_ssize_t n = W->n, nv = W->nv;
+    prefetch_keys(W, 0);
+    prefetch_keys(W, BLOCK);
+    if (probe_block(W, 0) < 0) return -1;
+    int going = 1;
+    for (Py_ssize_t base = 0; base < n && going; base += BLOCK) {
+        Py_ssize_t stop = base + BLOCK < n ? base + BLOCK : n;
+        prefetch_keys(W, base + 2 * BLOCK);
+        if (probe_block(W, base + BLOCK) < 0) return -1;
+        const Py_ssize_t *bslots = W->slots + ((base / BLOCK) & 1) * nv * BLOCK;
+        for (Py_ssize_t i = base; i < stop && going; i++) going = step_words(W, page_row(W, bslots, i - base), i);
+    }
+    for (Py_ssize_t w = 0; w < W->nw; w++) record_ends(W, w, W->acc[w], n);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ the results */
+
+/* A single-medium word's match: pages, and pages x its weight (reused while consecutive workers share
+ * them: ints and floats are immutable); bym gets {medium: pages}. New refs in *pg, *score. */
+static int single_medium(Walk *W, Py_ssize_t mi, long long pages, PyObject *bym, PyObject **pg, PyObject **score) {
+    if (!W->last_pg || pages != W->last_pages || mi != W->last_mi) {
+        Py_CLEAR(W->last_pg);
+        Py_CLEAR(W->last_score);
+        W->last_pg = PyLong_FromLongLong(pages);
+        W->last_score = W->last_pg ? PyFloat_FromDouble((double)pages * W->wts[mi]) : NULL;
+        if (!W->last_score) return -1;
+        W->last_pages = pages;
+        W->last_mi = mi;
+    }
+    if (PyDict_SetItem(bym, PyList_GET_ITEM(W->media, mi), W->last_pg) < 0) return -1;
+    Py_INCREF(W->last_pg);
+    Py_INCREF(W->last_score);
+    *pg = W->last_pg;
+    *score = W->last_score;
+    return 0;
+}
+
+/* A word of several columns: bym gets {medium: credited pages} in first-appearance order of the word's
+ * columns (as the Python twin's dict), the score is sum() of the weighted terms. New refs. */
+static int multi_media(Walk *W, Py_ssize_t w, int b, long long pages, PyObject *bym, PyObject **pg, PyObject **score) {
+    PyObject *terms = PyList_New(0);
+    if (!terms) return -1;
+    const Py_ssize_t lo = W->wstart[w], hi = W->wstart[w + 1], *wmi = W->wmi;
+    int ok = 1;
+    for (Py_ssize_t c = lo; c < hi && ok; c++) {
+        int first = 1;
+        for (Py_ssize_t c2 = lo; c2 < c; c2++) if (wmi[c2] == wmi[c]) first = 0;
+        if (!first) continue;
+        int32_t k = W->credit[((size_t)w * W->nmedia + wmi[c]) * KV_WORD + b];
+        if (!k) continue;
+        PyObject *kk = PyLong_FromLong(k);
+        PyObject *term = PyFloat_FromDouble(W->wts[wmi[c]] * (double)k);
+        if (!kk || !term || PyDict_SetItem(bym, PyList_GET_ITEM(W->media, wmi[c]), kk) < 0 || PyList_Append(terms, term) < 0) ok = 0;
+        Py_XDECREF(kk); Py_XDECREF(term);
+    }
+    *score = ok ? PyObject_CallOneArg(W->sum_fn, terms) : NULL;
+    Py_DECREF(terms);
+    *pg = *score ? PyLong_FromLongLong(pages) : NULL;
+    if (!*pg) { Py_CLEAR(*score); return -1; }
+    return 0;
+}
+
+/* WorkerMatch(pages, score, pages_by_medium): a new ref, or NULL. */
+static PyObject *new_worker_match(const Walk *W, PyObject *argv[3]) {
+    if (!W->wm_fields) return PyObject_Vectorcall(W->wm_cls, argv, 3, NULL);
+    PyObject *wm = ((PyTypeObject *)W->wm_cls)->tp_alloc((PyTypeObject *)W->wm_cls, 0);
+    for (int f = 0; wm && f < 3; f++) { /* the dataclass's three slots, fresh and zeroed: no old value to drop */
+        Py_INCREF(argv[f]);
+        *(PyObject **)((char *)wm + W->wm_off[f]) = argv[f];
+    }
+    /* it holds an int, a float and a dict of str -> int: it can be part of no cycle unless a caller
+     * reassigns a field, so the cyclic GC need not track it (a lookup then adds 2 tracked objects
+     * instead of ~20: fewer gen-0 collections inside lookups, which showed in the p99) */
+    if (wm && PyObject_IS_GC(wm) && PyObject_GC_IsTracked(wm)) PyObject_GC_UnTrack(wm);
+    return wm;
+}
+
+/* workers[word * 64 + b] = the WorkerMatch of word w's bit b. */
+static int emit_worker(Walk *W, Py_ssize_t w, int b) {
+    long long pages = W->ends[w * KV_WORD + b];
+    PyObject *bym = PyDict_New(), *pg = NULL, *score = NULL;
+    if (!bym) return -1;
+    int rc = W->wstart[w + 1] - W->wstart[w] > 1 ? multi_media(W, w, b, pages, bym, &pg, &score)
+                                                 : single_medium(W, W->wmi[W->wstart[w]], pages, bym, &pg, &score);
+    if (rc < 0) { Py_DECREF(bym); return -1; }
+    PyObject *argv[3] = {pg, score, bym};
+    PyObject *wm = new_worker_match(W, argv);
+    Py_DECREF(pg); Py_DECREF(score); Py_DECREF(bym);
+    if (!wm) return -1;
+    PyObject *wi = PyLong_FromLongLong(W->wword[w] * KV_WORD + b);
+    rc = wi ? PyDict_SetItem(W->workers, wi, wm) : -1;
+    Py_XDECREF(wi); Py_DECREF(wm);
+    return rc;
+}
+
+/* The results, word by word in layout order, workers in the order their prefixes ended. */
+static int emit_results(Walk *W) {
+#if PY_VERSION_HEX < 0x030D0000
+    Py_ssize_t total = 0;
+    for (Py_ssize_t w = 0; w < W->nw; w++) total += W->nend[w];
+    if (W->pm_fields && total > 5 && PyDict_GET_SIZE(W->workers) == 0) { /* sized once, not grown 8 -> 16 -> 32 -> 64 */
+        PyObject *sized = _PyDict_NewPresized(total), *d1 = PyTuple_GET_ITEM(W->pm_fields, 1);
+        if (!sized || Py_TYPE(d1)->tp_descr_set(d1, W->result, sized) < 0) { Py_XDECREF(sized); return -1; }
+        Py_SETREF(W->workers, sized);
+    }
+#endif
+    for (Py_ssize_t w = 0; w < W->nw; w++)
+        for (int e = 0; e < W->nend[w]; e++)
+            if (emit_worker(W, w, W->endorder[w * KV_WORD + e]) < 0) return -1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ entry points */
+
+static int walk_run(Walk *W) {
+    if (W->nv > MAX_VIEWS) { PyErr_SetString(PyExc_ValueError, "too many views in the plan"); return -1; }
+    if (PyList_GET_SIZE(W->weights) != W->nmedia) {
+        PyErr_SetString(PyExc_ValueError, "weights and media differ in length");
+        return -1;
+    }
+    if (kv_walk_result(W) < 0) return -1;
+    if (!W->n || !W->nv || !W->nw) return 0;
+    if (kv_walk_plan(W) < 0) return -1;
+    int floats = kv_walk_weights(W);
+    if (floats <= 0) {
+        if (!floats) Py_SETREF(W->result, Py_NewRef(Py_NotImplemented));
+        return floats;
+    }
+    if (kv_walk_layout(W) < 0 || walk_pages(W) < 0) return -1;
+    return emit_results(W);
+}
+
+/* walk(hashes, plan, layout, media, weights, PrefixMatch, WorkerMatch, builtin sum[, wm_fields, pm_fields])
+ * -> PrefixMatch, or NotImplemented when the weights are not all floats.
+ * plan: list of (cview, filter uint64[nc] or None); layout: list of WordLayout (word, cols, alive).
+ * The twin of: masks = OR over the plan of t.rows(hashes) & filter; consumers.lookup.walk(masks, ...). */
+PyObject *kv_walk(PyObject *self, PyObject *args) {
+    Walk W;
+    kv_walk_zero(&W);
+    if (kv_walk_parse(&W, args) < 0 || walk_run(&W) < 0) Py_CLEAR(W.result);
+    kv_walk_free(&W);
+    return W.result;
+}
+
+/* walk_with((plan, layout, media, weights, PrefixMatch, WorkerMatch, sum, wm_fields, pm_fields), hashes):
+ * walk with its other arguments bound once (kvevents.native.bind_walk) */
+PyObject *kv_walk_with(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 9) {
+        PyErr_SetString(PyExc_ValueError, "walk_with takes (the 9 bound walk arguments, hashes)");
+        return NULL;
+    }
+    PyObject *full = PyTuple_New(10);
+    if (!full) return NULL;
+    Py_INCREF(args[1]);
+    PyTuple_SET_ITEM(full, 0, args[1]);
+    for (Py_ssize_t i = 0; i < 9; i++) {
+        PyObject *a = PyTuple_GET_ITEM(args[0], i);
+        Py_INCREF(a);
+        PyTuple_SET_ITEM(full, i + 1, a);
+    }
+    PyObject *out = kv_walk(self, full);
+    Py_DECREF(full);
+    return out;
+}
+
