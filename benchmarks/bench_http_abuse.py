@@ -9,8 +9,10 @@ kept-alive connection (send to full answer). Three scenarios, each against the s
 - idle: `--idle` connections opened and never sent a byte (re-opened when the router closes
   them), then `--idle-seconds` of probes on fresh connections: how many were served (200);
 - burst: `--burst` new connections at once, one /score each: answers by status;
-- large: probe p50/p99 idle, then while `--large-clients` clients post legal 4M-token bodies
-  (16 MB) back to back: the probe's p50/p99, the large answers by status, the route's peak RSS.
+- large: probe p50/p99 idle, then while another process spins on a core (the CPU control), then
+  while `--large-clients` clients (threads of another process)
+  post legal 4M-token bodies (16 MB) back to back: the probe's p50/p99, the large answers by
+  status, the route's peak RSS.
 Target: under the large-body load the probe's p99 stays within 3x of idle. Bounded counts and
 time; every socket and the route process are closed at the end.
 
@@ -207,8 +209,8 @@ def large_body() -> bytes:
     return json.dumps({"tokens": [rng.randrange(1000) for _ in range(LARGE_TOKENS)]}, separators=(",", ":")).encode()
 
 
-def large_scenario(port: int, req: bytes, clients: int, seconds: float) -> tuple[list[float], Counter[str], int]:
-    """Probes while `clients` post large bodies back to back: probe latencies, large statuses, large answered."""
+def hogs(port: int, clients: int, seconds: float) -> Counter[str]:
+    """`clients` threads posting large bodies back to back for `seconds`: their answers by status."""
     big = request_bytes(large_body())
     stop = threading.Event()
     codes: Counter[str] = Counter()
@@ -235,14 +237,44 @@ def large_scenario(port: int, req: bytes, clients: int, seconds: float) -> tuple
     threads = [threading.Thread(target=hog) for _ in range(clients)]
     for t in threads:
         t.start()
+    stop.wait(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    return codes
+
+
+def large_scenario(port: int, req: bytes, clients: int, seconds: float) -> tuple[list[float], Counter[str], int]:
+    """Probes while `clients` post large bodies back to back (from a process of their own, so the
+    probe's timing is not the hogs' GIL): probe latencies, large statuses, large answered."""
+    cmd = [sys.executable, __file__, "--hogs", str(port), str(clients), str(seconds + 1.5)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=os.environ)
     try:
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "hogs started":
+            raise SystemExit("the hog process did not start")
         time.sleep(1.0)  # every hog mid-body
         lat, _ = probe(port, req, seconds)
+        out, _ = proc.communicate(timeout=seconds + 60)
     finally:
-        stop.set()
-        for t in threads:
-            t.join()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+    codes: Counter[str] = Counter(json.loads(out.strip().splitlines()[-1]))
     return lat, codes, codes.get("200", 0)
+
+
+def spin_control(port: int, req: bytes, seconds: float) -> list[float]:
+    """The CPU control: probe latencies while another process spins on one core (what the box
+    gives a probe when a core's worth of other work runs, whatever it is)."""
+    spin = "import time\nend = time.monotonic() + %f\nwhile time.monotonic() < end: pass\n" % (seconds + 1.5)
+    proc = subprocess.Popen([sys.executable, "-c", spin])
+    try:
+        time.sleep(0.5)
+        lat, _ = probe(port, req, seconds)
+    finally:
+        proc.wait(seconds + 10)
+    return lat
 
 
 # ------------------------------------------------------------------ route and its publisher
@@ -325,6 +357,10 @@ def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--serve":
         serve(sys.argv[2], sys.argv[3])
         return
+    if len(sys.argv) == 5 and sys.argv[1] == "--hogs":  # large_scenario's clients, in a process of their own
+        print("hogs started", flush=True)
+        print(json.dumps(hogs(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]))), flush=True)
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=["idle", "burst", "large"], action="append", help="scenarios (default: all)")
     ap.add_argument("--idle", type=int, default=2000, help="idle connections held open")
@@ -353,9 +389,13 @@ def main() -> None:
             print(f"burst: {args.burst} at once: {dict(codes)}, slowest {slowest:.2f} s")
         if "large" in only:
             idle_lat, _ = probe(port, req, 3.0)
+            control = spin_control(port, req, 5.0)
             base_rss = rss_mb(proc.pid)
             lat, codes, done = large_scenario(port, req, args.large_clients, args.large_seconds)
             p99, idle_p99 = _pct(lat, 0.99), _pct(idle_lat, 0.99)
+            print(
+                f"control: probe p50 {_pct(control, 0.5):.2f} / p99 {_pct(control, 0.99):.2f} ms while a process spins on a core"
+            )
             print(
                 f"large: probe idle p50 {_pct(idle_lat, 0.5):.2f} / p99 {idle_p99:.2f} ms; under {args.large_clients} "
                 f"clients of {LARGE_TOKENS:,}-token bodies p50 {_pct(lat, 0.5):.2f} / p99 {p99:.2f} ms "
