@@ -18,6 +18,7 @@ from rich.console import Console
 
 from kvevents.cli.app import CheckFailed, app, user_error
 from kvevents.cli.keys import CLIENT_CERT_HELP, SERVER_KEYS_HELP, with_curve
+from kvevents.cli.route_options import POLICY_HELP, routing_options
 
 
 def _host_port(spec: str) -> tuple[str, int]:
@@ -84,6 +85,16 @@ def route_cmd(
         help="A Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json with its chat "
         "template): /score then takes prompt (text) or messages (chat) as the engine tokenizes them.",
     ),
+    policy: str = typer.Option("cost", "--policy", help=POLICY_HELP),
+    prefill_load_scale: float = typer.Option(1.0, "--prefill-load-scale", help="The cost's weight of prefill blocks."),
+    temperature: float = typer.Option(0.0, "--temperature", help="> 0: draw the pick by softmax(-cost/T); 0: lowest."),
+    metrics_url: list[str] = typer.Option(
+        [], "--metrics-url", help="NAME=URL: scrape that publisher's engine /metrics (vLLM or SGLang) for its load."
+    ),
+    load_stale_after: float = typer.Option(5.0, "--load-stale-after", help="Seconds before a load is load_stale."),
+    predicted_ttl: float = typer.Option(
+        2.0, "--predicted-ttl", help="Seconds a routed request's pages count as predicted."
+    ),
 ) -> None:
     """Subscribe to publishers, keep a block index, and rank workers for requests over HTTP.
 
@@ -117,6 +128,10 @@ def route_cmd(
         user_error(str(exc))
     host, port = _host_port(http)
     renderer = _renderer(tokenizer)
+    names = [s.name or "" for s in sources] if sources else None
+    routing = routing_options(
+        policy, prefill_load_scale, temperature, metrics_url, load_stale_after, predicted_ttl, names
+    )
     # this command prints its own stale / back lines (below): the subscriber's warning would repeat them
     logging.getLogger("kvevents.zeromq.subscriber").setLevel(logging.ERROR)
     if nats_url is not None:  # kvevents.cli.nats: the JetStream feed (one line while NATS is unreachable)
@@ -130,6 +145,7 @@ def route_cmd(
             key_modes=modes,
             default_key_mode=default_mode,
             renderer=renderer,
+            routing=routing,
         )
     else:
         service = RouterService(
@@ -141,6 +157,7 @@ def route_cmd(
             key_modes=modes,
             default_key_mode=default_mode,
             renderer=renderer,
+            routing=routing,
         )
     stop = threading.Event()
     try:
@@ -164,6 +181,9 @@ def route_cmd(
                     )
                 else:
                     sys.stderr.write(f"kvevents route: {name}: heard again (no longer stale)\n")
+                sys.stderr.flush()
+            for line in service.scraper.take_notices():
+                sys.stderr.write(f"kvevents route: {line}\n")
                 sys.stderr.flush()
     finally:
         service.stop()

@@ -72,8 +72,13 @@ def serve(
         None,
         "--http",
         help="Also serve an OpenAI-compatible /v1/completions on HOST:PORT (0: a free port) feeding worker w0: "
-        "token-id prompts, model = adapter, cache_salt.",
+        "token-id prompts, model = adapter, cache_salt; GET /metrics in the engine's metric names.",
     ),
+    prefill_us: float = typer.Option(
+        10.0, "--prefill-us-per-token", min=0.0, help="--http: microseconds per uncached prompt token."
+    ),
+    decode_ms: float = typer.Option(1.0, "--decode-ms-per-token", min=0.0, help="--http: milliseconds per max_tokens."),
+    max_running: int = typer.Option(8, "--max-running", min=1, help="--http: requests run at once; the rest queue."),
 ) -> None:
     """Run simulated engine workers, each publishing its KV events; a status line per second."""
     from kvevents.sim.worker import ENGINES, Workload, make_worker, serve_and_publish
@@ -156,14 +161,19 @@ def serve(
     lock, web = threading.Lock(), None  # --http: its thread and the loop below take turns on the workers
     if http is not None:
         from kvevents.sim.http import BASE_MODEL, serve_http
+        from kvevents.sim.timing import SimTiming
 
         try:
-            web = serve_http(http, sims[0], pubs[0], lock)
+            timing = SimTiming(prefill_us * 1e-6, decode_ms * 1e-3, max_running)
+            web = serve_http(http, sims[0], pubs[0], lock, timing=timing, engine=engine, page_size=page_size,
+                             capacity_pages=capacity_pages)  # fmt: skip
         except ValueError as exc:
             for p in pubs:
                 p.close(0)
             user_error(str(exc))
-        _out(f"{_STARTED} http {web.url}/v1/completions (worker w0; model {BASE_MODEL} = no adapter)")
+        _out(
+            f"{_STARTED} http {web.url}/v1/completions (worker w0; model {BASE_MODEL} = no adapter; {web.url}/metrics)"
+        )
     stop = {"flag": False}
 
     def _on_term(signum: int, frame: Any) -> None:

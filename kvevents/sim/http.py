@@ -4,6 +4,9 @@ Prompts are token-id lists; `model` names a LoRA adapter (the base model name me
 `cache_salt` the tenant salt, as vLLM and SGLang take them. Each request is served by the worker
 and its events are published before the response is sent, so a client that saw the response can
 expect the events. Nothing is generated: the completion text is empty. Standard library only.
+With a `LoadHonestEngine` (kvevents.sim.timing) a request takes time for its uncached prompt
+tokens and its `max_tokens`, queues behind `max_running` others, and GET /metrics reports it in
+the engine's own metric names (kvevents.sim.metrics).
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ from typing import Any
 
 from kvevents.hashing import Namespace
 from kvevents.sim import worker as sim
+from kvevents.sim.metrics import CONTENT_TYPE, render_metrics
+from kvevents.sim.timing import LoadHonestEngine, SimTiming
 from kvevents.sim.worker import Request
 
 __all__ = ["BASE_MODEL", "CompletionsServer", "parse_http_address", "serve_and_publish", "serve_http"]
 
 BASE_MODEL = "kvevents-sim"
 MAX_BODY = 8 << 20
+MAX_DECODE = 1_000_000  # max_tokens accepted
 
 
 def parse_http_address(spec: str) -> tuple[str, int]:
@@ -63,9 +69,13 @@ class CompletionsServer:
         *,
         lock: threading.Lock | None = None,
         base_model: str = BASE_MODEL,
+        engine: LoadHonestEngine | None = None,
+        metrics_names: str = "sglang",
     ) -> None:
         host, port = parse_http_address(address)
         self.base_model = base_model
+        self.engine = engine  # None: every request is served at once (no timing, no /metrics)
+        self.metrics_names = metrics_names  # "vllm" or "sglang": whose metric names /metrics uses
         self.requests = 0
         self._handle = handle
         self._lock = lock or threading.Lock()
@@ -94,7 +104,14 @@ class CompletionsServer:
                 self._reply(code, {"error": {"message": message, "type": "invalid_request_error", "code": code}})
 
             def do_GET(self) -> None:
-                if self.path == "/v1/models":
+                if self.path == "/metrics" and server.engine is not None:
+                    data = render_metrics(server.metrics_names, server.engine.load(server.base_model)).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", CONTENT_TYPE)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                elif self.path == "/v1/models":
                     self._reply(200, {"object": "list", "data": [{"id": server.base_model, "object": "model"}]})
                 elif self.path == "/health":
                     self._reply(200, {"status": "ok"})
@@ -134,14 +151,16 @@ class CompletionsServer:
         salt = body.get("cache_salt")
         if salt is not None and not isinstance(salt, str):
             raise ValueError("cache_salt must be a string")
+        decode = body.get("max_tokens")
+        if decode is None:
+            decode = 0
+        if isinstance(decode, bool) or not isinstance(decode, int) or not 0 <= decode <= MAX_DECODE:
+            raise ValueError(f"max_tokens must be an integer 0..{MAX_DECODE}")
         adapter = None if model in (None, "", self.base_model) else model
         prompts = _prompts(body)
         choices, prompt_tokens, cached = [], 0, 0
         for i, tokens in enumerate(prompts):
-            req = Request(list(tokens), Namespace(adapter, salt), lora_name=adapter)
-            with self._lock:
-                cached += self._handle(req)
-                self.requests += 1
+            cached += self._serve(Request(list(tokens), Namespace(adapter, salt), lora_name=adapter), decode)
             prompt_tokens += len(tokens)
             choices.append({"index": i, "text": "", "logprobs": None, "finish_reason": "length"})
         return {
@@ -152,11 +171,23 @@ class CompletionsServer:
             "choices": choices,
             "usage": {
                 "prompt_tokens": prompt_tokens,
-                "completion_tokens": 0,
-                "total_tokens": prompt_tokens,
+                "completion_tokens": decode * len(prompts),
+                "total_tokens": prompt_tokens + decode * len(prompts),
                 "prompt_tokens_details": {"cached_tokens": cached},
             },
         }
+
+    def _serve(self, req: Request, decode: int) -> int:
+        """One prompt: at once, or through the load-honest engine (queued, timed); cached tokens."""
+
+        def step() -> int:
+            with self._lock:
+                self.requests += 1
+                return self._handle(req)
+
+        if self.engine is None:
+            return step()
+        return self.engine.run(len(req.tokens), decode, step)
 
     def close(self) -> None:
         self._httpd.shutdown()
@@ -170,10 +201,28 @@ class CompletionsServer:
         self.close()
 
 
-def serve_http(address: str, worker: Any, publisher: Any, lock: threading.Lock) -> CompletionsServer:
-    """`kvevents serve --http`: the endpoint in front of one worker; the caller's serving loop holds
+def serve_http(
+    address: str,
+    worker: Any,
+    publisher: Any,
+    lock: threading.Lock,
+    *,
+    timing: SimTiming | None = None,
+    engine: str = "contract",
+    page_size: int = 16,
+    capacity_pages: int = 4096,
+    dp_rank: int = 0,
+) -> CompletionsServer:
+    """`kvevents serve --http`: the endpoint in front of one worker, load-honest with `timing`
+    (metrics in vLLM's names for engine "vllm", SGLang's otherwise); the caller's serving loop holds
     `lock` around each of its own steps. ValueError (one line) for a bad or busy address."""
+    load = None
+    if timing is not None:
+        load = LoadHonestEngine(timing, page_size=page_size, capacity_pages=capacity_pages, dp_rank=dp_rank)
+    names = "vllm" if engine == "vllm" else "sglang"
     try:
-        return CompletionsServer(address, lambda req: serve_and_publish(worker, publisher, req), lock=lock)
+        return CompletionsServer(
+            address, lambda req: serve_and_publish(worker, publisher, req), lock=lock, engine=load, metrics_names=names
+        )
     except OSError as exc:
         raise ValueError(f"--http {address}: {exc}") from None

@@ -13,6 +13,8 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kvevents.consumers.service.load_metrics import LoadCollector
+
 if TYPE_CHECKING:  # pragma: no cover
     from kvevents.consumers.service.core import RouterService
 
@@ -94,6 +96,7 @@ class ServiceMetrics:
     def __init__(self, service: RouterService) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(service))
+        self.registry.register(LoadCollector(service))  # loads and predictions (load_metrics.py)
         self.score_seconds = Histogram(
             METRIC_NAMES["score_seconds"],
             "Time to score one request (hashing + lookup)",
