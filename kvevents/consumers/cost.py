@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,7 +30,7 @@ import numpy as np
 from kvevents.consumers.loads import LoadVectors
 from kvevents.consumers.worker_key import WorkerKey
 
-__all__ = ["POLICIES", "CostSettings", "Candidate", "Ranked", "WorkerSlots", "rank_workers"]
+__all__ = ["POLICIES", "CostSettings", "WorkerSlots", "rank_workers"]
 
 POLICIES: tuple[str, ...] = ("cost", "prefix")
 _MIX = 0x9E3779B97F4A7C15
@@ -59,29 +59,6 @@ class CostSettings:
             raise ValueError(f"top_k must be an integer >= 1, got {self.top_k!r}")
 
 
-@dataclass(slots=True)
-class Candidate:
-    """A worker that matched: pages held by the index (`pages`, weighted `score`), pages predicted
-    beyond them, and its credit (score + predicted pages at the GPU weight)."""
-
-    pages: int
-    score: float
-    predicted: int
-    credit: float
-    pages_by_medium: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class Ranked:
-    """One worker of an answer, in answer order."""
-
-    wi: int
-    key: WorkerKey
-    cost: float
-    hint: float
-    match: Candidate | None
-
-
 class WorkerSlots:
     """Per worker-index mapping (BlockIndex.keys_by_index, the same object until workers change):
     the live slots as a mask and a list, and key -> index, rebuilt only when the mapping changes."""
@@ -89,6 +66,7 @@ class WorkerSlots:
     def __init__(self) -> None:
         self._keys: Mapping[int, WorkerKey] | None = None
         self.alive = np.zeros(0, bool)
+        self.dead = np.zeros(0, np.intp)  # slots of no worker (freed indices)
         self.live: list[int] = []
         self.by_key: dict[WorkerKey, int] = {}
 
@@ -99,6 +77,7 @@ class WorkerSlots:
             self.alive = np.zeros(n, bool)
             self.live = sorted(keys)
             self.alive[self.live] = True
+            self.dead = np.nonzero(~self.alive)[0]
             self.by_key = {k: wi for wi, k in keys.items()}
         return self
 
@@ -106,56 +85,63 @@ class WorkerSlots:
 def rank_workers(
     keys: Mapping[int, WorkerKey],
     slots: WorkerSlots,
-    matched: Mapping[int, Candidate],
+    credit: Mapping[int, float],
     loads: LoadVectors,
     request_pages: int,
     settings: CostSettings,
     rng: random.Random,
     hints: Mapping[Any, float] | None = None,
-) -> list[Ranked]:
-    """The answer's workers, best first: every matched one plus the `top_k` best of the others
-    (with temperature, the drawn pick first)."""
+) -> list[tuple[float, int, int]]:
+    """The answer's workers as (cost, tie order, worker index), best first: every worker with credit (it
+    matched) plus those of the `top_k` lowest-cost ones that did not (with temperature, the drawn
+    pick first). `credit`: worker index -> overlap credit (weighted matched + predicted pages)."""
     if not keys:
         return []
     salt = rng.getrandbits(64)
     scale = float(settings.prefill_load_scale)
-    cost = _cost_vector(loads, matched, request_pages, scale, slots) if loads.any or settings.temperature else None
-    others = _others(keys, slots, matched, cost, settings.top_k, salt, rng)
-    out = []
-    for wi in [*matched, *others]:
-        key = keys[wi]
-        got = matched.get(wi)
-        c = float(cost[wi]) if cost is not None else scale * max(request_pages - (got.credit if got else 0.0), 0.0)
-        out.append(Ranked(wi, key, c, _hint(hints, key), got))
+    vector = _cost_vector(loads, credit, request_pages, scale, slots) if loads.any or settings.temperature else None
+    listed = [*credit, *_others(keys, slots, credit, vector, settings.top_k, salt, rng)]
+    if vector is not None:
+        costs = vector.take(listed).tolist()
+        rows = [(c, (((wi + 1) ^ salt) * _MIX) & _M64, wi) for c, wi in zip(costs, listed)]
+    else:  # the tie order: the request's random order of equals
+        full = float(request_pages)
+        rows = [(scale * max(full - credit.get(wi, 0.0), 0.0), (((wi + 1) ^ salt) * _MIX) & _M64, wi) for wi in listed]
     if settings.policy == "cost":
-        out.sort(key=lambda r: (r.cost, _tb(r.wi, salt)))
+        rows.sort()
     else:
         load_of = _load_term(loads, scale)
-        out.sort(key=lambda r: (-(r.match.credit if r.match else 0.0), load_of(r.wi), r.hint, _tb(r.wi, salt)))
-    if settings.temperature and cost is not None:
-        _draw_first(out, keys, cost, slots, matched, settings.temperature, rng)
-    return out
+        rows.sort(key=lambda r: (-credit.get(r[2], 0.0), load_of(r[2]), _hint(hints, keys[r[2]]), r[1]))
+    if settings.temperature and vector is not None:
+        _draw_first(rows, vector, slots, settings.temperature, rng)
+    return rows
 
 
 def _cost_vector(
-    loads: LoadVectors, matched: Mapping[int, Candidate], request_pages: int, scale: float, slots: WorkerSlots
+    loads: LoadVectors, credit: Mapping[int, float], request_pages: int, scale: float, slots: WorkerSlots
 ) -> np.ndarray:
+    """Every worker slot's cost (dead slots: infinite)."""
     n = len(slots.alive)
-    credit = np.zeros(n)
-    for wi, m in matched.items():
-        credit[wi] = m.credit
+    have = np.zeros(n)
+    if credit:
+        have[list(credit)] = list(credit.values())
     if len(loads.prefill) == n:
-        cost = scale * np.maximum(loads.prefill + (request_pages - credit), 0.0) + loads.decode
+        cost = loads.prefill + float(request_pages)
+        cost -= have
+        np.maximum(cost, 0.0, out=cost)
+        cost *= scale
+        cost += loads.decode
     else:  # no load vectors for these slots yet
-        cost = scale * np.maximum(request_pages - credit, 0.0)
-    cost[~slots.alive] = np.inf
+        cost = np.maximum(request_pages - have, 0.0) * scale
+    if len(slots.dead):
+        cost[slots.dead] = np.inf
     return cost
 
 
 def _others(
     keys: Mapping[int, WorkerKey],
     slots: WorkerSlots,
-    matched: Mapping[int, Candidate],
+    matched: Mapping[int, float],
     cost: np.ndarray | None,
     k: int,
     salt: int,
@@ -167,40 +153,52 @@ def _others(
         want = min(k - len(matched), len(keys) - len(matched))
         if want <= 0:
             return []
-        pick = rng.sample(slots.live, min(len(slots.live), want + len(matched)))  # O(k), not O(fleet)
-        return [wi for wi in pick if wi not in matched][:want]
+        return _spread(slots.live, want, matched, salt)
     part = np.argpartition(cost, k - 1)[:k]
     thr = cost[part].max()
-    below = np.flatnonzero(cost < thr)
-    ties = np.flatnonzero(cost == thr)
-    need = k - len(below)
-    if len(ties) > need:
+    if np.count_nonzero(cost <= thr) > k:  # equals at the cut: take them in the request's random order
+        below = np.nonzero(cost < thr)[0]
+        ties = np.nonzero(cost == thr)[0]
+        need = k - len(below)
         tb = ((ties.astype(np.uint64) + np.uint64(1)) ^ np.uint64(salt)) * _MIX_U
         ties = ties[np.argpartition(tb, need - 1)[:need]] if need > 0 else ties[:0]
-    return [wi for wi in (*below.tolist(), *ties.tolist()) if wi not in matched]
+        part = np.concatenate((below, ties))
+    return [wi for wi in part.tolist() if wi not in matched]
+
+
+def _spread(live: list[int], want: int, skip: Mapping[int, float], salt: int) -> list[int]:
+    """`want` distinct workers of `live` not in `skip`, in an order drawn from `salt`: a random start
+    and a random step coprime with the fleet size visit every slot once, so this is O(want + skipped)."""
+    n = len(live)
+    start, step = salt % n, (salt >> 32) % n or 1
+    while math.gcd(step, n) != 1:
+        step += 1
+    out: list[int] = []
+    i = start
+    for _ in range(n):
+        wi = live[i]
+        if wi not in skip:
+            out.append(wi)
+            if len(out) == want:
+                break
+        i = (i + step) % n
+    return out
 
 
 def _draw_first(
-    out: list[Ranked],
-    keys: Mapping[int, WorkerKey],
-    cost: np.ndarray,
-    slots: WorkerSlots,
-    matched: Mapping[int, Candidate],
-    temperature: float,
-    rng: random.Random,
+    out: list[tuple[float, int, int]], cost: np.ndarray, slots: WorkerSlots, temperature: float, rng: random.Random
 ) -> None:
     """Move a pick drawn by softmax(-normalised cost / temperature) to the front (added if absent)."""
     live = slots.live
     c = cost[live]
     lo, hi = float(c.min()), float(c.max())
     norm = (c - lo) / (hi - lo) if hi > lo and math.isfinite(hi) else np.zeros(len(c))
-    w = np.exp(-(norm - norm.min()) / temperature)
-    pick = live[_draw(w, rng)]
-    for i, r in enumerate(out):
-        if r.wi == pick:
+    pick = live[_draw(np.exp(-norm / temperature), rng)]
+    for i, row in enumerate(out):
+        if row[2] == pick:
             out.insert(0, out.pop(i))
             return
-    out.insert(0, Ranked(pick, keys[pick], float(cost[pick]), 0.0, matched.get(pick)))
+    out.insert(0, (float(cost[pick]), 0, pick))
 
 
 def _draw(weights: np.ndarray, rng: random.Random) -> int:
@@ -222,8 +220,3 @@ def _hint(hints: Mapping[Any, float] | None, key: WorkerKey) -> float:
         return 0.0
     got = hints.get(key)
     return float(got if got is not None else hints.get(key.label, 0.0))
-
-
-def _tb(wi: int, salt: int) -> int:
-    """The request's random tie order of worker index wi (the same formula as the vector path)."""
-    return (((wi + 1) ^ salt) * _MIX) & _M64

@@ -39,31 +39,31 @@ class WorkerLoad:
 
 
 class LoadVectors:
-    """Loads by worker index (`n` slots): prefill and decode blocks, queue (NaN: unknown), when
-    measured (-inf: never) and the source code (0: none, else 1 + LOAD_SOURCES index)."""
+    """Loads by worker index (`n` columns of `table`): prefill and decode blocks, queue (NaN:
+    unknown), when measured (-inf: never) and the source code (0: none, else 1 + LOAD_SOURCES
+    index), each row also a (contiguous) view by name; listed workers read back in one gather (`rows`)."""
 
-    __slots__ = ("prefill", "decode", "queue", "at", "source", "any")
+    __slots__ = ("table", "prefill", "decode", "queue", "at", "source", "any")
 
     def __init__(self, n: int) -> None:
-        self.prefill = np.zeros(n)
-        self.decode = np.zeros(n)
-        self.queue = np.full(n, np.nan)
-        self.at = np.full(n, -np.inf)
-        self.source = np.zeros(n, np.int8)
-        self.any = False  # a load is set for some worker (else every load term is 0)
+        table = np.zeros((5, n))
+        table[2] = np.nan
+        table[3] = -np.inf
+        self._bind(table, False)
+
+    def _bind(self, table: np.ndarray, any_: bool) -> None:
+        self.table = table
+        self.prefill, self.decode, self.queue, self.at, self.source = table
+        self.any = any_  # a load is set for some worker (else every load term is 0)
 
     def set(self, wi: int, load: WorkerLoad) -> None:
-        self.prefill[wi] = load.prefill_blocks
-        self.decode[wi] = load.decode_blocks
-        self.queue[wi] = np.nan if load.queue is None else load.queue
-        self.at[wi] = load.at
-        self.source[wi] = _CODE[load.source]
+        q = np.nan if load.queue is None else load.queue
+        self.table[:, wi] = (load.prefill_blocks, load.decode_blocks, q, load.at, _CODE[load.source])
         self.any = True
 
     def copy(self) -> LoadVectors:
         out = LoadVectors.__new__(LoadVectors)
-        out.prefill, out.decode, out.queue = self.prefill.copy(), self.decode.copy(), self.queue.copy()
-        out.at, out.source, out.any = self.at.copy(), self.source.copy(), self.any
+        out._bind(self.table.copy(), self.any)
         return out
 
     def with_loads(self, loads: Iterable[tuple[int, WorkerLoad]]) -> LoadVectors:
@@ -74,6 +74,10 @@ class LoadVectors:
                 out = self.copy()
             out.set(wi, load)
         return self if out is None else out
+
+    def rows(self, wis: list[int]) -> list[list[float]]:
+        """[prefill, decode, queue, at, source code] of each listed worker, in one gather."""
+        return self.table.take(wis, axis=1).T.tolist()  # type: ignore[no-any-return]
 
     def source_name(self, wi: int) -> str | None:
         code = int(self.source[wi])
@@ -99,7 +103,7 @@ class LoadBoard:
         self._lock = threading.Lock()
         self._loads: dict[WorkerKey, WorkerLoad] = {}
         self._pending: dict[WorkerKey, WorkerLoad] = {}
-        self._expected: set[str] = set()  # sources whose load is scraped: none yet means stale
+        self.expected: frozenset[str] = frozenset()  # sources whose load is scraped: none yet means stale
         self._keys: Mapping[int, WorkerKey] | None = None
         self._by_key: dict[WorkerKey, int] = {}
         self._vec = LoadVectors(0)
@@ -107,7 +111,7 @@ class LoadBoard:
     def expect(self, source: str) -> None:
         """`source`'s load is scraped: until one arrives (and once it is old) its workers' loads are stale."""
         with self._lock:
-            self._expected.add(source)
+            self.expected = self.expected | {source}
 
     def put(self, key: WorkerKey, load: WorkerLoad) -> bool:
         """Record a load unless a newer one is held for that worker; True if recorded."""
@@ -153,7 +157,7 @@ class LoadBoard:
         """Is this worker's load older than the bound (or missing while its source is scraped)? O(1)."""
         at = float(vec.at[wi])
         if at == -math.inf:
-            return key.source in self._expected
+            return key.source in self.expected
         return now - at > self.stale_after_s
 
     def age(self, vec: LoadVectors, wi: int, now: float) -> float | None:

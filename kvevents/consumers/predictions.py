@@ -8,8 +8,9 @@ BlockIndex (they never show in /workers block counts, the copies metrics or `log
 router adds them to a worker's matched prefix, at the GPU weight.
 
 A prediction is the request's page chain (its int64 hashes, page 0 first), filed under its first
-page: crediting one is O(1) whatever its length, and a request finds the chains it shares page 0
-with and measures each common prefix in one numpy compare. A chain goes when its engine stores
+page, one per worker (a newer request routed there with the same first page replaces it: siblings
+share their prefix, so the newest says as much): crediting one is O(1) whatever its length, and a
+request finds the chains it shares page 0 with and measures each common prefix in one numpy compare. A chain goes when its engine stores
 its last page (`confirm`, from the service's feed: the engine's copies have replaced it; pages
 stored before that already count as the index's and the chain adds nothing for them), when its
 worker resets, at expiry, or, past `max_pages` predicted in all, oldest first.
@@ -27,7 +28,7 @@ from kvevents.consumers.worker_key import WorkerKey
 
 __all__ = ["PredictedBlocks"]
 
-_PER_HEAD = 32  # chains kept per (first page, lora_name): a hot prompt routed again and again
+_PER_HEAD = 32  # workers with a chain under one (first page, lora_name): a hot prompt on many workers
 
 
 class _Chain:
@@ -48,7 +49,7 @@ class PredictedBlocks:
         self.ttl_s = float(ttl_s)
         self.clock = clock
         self.max_pages = max_pages
-        self._heads: dict[tuple[int, str | None], list[_Chain]] = {}
+        self._heads: dict[tuple[int, str | None], dict[WorkerKey, _Chain]] = {}
         self._tails: dict[tuple[int, str | None, WorkerKey], _Chain] = {}
         self._queue: deque[_Chain] = deque()  # oldest credit first (one ttl: also soonest to expire)
         self._per_worker: dict[WorkerKey, int] = {}
@@ -71,13 +72,18 @@ class PredictedBlocks:
         self.expire(now)
         tail = (int(hashes[n - 1]), lora_name, key)
         old = self._tails.get(tail)
-        if old is not None and len(old.hashes) == n:  # the same request routed to the same worker again
+        if old is not None:  # the same request routed to the same worker again
             self._remove(old, "replaced")
+        head_key = (int(hashes[0]), lora_name)
+        head = self._heads.get(head_key)
+        if head is not None:
+            old = head.get(key)
+            if old is not None:  # a sibling routed there before: the newest chain stands for both
+                self._remove(old, "replaced")
+            elif len(head) >= _PER_HEAD:
+                self._remove(next(iter(head.values())), "evicted")
         chain = _Chain(key, lora_name, hashes, now + self.ttl_s)
-        head = self._heads.setdefault((int(hashes[0]), lora_name), [])
-        if len(head) >= _PER_HEAD:
-            self._remove(head[0], "evicted")
-        head.append(chain)
+        self._heads.setdefault(head_key, {})[key] = chain
         self._tails[tail] = chain
         self._queue.append(chain)
         self._per_worker[key] = self._per_worker.get(key, 0) + n
@@ -131,12 +137,12 @@ class PredictedBlocks:
         if not chains:
             return {}
         out: dict[WorkerKey, int] = {}
-        for c in chains:
+        for key, c in chains.items():
             if c.until <= now:
                 continue
             run = _common_prefix(hashes, c.hashes)
-            if run > matched.get(c.key, 0) and run > out.get(c.key, 0):
-                out[c.key] = run
+            if run > matched.get(key, 0):
+                out[key] = run
         return out
 
     def _remove(self, chain: _Chain, why: str) -> None:
@@ -146,8 +152,8 @@ class PredictedBlocks:
         n = len(chain.hashes)
         head_key = (int(chain.hashes[0]), chain.lora)
         head = self._heads.get(head_key)
-        if head is not None:
-            head.remove(chain)
+        if head is not None and head.get(chain.key) is chain:
+            del head[chain.key]
             if not head:
                 del self._heads[head_key]
         tail = (int(chain.hashes[n - 1]), chain.lora, chain.key)

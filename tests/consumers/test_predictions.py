@@ -116,8 +116,11 @@ def test_predicted_blocks_extend_an_index_prefix_and_stay_bounded():
     p.credit(a, _chain(_sibling(0)), None)  # routed again: replaced, not doubled
     assert p.pages == 14 and p.counters["replaced"] == 14
     p.credit(b, _chain(_sibling(2)), None)
-    p.credit(b, _chain(_sibling(3)), None)  # 42 pages > 30: the oldest chain goes
+    p.credit(b, _chain(_sibling(3)), None)  # a sibling routed to b again: the newest chain stands for both
+    assert p.pages == 28 and p.counters["replaced"] == 28
+    p.credit(WorkerKey("c"), _chain(_sibling(4)), None)  # 42 pages > 30: the oldest chain (a's) goes
     assert p.pages == 28 and p.counters["evicted"] == 14 and a not in p.per_worker()
-    assert p.confirm(b, [int(_chain(_sibling(2))[-1]), "junk"], None) == 14 and p.pages == 14
+    assert p.extend(_chain(_sibling(5)), None, {}, clock.now) == {b: 12, WorkerKey("c"): 12}
+    assert p.confirm(b, [int(_chain(_sibling(3))[-1]), "junk"], None) == 14 and p.pages == 14
     with pytest.raises(ValueError):
         PredictedBlocks(-1, clock)

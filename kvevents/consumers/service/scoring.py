@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kvevents.consumers.cost import Candidate, CostSettings, Ranked, WorkerSlots, rank_workers
-from kvevents.consumers.loads import LoadBoard, LoadVectors, WorkerLoad
+from kvevents.consumers.cost import CostSettings, WorkerSlots, rank_workers
+from kvevents.consumers.loads import LOAD_SOURCES, LoadBoard, LoadVectors, WorkerLoad
 from kvevents.consumers.predictions import PredictedBlocks
 from kvevents.consumers.table import as_hashes
 from kvevents.consumers.worker_key import WorkerKey
@@ -31,6 +31,8 @@ __all__ = ["Scorer", "InflightSource", "RoutingOptions"]
 #: The router's own in-flight count per worker (prefill blocks, decode blocks), e.g. from its proxy.
 InflightSource = Callable[[], Mapping[WorkerKey, tuple[int, int]]]
 _EWMA = 0.05  # weight of each request in the mean request size
+_NEVER = -float("inf")  # LoadVectors.at of a worker with no load
+_NO_LOAD: tuple[float, float, None, None] = (0.0, 0.0, None, None)
 
 
 @dataclass(frozen=True)
@@ -86,19 +88,22 @@ class Scorer:
         lora = req.lora_name
         with svc.lock:
             now = self.loads.clock()
-            found = svc.router.match(hashes, lora)
+            found = svc.router.match(hashes, lora).workers
             keys = svc.index.keys_by_index()
             slots = self.slots.of(keys)
-            matched = self._candidates(found.workers, keys, hashes, lora, now)
+            predicted = self._predicted(found, keys, hashes, lora, now)
+            credit = {wi: m.score for wi, m in found.items()}
+            if predicted:
+                gpu = float(svc.router.medium_weights.get("GPU", 1.0))
+                for wi, extra_pages in predicted.items():
+                    credit[wi] = credit.get(wi, 0.0) + gpu * extra_pages
             vec = self._vectors(keys, inflight, given, now)
-            ranked = rank_workers(keys, slots, matched, vec, pages, settings, self._rng, svc.router.loads)
+            ranked = rank_workers(keys, slots, credit, vec, pages, settings, self._rng, svc.router.loads)
             if ranked and req.route:
-                self.predictions.credit(ranked[0].key, hashes, lora, now)
-            workers = [self._entry(r, vec, now, req.explain) for r in ranked]
+                self.predictions.credit(keys[ranked[0][2]], hashes, lora, now)
+            stale, any_stale = svc.freshness.read()
+            workers = self._entries(ranked, keys, found, predicted, vec, now, stale, req.explain)
         self._mean_pages = pages if self._mean_pages is None else (1 - _EWMA) * self._mean_pages + _EWMA * pages
-        stale, any_stale = svc.freshness.read()
-        for w in workers:
-            w["stale"] = w["worker"] in stale
         first = workers[0] if workers else None
         best = first if first is not None and first["overlap_blocks"] else None
         return {
@@ -116,29 +121,21 @@ class Scorer:
             **extra,
         }
 
-    def _candidates(
+    def _predicted(
         self, found: Mapping[int, Any], keys: Mapping[int, WorkerKey], hashes: np.ndarray, lora: str | None, now: float
-    ) -> dict[int, Candidate]:
-        """Matched workers by index: the index's prefix, lengthened by predicted pages."""
-        out = {wi: Candidate(m.pages, m.score, 0, m.score, m.pages_by_medium) for wi, m in found.items()}
+    ) -> dict[int, int]:
+        """Worker index -> predicted pages continuing its prefix (beyond what the index holds)."""
         preds = self.predictions
         if not len(preds):
-            return out
+            return {}
         preds.expire(now)
-        held = {keys[wi]: c.pages for wi, c in out.items()}
-        longer = preds.extend(hashes, lora, held, now)
-        if longer:
-            gpu = float(self.service.router.medium_weights.get("GPU", 1.0))
-            by_key = self.slots.by_key
-            for key, run in longer.items():
-                wi = by_key.get(key)
-                if wi is None:
-                    continue
-                c = out.get(wi)
-                if c is None:
-                    c = out[wi] = Candidate(0, 0.0, 0, 0.0, {})
-                c.predicted = run - c.pages
-                c.credit = c.score + gpu * c.predicted
+        held = {keys[wi]: m.pages for wi, m in found.items()}
+        by_key = self.slots.by_key
+        out: dict[int, int] = {}
+        for key, run in preds.extend(hashes, lora, held, now).items():
+            wi = by_key.get(key)
+            if wi is not None:
+                out[wi] = run - held.get(key, 0)
         return out
 
     def _vectors(
@@ -166,30 +163,55 @@ class Scorer:
                 over.append((wi, load))
         return vec.with_loads(over)
 
-    def _entry(self, r: Ranked, vec: LoadVectors, now: float, explain: bool) -> dict[str, Any]:
-        m = r.match
-        wi = r.wi
-        has = wi < len(vec.prefill)
+    def _entries(
+        self,
+        ranked: list[tuple[float, int, int]],
+        keys: Mapping[int, WorkerKey],
+        found: Mapping[int, Any],
+        predicted: Mapping[int, int],
+        vec: LoadVectors,
+        now: float,
+        publisher_stale: frozenset[str],
+        explain: bool,
+    ) -> list[dict[str, Any]]:
+        """The answer's worker objects (loads read for the listed workers only, in one gather each)."""
         page_size = self.service.router.page_size
-        entry: dict[str, Any] = {
-            "worker": r.key.source,
-            "dp_rank": r.key.dp_rank,
-            "cost": round(r.cost, 6),
-            "score": round(m.score, 6) if m else 0.0,
-            "matched_pages": m.pages if m else 0,
-            "matched_tokens": m.pages * page_size if m else 0,
-            "overlap_blocks": m.pages + m.predicted if m else 0,
-            "predicted_blocks": m.predicted if m else 0,
-            "active_prefill_blocks": round(float(vec.prefill[wi]), 3) if has else 0.0,
-            "active_decode_blocks": round(float(vec.decode[wi]), 3) if has else 0.0,
-            "queue": vec.queue_of(wi) if has else None,
-            "load": r.hint,
-            "load_source": vec.source_name(wi) if has else None,
-            "load_stale": self.loads.stale(vec, wi, r.key, now) if has else False,
-        }
-        if explain:
-            entry["pages_by_medium"] = {str(k): v for k, v in m.pages_by_medium.items()} if m else {}
-        return entry
+        expected, bound = self.loads.expected, self.loads.stale_after_s
+        hints = self.service.router.loads
+        gathered = vec.any and len(vec.prefill) > 0
+        rows = vec.rows([row[2] for row in ranked]) if gathered else None
+        out = []
+        for i, (cost, _, wi) in enumerate(ranked):
+            key, m = keys[wi], found.get(wi)
+            if rows is not None:
+                pre, dec, q, a, code = rows[i]
+                load = (pre, dec, None if q != q else int(q), LOAD_SOURCES[int(code) - 1] if code else None)
+                stale = now - a > bound if a != _NEVER else key.source in expected
+            else:
+                load, stale = _NO_LOAD, key.source in expected
+            pages = m.pages if m is not None else 0
+            extra = predicted.get(wi, 0) if predicted else 0
+            entry: dict[str, Any] = {
+                "worker": key.source,
+                "dp_rank": key.dp_rank,
+                "cost": round(cost, 6),
+                "score": round(m.score, 6) if m is not None else 0.0,
+                "matched_pages": pages,
+                "matched_tokens": pages * page_size,
+                "overlap_blocks": pages + extra,
+                "predicted_blocks": extra,
+                "active_prefill_blocks": load[0],
+                "active_decode_blocks": load[1],
+                "queue": load[2],
+                "load": _hint(hints, key) if hints else 0.0,
+                "load_source": load[3],
+                "load_stale": stale,
+                "stale": key.source in publisher_stale,
+            }
+            if explain:
+                entry["pages_by_medium"] = {str(k): v for k, v in m.pages_by_medium.items()} if m is not None else {}
+            out.append(entry)
+        return out
 
 
 def _request_loads(entries: Any, now: float) -> list[tuple[WorkerKey, WorkerLoad]]:
@@ -201,3 +223,9 @@ def _request_loads(entries: Any, now: float) -> list[tuple[WorkerKey, WorkerLoad
         )
         for e in entries
     ]
+
+
+def _hint(hints: Mapping[Any, float], key: WorkerKey) -> float:
+    """The caller's load hint (PrefixRouter.set_load) by key, else by display label, else 0."""
+    got = hints.get(key)
+    return float(got if got is not None else hints.get(key.label, 0.0))
