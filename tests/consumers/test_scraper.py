@@ -97,9 +97,7 @@ def test_a_load_honest_simulated_worker_is_scraped_into_the_answer():
     )
     routing = RoutingOptions(metrics_urls={"w0": f"{web.url}/metrics"}, scrape_interval_s=60)
     svc = RouterService([Source(pub.endpoint, pub.replay_endpoint, "w0")], page_size=16, routing=routing, seed=0)
-    threads = [
-        threading.Thread(target=_complete, args=(web.url, list(range(32)), 16), daemon=True) for _ in range(3)
-    ]
+    threads = [threading.Thread(target=_complete, args=(web.url, list(range(32)), 16), daemon=True) for _ in range(3)]
     try:
         svc.start()
         for t in threads:
