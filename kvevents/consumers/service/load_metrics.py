@@ -19,7 +19,7 @@ LOAD_METRIC_NAMES: dict[str, str] = {
     "load_age": "kvevents_router_worker_load_age_seconds",
     "scrapes": "kvevents_router_load_scrapes_total",
     "predicted": "kvevents_router_predicted_blocks",
-    "predicted_events": "kvevents_router_predicted_blocks_total",
+    "predicted_events": "kvevents_router_predicted_pages_total",
 }
 
 
