@@ -194,8 +194,8 @@ class Scorer:
             entry: dict[str, Any] = {
                 "worker": key.source,
                 "dp_rank": key.dp_rank,
-                "cost": round(cost, 6),
-                "score": round(m.score, 6) if m is not None else 0.0,
+                "cost": _round6(cost),
+                "score": _round6(m.score) if m is not None else 0.0,
                 "matched_pages": pages,
                 "matched_tokens": pages * page_size,
                 "overlap_blocks": pages + extra,
@@ -229,3 +229,8 @@ def _hint(hints: Mapping[Any, float], key: WorkerKey) -> float:
     """The caller's load hint (PrefixRouter.set_load) by key, else by display label, else 0."""
     got = hints.get(key)
     return float(got if got is not None else hints.get(key.label, 0.0))
+
+
+def _round6(x: float) -> float:
+    """x >= 0 to 6 decimals (for people: 3.6, not 3.5999999999999996); ~3x cheaper than round(x, 6)."""
+    return int(x * 1e6 + 0.5) / 1e6 if x < 1e15 else x
