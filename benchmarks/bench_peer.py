@@ -372,6 +372,8 @@ def main() -> None:
     docs = build_docs(args.docs, args.pages, rnd)
     batches, copies = shared_batches(docs, args.workers, args.copies, rnd)
     reqs = make_requests(docs, args.pages, args.requests, rnd)
+    gc.collect()
+    gc.freeze()  # the benchmark's own millions of objects (docs, batches): no GC pass walks them mid-round
     report: dict = {"config": vars(args) | {"copies_held": copies, "speedups": native.describe()}}
     sides: dict = {}
     if native.active():
