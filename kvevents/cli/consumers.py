@@ -101,7 +101,8 @@ def route_cmd(
     POST /score takes a JSON object: tokens (token ids), or prompt / messages with --tokenizer;
     cache_salt, lora_name, top_k, explain.
 
-    It answers the workers best first (worker, dp_rank, matched_pages, stale, ...).
+    It answers the workers best first by cost (worker, dp_rank, cost, matched_pages, queue, stale, ...):
+    cached prefix against load, load from the body, the engines' --metrics-url pages or the router itself.
 
     Request and response schemas: GET /openapi.json (README: "The router's HTTP API").
     """
