@@ -21,6 +21,7 @@ from kvevents.cli.options import (
 )
 from kvevents.cli.output import err_line
 from kvevents.cli.route_front import API_KEY_ENV, READ_ONLY_KEY_ENV, front_security, make_proxy, served, worker_urls
+from kvevents.cli.route_options import POLICY_HELP, routing_options
 
 ENDPOINTS = "(status page at /, POST /score, GET /workers, GET /metrics, GET /openapi.json)"
 
@@ -98,13 +99,24 @@ def route_cmd(
     ),
     tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help="Serve HTTPS with this PEM certificate (chain)."),
     tls_key: Optional[str] = typer.Option(None, "--tls-key", help="The PEM private key of --tls-cert."),
+    policy: str = typer.Option("cost", "--policy", help=POLICY_HELP),
+    prefill_load_scale: float = typer.Option(1.0, "--prefill-load-scale", help="The cost's weight of prefill blocks."),
+    temperature: float = typer.Option(0.0, "--temperature", help="> 0: draw the pick by softmax(-cost/T); 0: lowest."),
+    metrics_url: list[str] = typer.Option(
+        [], "--metrics-url", help="NAME=URL: scrape that publisher's engine /metrics (vLLM or SGLang) for its load."
+    ),
+    load_stale_after: float = typer.Option(5.0, "--load-stale-after", help="Seconds before a load is load_stale."),
+    predicted_ttl: float = typer.Option(
+        2.0, "--predicted-ttl", help="Seconds a routed request's pages count as predicted."
+    ),
 ) -> None:
     """Subscribe to publishers, keep a block index, and rank workers for requests over HTTP.
 
     POST /score takes a JSON object: tokens (token ids), or prompt / messages with --tokenizer;
     cache_salt, lora_name, top_k, explain.
 
-    It answers the workers best first (worker, dp_rank, matched_pages, stale, ...).
+    It answers the workers best first by cost (worker, dp_rank, cost, matched_pages, queue, stale, ...):
+    cached prefix against load, load from the body, the engines' --metrics-url pages or the router itself.
 
     Request and response schemas: GET /openapi.json (README: "The router's HTTP API").
     """
@@ -122,6 +134,15 @@ def route_cmd(
         default_key_mode=default_mode,
         medium_weights=_medium_weights(medium_weight),
         renderer=_renderer(tokenizer),
+        routing=routing_options(
+            policy,
+            prefill_load_scale,
+            temperature,
+            metrics_url,
+            load_stale_after,
+            predicted_ttl,
+            [s.name or "" for s in sources] if sources else None,
+        ),
     )
     urls = worker_urls(proxy, worker_url)
     security = front_security(api_key, read_only_key, tls_cert, tls_key, host)
@@ -222,3 +243,5 @@ def _report_staleness(service: Any, stale_after: float) -> None:
                 err_line(f"kvevents route: {name}: nothing heard for {stale_after:g} s (stale; /score says so)")
             else:
                 err_line(f"kvevents route: {name}: heard again (no longer stale)")
+        for line in service.scraper.take_notices():
+            err_line(f"kvevents route: {line}")
