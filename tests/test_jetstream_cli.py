@@ -38,7 +38,17 @@ def _lines(text: str) -> list[str]:
 
 def test_bridge_nats_unreachable_gives_up_with_one_line_exit_2(refused_url):
     p = subprocess.run(
-        [*KVEVENTS, "bridge", "--publisher", "w0=tcp://127.0.0.1:5557", "--nats", refused_url, "--give-up-after", "1"],
+        [
+            *KVEVENTS,
+            "bridge",
+            "--publisher",
+            "w0=tcp://127.0.0.1:5557",
+            "--nats",
+            refused_url,
+            "--give-up-after",
+            "1",
+            "--insecure",
+        ],
         capture_output=True,
         text=True,
         timeout=30,
@@ -77,6 +87,7 @@ def test_bridge_retries_until_nats_comes_up_then_forwards(tmp_path):
             "1",
             "--status-every",
             "0",
+            "--insecure",
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -127,7 +138,7 @@ def test_bridge_usage_errors_exit_2():
         (["--nats", "127.0.0.1:4222"], "--nats"),
     ):
         p = subprocess.run(
-            [*KVEVENTS, "bridge", "--publisher", "w0=tcp://127.0.0.1:5557", *args],
+            [*KVEVENTS, "bridge", "--publisher", "w0=tcp://127.0.0.1:5557", "--insecure", *args],
             capture_output=True,
             text=True,
             timeout=30,
@@ -150,6 +161,7 @@ def test_bridge_no_create_on_a_missing_stream_is_one_error_line(tmp_path):
                 "--stream",
                 "MISSING",
                 "--no-create",
+                "--insecure",
             ],
             capture_output=True,
             text=True,

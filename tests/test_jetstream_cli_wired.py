@@ -57,7 +57,19 @@ def _score(port: int, tokens: list[int]) -> dict:
 def test_route_over_nats_serves_scores(fleet):
     srv, e, _ = fleet
     proc = subprocess.Popen(
-        [*KVEVENTS, "route", "--nats", srv.url, "--stream", "KV", "--http", "127.0.0.1:0", "--page-size", "4"],
+        [
+            *KVEVENTS,
+            "route",
+            "--nats",
+            srv.url,
+            "--stream",
+            "KV",
+            "--http",
+            "127.0.0.1:0",
+            "--page-size",
+            "4",
+            "--insecure",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -99,21 +111,37 @@ def test_record_durable_resumes_replay_and_doctor_over_nats(fleet, tmp_path):
     log = str(tmp_path / "kv.kvlog")
     e.step(30)
     time.sleep(0.5)
-    p = run("record", "--nats", srv.url, "--stream", "KV", "--durable", "rec", "-o", log, "--duration", "2")
+    p = run(
+        "record", "--nats", srv.url, "--stream", "KV", "--durable", "rec", "-o", log, "--duration", "2", "--insecure"
+    )
     assert p.returncode == 0, p.stderr
     e.step(30)
-    p = run("record", "--nats", srv.url, "--stream", "KV", "--durable", "rec", "-o", log, "--append", "--duration", "2")
+    p = run(
+        "record",
+        "--nats",
+        srv.url,
+        "--stream",
+        "KV",
+        "--durable",
+        "rec",
+        "-o",
+        log,
+        "--append",
+        "--duration",
+        "2",
+        "--insecure",
+    )
     assert p.returncode == 0, p.stderr
     seqs = [r.seq for r in select_records(log, on_damage=lambda d: None) if r.kind == "live"]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))) and seqs[-1] >= e.last_seq() - 5
 
-    p = run("fetch", "--nats", srv.url, "--stream", "KV", "--into-index", "--json")
+    p = run("fetch", "--nats", srv.url, "--stream", "KV", "--into-index", "--json", "--insecure")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["copies"] == sum(e.truth().values())
 
-    p = run("doctor", "--nats", srv.url, "--stream", "KV", "--json")
+    p = run("doctor", "--nats", srv.url, "--stream", "KV", "--json", "--insecure")
     assert p.returncode == 0, p.stdout + p.stderr
     rep = json.loads(p.stdout)
     assert rep["ok"] and {c["name"] for c in rep["checks"]} >= {"stream exists", "sources", "snapshots", "lag"}
-    p = run("doctor", "--nats", srv.url, "--stream", "NOPE")
+    p = run("doctor", "--nats", srv.url, "--stream", "NOPE", "--insecure")
     assert p.returncode == 1 and "stream exists" in p.stderr + p.stdout

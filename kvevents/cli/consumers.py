@@ -18,6 +18,7 @@ from rich.console import Console
 
 from kvevents.cli.app import CheckFailed, app, user_error
 from kvevents.cli.keys import CLIENT_CERT_HELP, SERVER_KEYS_HELP, with_curve
+from kvevents.cli.nats_trust import INSECURE_HELP, MAX_SOURCES_HELP, SIGN_KEY_HELP
 
 
 def _host_port(spec: str) -> tuple[str, int]:
@@ -84,6 +85,9 @@ def route_cmd(
         help="A Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json with its chat "
         "template): /score then takes prompt (text) or messages (chat) as the engine tokenizes them.",
     ),
+    sign_key: Optional[str] = typer.Option(None, "--sign-key", help="With --nats: " + SIGN_KEY_HELP),
+    insecure: bool = typer.Option(False, "--insecure", help="With --nats: " + INSECURE_HELP),
+    max_sources: int = typer.Option(4096, "--max-sources", help="With --nats: " + MAX_SOURCES_HELP),
 ) -> None:
     """Subscribe to publishers, keep a block index, and rank workers for requests over HTTP.
 
@@ -123,7 +127,9 @@ def route_cmd(
         from kvevents.cli.nats import jetstream_source
 
         service = RouterService(
-            feed=jetstream_source(nats_url, stream, "route", stale_after_s=stale_after),
+            feed=jetstream_source(
+                nats_url, stream, "route", sign_key, insecure, stale_after_s=stale_after, max_sources=max_sources
+            ),
             page_size=page_size,
             lora_strict=lora_strict,
             seed=seed,

@@ -1,4 +1,4 @@
-"""`kvevents keys generate`, and the CURVE flags the other commands share (kvevents.zeromq.security).
+"""`kvevents keys generate` and `kvevents keys sign-key`, and the CURVE flags the other commands share (kvevents.zeromq.security).
 
 Publishers (serve) take `--curve-secret FILE [--curve-allow DIR]`; consumers take
 `--curve-server-key FILE [--curve-client-cert FILE]` (tail, doctor: one publisher) or
@@ -16,7 +16,7 @@ from kvevents.cli.app import app, user_error
 
 keys_app = typer.Typer(
     name="keys",
-    help="CURVE keypairs for opt-in encryption and authentication on the wire.",
+    help="CURVE keypairs for opt-in encryption and authentication on the wire; HMAC keys for JetStream.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -51,6 +51,25 @@ def generate_cmd(
     except (OSError, ValueError) as exc:
         user_error(str(exc))
     sys.stdout.write(f"public {public}\nsecret {secret}\n")
+    sys.stdout.flush()
+
+
+@keys_app.command("sign-key")
+def sign_key_cmd(
+    path: str = typer.Argument(..., help="The key file to write (created 0600)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
+) -> None:
+    """Write a new random HMAC key for a JetStream stream (`--sign-key FILE` of bridge, route, record,
+    fetch and doctor --nats): give it to the bridges and consumers only."""
+    from kvevents.jetstream.signing import write_key_file
+
+    try:
+        key = write_key_file(path, force=force)
+    except FileExistsError:
+        user_error(f"{path!r} exists (--force to overwrite it)")
+    except (OSError, ValueError) as exc:
+        user_error(f"sign-key {path!r}: {exc}")
+    sys.stdout.write(f"sign key {path} (key id {key.key_id})\n")
     sys.stdout.flush()
 
 

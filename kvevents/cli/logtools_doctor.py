@@ -11,6 +11,7 @@ import typer
 from kvevents.cli.app import CheckFailed, app, user_error
 from kvevents.cli.keys import CLIENT_CERT_HELP, SERVER_KEY_HELP, curve_client
 from kvevents.cli.logtools_common import print_checks
+from kvevents.cli.nats_trust import INSECURE_HELP, SIGN_KEY_HELP
 
 
 @app.command("doctor")
@@ -30,6 +31,8 @@ def doctor_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     curve_server_key: Optional[str] = typer.Option(None, "--curve-server-key", help=SERVER_KEY_HELP),
     curve_client_cert: Optional[str] = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
+    sign_key: Optional[str] = typer.Option(None, "--sign-key", help="With --nats: " + SIGN_KEY_HELP),
+    insecure: bool = typer.Option(False, "--insecure", help="With --nats: " + INSECURE_HELP),
 ) -> None:
     """Check that the address answers, the topic matches, batches arrive and decode, seqs are
     continuous, heartbeats come, replay and describe answer, and published hashes recompute.
@@ -39,7 +42,7 @@ def doctor_cmd(
     if nats_url is not None:  # kvevents.cli.nats: stream, sources, snapshot ages, lag
         from kvevents.cli.nats import doctor_nats
 
-        return doctor_nats(nats_url, stream, timeout, as_json)
+        return doctor_nats(nats_url, stream, timeout, as_json, sign_key, insecure)
     if endpoint is None:
         user_error("missing ENDPOINT (or --nats URL --stream NAME)")
     from kvevents.zeromq.wire import check_endpoint

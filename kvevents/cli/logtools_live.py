@@ -26,6 +26,7 @@ from kvevents.cli.keys import (
     with_curve,
 )
 from kvevents.cli.logtools_common import err_console, log_to_stderr, out_console, warn, warn_damage
+from kvevents.cli.nats_trust import INSECURE_HELP, MAX_SOURCES_HELP, SIGN_KEY_HELP, bus_trust
 from kvevents.errors import DecodeError
 from kvevents.events import decode_batch
 from kvevents.recordlog import START_MODES, Recorder, RecordWriter, paced, parse_speed, select_records
@@ -63,6 +64,9 @@ def record_cmd(
     ),
     curve_server_key: list[str] = typer.Option([], "--curve-server-key", help=SERVER_KEYS_HELP),
     curve_client_cert: Optional[str] = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
+    sign_key: Optional[str] = typer.Option(None, "--sign-key", help="With --nats: " + SIGN_KEY_HELP),
+    insecure: bool = typer.Option(False, "--insecure", help="With --nats: " + INSECURE_HELP),
+    max_sources: int = typer.Option(4096, "--max-sources", help="With --nats: " + MAX_SOURCES_HELP),
 ) -> None:
     """Capture live batches, with the subscriber's gap repair, into a record log.
 
@@ -84,6 +88,8 @@ def record_cmd(
     if len(set(names)) != len(names):
         user_error(f"--publisher names must be unique, got {names}")
     with_curve(sources, curve_server_key, curve_client_cert)
+    if nats_url is not None:
+        bus_trust("record", sign_key, insecure)  # no key and no --insecure: exit 2 before the log is made
     _check_overwrite(output, append or force)
     writer = RecordWriter(output, append=append, durability="fsync" if fsync else "flush", on_damage=warn_damage)
     rec = Recorder(writer, count=count, start=start)  # type: ignore[arg-type]
@@ -94,6 +100,9 @@ def record_cmd(
             nats_url,
             stream,
             "record",
+            sign_key,
+            insecure,
+            max_sources=max_sources,
             on_delivery=rec.on_delivery,
             on_reset=rec.on_reset,
             durable=durable,
@@ -335,6 +344,9 @@ def fetch_cmd(
     as_json: bool = typer.Option(False, "--json", help="With --into-index: print the summary as JSON."),
     curve_server_key: Optional[str] = typer.Option(None, "--curve-server-key", help=SERVER_KEY_HELP),
     curve_client_cert: Optional[str] = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
+    sign_key: Optional[str] = typer.Option(None, "--sign-key", help="With --nats: " + SIGN_KEY_HELP),
+    insecure: bool = typer.Option(False, "--insecure", help="With --nats: " + INSECURE_HELP),
+    max_sources: int = typer.Option(4096, "--max-sources", help="With --nats: " + MAX_SOURCES_HELP),
 ) -> None:
     """Pull a publisher's replay buffer (ENDPOINT, from seq --since) or what a JetStream stream holds
     (--nats URL --stream NAME) into a record log."""
@@ -347,7 +359,8 @@ def fetch_cmd(
             user_error("--curve-server-key/--curve-client-cert apply to a replay ENDPOINT (ZeroMQ), not to --nats")
         if output is not None:
             _check_overwrite(output, force)
-        return replay_from_nats(nats_url, stream, back, output, into_index, as_json)
+        trust = {"sign_key": sign_key, "insecure": insecure, "max_sources": max_sources}
+        return replay_from_nats(nats_url, stream, back, output, into_index, as_json, **trust)  # type: ignore[arg-type]
     if endpoint is None:
         user_error("missing ENDPOINT (a replay endpoint) or --nats URL")
     if into_index or back is not None:

@@ -17,6 +17,7 @@ import typer
 from kvevents.cli.app import app, user_error
 from kvevents.cli.keys import CLIENT_CERT_HELP, SERVER_KEYS_HELP, with_curve
 from kvevents.cli.logtools_common import log_to_stderr, print_checks
+from kvevents.cli.nats_trust import BRIDGE_INSECURE_HELP, SIGN_KEY_HELP, bus_trust
 
 
 def nats_options(
@@ -90,6 +91,8 @@ def bridge_cmd(
     status_every: float = typer.Option(5.0, "--status-every", help="Seconds between status lines on stderr (0: none)."),
     curve_server_key: list[str] = typer.Option([], "--curve-server-key", help=SERVER_KEYS_HELP),
     curve_client_cert: Optional[str] = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP),
+    sign_key: Optional[str] = typer.Option(None, "--sign-key", help=SIGN_KEY_HELP),
+    insecure: bool = typer.Option(False, "--insecure", help=BRIDGE_INSECURE_HELP),
 ) -> None:
     """Forward engines' KV events (gap-repaired) into NATS JetStream, with periodic snapshots.
 
@@ -114,6 +117,7 @@ def bridge_cmd(
     sources = [parse_source(spec, require_name=True) for spec in publisher]
     with_curve(sources, curve_server_key, curve_client_cert)  # engines' CURVE keys (live, replay, snapshots)
     opts = nats_options(nats_url, creds, tls_ca, tls_cert, tls_key, name="kvevents-bridge")
+    key = bus_trust("bridge", sign_key, insecure)
     log_to_stderr()
     bridge = Bridge(
         sources,
@@ -124,6 +128,7 @@ def bridge_cmd(
         create_stream=create,
         on_unreachable=lambda m: say("bridge", m),
         give_up_after_s=give_up_after,
+        sign_key=key,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -165,14 +170,18 @@ def bridge_cmd(
 # ---------------------------------------------------------------- faces for the other commands
 
 
-def jetstream_source(url: str, stream: str, prog: str, **options: object):  # -> JetStreamFeed
-    """A JetStreamFeed for `route --nats` / `record --nats` (one-line notice while NATS is unreachable)."""
+def jetstream_source(
+    url: str, stream: str, prog: str, sign_key: Optional[str] = None, insecure: bool = False, **options: object
+):  # -> JetStreamFeed
+    """A JetStreamFeed for `route --nats` / `record --nats` / `fetch --nats` (one-line notice while
+    NATS is unreachable; no --sign-key and no --insecure: exit 2)."""
     from kvevents.jetstream.feed import JetStreamFeed
 
     opts = nats_options(url, name=f"kvevents-{prog}")
+    key = bus_trust(prog, sign_key, insecure)
     log_to_stderr()
     try:
-        return JetStreamFeed(opts, stream, on_unreachable=lambda m: say(prog, m), **options)  # type: ignore[arg-type]
+        return JetStreamFeed(opts, stream, on_unreachable=lambda m: say(prog, m), sign_key=key, **options)  # type: ignore[arg-type]
     except ValueError as exc:
         user_error(str(exc))
 
@@ -197,6 +206,7 @@ def replay_from_nats(
     into_index: bool,
     as_json: bool,
     timeout: float = 30.0,
+    **trust: object,
 ) -> None:
     """`fetch --nats`: what the stream holds, as a cold router reads it (snapshot + tail) or,
     with --since, the live batches stored in the last N seconds; into a record log (-o) or an index."""
@@ -208,6 +218,14 @@ def replay_from_nats(
         user_error("fetch --nats needs -o FILE (a record log) or --into-index")
     if since_s is not None and since_s <= 0:
         user_error(f"--back (seconds) must be > 0, got {since_s:g}")
+    src = jetstream_source(
+        url,
+        stream,
+        "fetch",
+        start_time=None if since_s is None else time.time() - since_s,
+        give_up_after_s=timeout,
+        **trust,  # type: ignore[arg-type]
+    )
     index = writer = rec = None
     if into_index:
         from kvevents.consumers.indexer import BlockIndex
@@ -218,9 +236,6 @@ def replay_from_nats(
 
         writer = RecordWriter(output, durability="buffered")
         rec = Recorder(writer)
-    src = jetstream_source(
-        url, stream, "replay", start_time=None if since_s is None else time.time() - since_s, give_up_after_s=timeout
-    )
     n = resets = 0
     t0 = time.monotonic()
     try:
@@ -265,14 +280,17 @@ def replay_from_nats(
         )
 
 
-def doctor_nats(url: str, stream: str, timeout: float, as_json: bool) -> None:
+def doctor_nats(
+    url: str, stream: str, timeout: float, as_json: bool, sign_key: Optional[str] = None, insecure: bool = False
+) -> None:
     """`doctor --nats`: the JetStream checklist (kvevents.jetstream.admin.nats_doctor)."""
     import json
 
     from kvevents.cli.app import CheckFailed
     from kvevents.doctor.nats import nats_doctor
 
-    rep = nats_doctor(nats_options(url, name="kvevents-doctor"), stream, timeout=timeout)
+    opts = nats_options(url, name="kvevents-doctor")
+    rep = nats_doctor(opts, stream, timeout=timeout, sign_key=bus_trust("doctor", sign_key, insecure))
     if as_json:
         sys.stdout.write(json.dumps(rep.as_dict(), default=str) + "\n")
     else:
