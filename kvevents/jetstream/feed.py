@@ -108,6 +108,7 @@ class JetStreamFeed:
         self.start_time = start_time  # read live batches stored since then (unix time), no snapshots
         if start_time is not None:
             self.order.start_anywhere = True
+        self.order.catching_up = True  # until everything stored at the start has been read
         for (source, rank), (epoch, next_seq) in (resume or {}).items():
             self.order.resume(source, rank, epoch, next_seq)
         self._handled: deque[tuple[int, Any]] = deque()  # durable mode: (stream seq, msg) not yet acknowledged
@@ -323,6 +324,7 @@ class JetStreamFeed:
                 f.result(2.0)
 
     def _mark_synced(self) -> None:
+        self.order.catching_up = False
         if not self._synced.is_set():
             self.cold_start_s = self.clock() - self._started_at
             self._synced.set()

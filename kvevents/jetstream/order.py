@@ -88,6 +88,9 @@ class StreamOrder:
         self.ledger_window = ledger_window
         self.clock = clock
         self.start_anywhere = False  # a stream may start at the first seq seen (reading from a time, not a snapshot)
+        # reading what was stored before the consumer started: old batches of a source whose snapshot
+        # is newer than where the read began are expected then, and prove nothing against its position
+        self.catching_up = False
         self.counters: Counter[str] = Counter()
         self.streams: dict[tuple[str, int], _Stream] = {}
         self._ranks: Counter[str] = Counter()  # source -> dp ranks tracked
@@ -265,7 +268,12 @@ class StreamOrder:
         """A batch far behind a stream that has not moved for reorder_wait_s: the position itself
         (e.g. from a snapshot claiming a far-future seq) is not believed; the stream resyncs (True)."""
         assert st.next_seq is not None
-        if not unknown or m.seq >= st.next_seq - self.far_ahead or self.clock() - st.moved_at < self.reorder_wait_s:
+        if (
+            self.catching_up
+            or not unknown
+            or m.seq >= st.next_seq - self.far_ahead
+            or self.clock() - st.moved_at < self.reorder_wait_s
+        ):
             return False
         self.counters["positions_distrusted"] += 1
         log.warning(

@@ -218,3 +218,20 @@ def test_a_snapshot_claiming_a_far_future_seq_does_not_stall_a_cold_start():
     out = o.take()
     assert kinds(out)[:2] == [("reset", -1), ("snapshot", 102)]
     assert hashes_after(out) == {100, 101, 102, 103, 104, 105}
+
+
+def test_old_batches_read_while_catching_up_do_not_distrust_a_newer_snapshot():
+    """A cold start reads from the earliest source's snapshot position: another source's older
+    batches then come long after its own, newer snapshot was applied, and prove nothing."""
+    clock = Clock()
+    o = order(clock)
+    o.catching_up = True
+    o.snapshot(snap(5000, (1,)))
+    for s in range(2000, 2010):
+        clock.t += 0.5
+        o.live(live(s))
+    assert o.counters.get("positions_distrusted", 0) == 0 and o.counters["duplicates"] == 10
+    o.catching_up = False
+    clock.t += 1.0
+    o.live(live(2011))
+    assert o.counters["positions_distrusted"] == 1
