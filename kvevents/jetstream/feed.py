@@ -108,7 +108,6 @@ class JetStreamFeed:
         self.start_time = start_time  # read live batches stored since then (unix time), no snapshots
         if start_time is not None:
             self.order.start_anywhere = True
-        self.order.catching_up = True  # until everything stored at the start has been read
         for (source, rank), (epoch, next_seq) in (resume or {}).items():
             self.order.resume(source, rank, epoch, next_seq)
         self._handled: deque[tuple[int, Any]] = deque()  # durable mode: (stream seq, msg) not yet acknowledged
@@ -254,6 +253,8 @@ class JetStreamFeed:
         if msg.ack is not None:
             self._handled.append((sseq, msg.ack))
         m = self._gate.check(msg.subject, msg.headers, msg.data, sseq)
+        # stored before this feed started: old batches of a source with a newer snapshot are expected
+        self.order.catching_up = self._sync_target is None or sseq <= self._sync_target
         if m is not None and (self.only is None or m.source in self.only):
             if m.kind == "live":
                 self.order.live(LiveMsg(m.source, m.rank, m.seq, m.epoch, msg.data, sseq, self.clock(), msg.subject))
@@ -271,6 +272,7 @@ class JetStreamFeed:
         r = item.refill
         self._refills_out = max(0, self._refills_out - 1)
         self._counters_extra["refill_messages"] = self._counters_extra.get("refill_messages", 0) + len(item.msgs)
+        self.order.catching_up = True  # old batches, read again
         for msg in item.msgs:
             m = self._gate.check(msg.subject, msg.headers, msg.data, msg.stream_seq)
             if m is not None and m.kind == "live" and (m.source, m.rank) == (r.source, r.rank):
@@ -324,7 +326,6 @@ class JetStreamFeed:
                 f.result(2.0)
 
     def _mark_synced(self) -> None:
-        self.order.catching_up = False
         if not self._synced.is_set():
             self.cold_start_s = self.clock() - self._started_at
             self._synced.set()
@@ -435,7 +436,7 @@ class JetStreamFeed:
                         ci = await sub.consumer_info()
                     except Exception:  # noqa: BLE001 - asked again next turn
                         continue
-                    if ci.num_pending == 0:  # all stored so far is delivered: once handled, we are synced
+                    if ci.num_pending == 0 and sub.pending_msgs == 0:  # all stored so far is handed over
                         self._q.put(CaughtUp())
         finally:
             try:

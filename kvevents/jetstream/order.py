@@ -15,7 +15,8 @@ It also distrusts what it is fed (issue 28):
 - a new epoch is only a candidate until the current one has been quiet for `reorder_wait_s`, so
   a stray message of another epoch cannot blind a live stream;
 - a batch far ahead of a stream that keeps moving is dropped after `reorder_wait_s`, never turned
-  into a gap; sources per stream and dp ranks per source are bounded.
+  into a gap; a position far ahead of batches that will not reach it is given up;
+- sources per stream and dp ranks per source are bounded.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class _Stream:
     pending: dict[int, LiveMsg] = field(default_factory=dict)
     gap_since: float | None = None  # since when batches wait and the stream has not moved
     moved_at: float = 0.0  # when it last delivered
+    behind: tuple[float, int] | None = None  # (when, seq) of the first batch far behind a stalled position
     waiting_since: float | None = None
     retired: set[int] = field(default_factory=set)
     spare: Snapshot | None = None  # the newest snapshot ahead of us: compared when reached, or used for a gap
@@ -265,16 +267,29 @@ class StreamOrder:
         self._drain(st)
 
     def _far_behind(self, st: _Stream, m: LiveMsg, unknown: bool) -> bool:
-        """A batch far behind a stream that has not moved for reorder_wait_s: the position itself
-        (e.g. from a snapshot claiming a far-future seq) is not believed; the stream resyncs (True)."""
+        """Batches far behind a stream that has not moved for reorder_wait_s, and that at their pace
+        would not reach its position within resync_timeout_s: the position itself (e.g. a snapshot
+        claiming a far-future seq) is not believed, and the stream resyncs (True). A bridge's
+        backlog behind a newer snapshot catches up fast, and is waited for."""
         assert st.next_seq is not None
+        now = self.clock()
         if (
             self.catching_up
             or not unknown
             or m.seq >= st.next_seq - self.far_ahead
-            or self.clock() - st.moved_at < self.reorder_wait_s
+            or now - st.moved_at < self.reorder_wait_s
         ):
             return False
+        if st.behind is None or m.seq < st.behind[1]:
+            st.behind = (now, m.seq)
+            return False
+        t0, seq0 = st.behind
+        if now - t0 < self.reorder_wait_s:
+            return False
+        pace = (m.seq - seq0) / (now - t0)  # seqs per second
+        if pace > 0 and (st.next_seq - m.seq) / pace <= self.resync_timeout_s:
+            return False
+        st.behind = None
         self.counters["positions_distrusted"] += 1
         log.warning(
             "%s rank %d: batches at seq %d while the stream stands at %d and does not move; resyncing",
@@ -414,7 +429,7 @@ class StreamOrder:
             self._out.append(Delivery(st.source, snap.seq, b, p, "", "snapshot", st.rank, snap.epoch, "", now))
             self.counters["snapshot_batches"] += 1
         st.dirty = True
-        st.moved_at = now
+        st.moved_at, st.behind = now, None
         if snap.epoch is not None:
             st.epoch = snap.epoch
         st.next_seq = snap.seq + 1
@@ -458,7 +473,7 @@ class StreamOrder:
                 return
         now = self.clock()
         if st.next_seq != first:
-            st.moved_at = now
+            st.moved_at, st.behind = now, None
             st.gap_since = now if pending else None
         elif not pending:
             st.gap_since = None

@@ -304,7 +304,7 @@ def test_a_cold_start_across_sources_snapshotted_at_different_times_loses_nothin
         try:
             wait_until("cold router caught up", caught_up([r], [e0, e1]), lambda: r.pump(0.02), timeout=30)
             c = r.src.counters()
-            assert not r.resets and c.get("positions_distrusted", 0) == 0 and c.get("losses", 0) == 0
+            assert not r.resets and c.get("positions_distrusted", 0) == 0 and c.get("losses", 0) == 0, c
             assert c["duplicates"] > 2000  # w1's batches from before its snapshot, read and dropped
         finally:
             r.stop()
