@@ -14,7 +14,10 @@ from kvevents.cli.app import user_error
 from kvevents.cli.options import (
     CURVE_CLIENT_CERT,
     CURVE_SERVER_KEYS,
+    INSECURE,
+    MAX_SOURCES,
     NATS_STREAM,
+    SIGN_KEY,
     host_port,
     jetstream_feed,
     with_curve,
@@ -109,6 +112,9 @@ def route_cmd(
     predicted_ttl: float = typer.Option(
         2.0, "--predicted-ttl", help="Seconds a routed request's pages count as predicted."
     ),
+    sign_key: Optional[str] = SIGN_KEY,
+    insecure: bool = INSECURE,
+    max_sources: int = MAX_SOURCES,
 ) -> None:
     """Subscribe to publishers, keep a block index, and rank workers for requests over HTTP.
 
@@ -148,7 +154,8 @@ def route_cmd(
     security = front_security(api_key, read_only_key, tls_cert, tls_key, host)
     # this command prints its own stale / back lines (below): the subscriber's warning would repeat them
     logging.getLogger("kvevents.zeromq.subscriber").setLevel(logging.ERROR)
-    service = _service(sources, nats_url, stream, stale_after, settings)
+    trust: dict[str, Any] = dict(sign_key=sign_key, insecure=insecure, max_sources=max_sources)
+    service = _service(sources, nats_url, stream, stale_after, settings, trust)
     try:
         try:
             front = make_proxy(service, urls, upstream_timeout, max_connections, security)
@@ -222,13 +229,19 @@ def _renderer(directory: Optional[str]) -> Any:
 
 
 def _service(
-    sources: list[Any], nats_url: Optional[str], stream: str, stale_after: float, settings: dict[str, Any]
+    sources: list[Any],
+    nats_url: Optional[str],
+    stream: str,
+    stale_after: float,
+    settings: dict[str, Any],
+    trust: dict[str, Any],
 ) -> Any:  # RouterService
     """The router service over the sources, or over the JetStream feed (one line while NATS is unreachable)."""
     from kvevents.consumers.service.core import RouterService
 
     if nats_url is not None:
-        return RouterService(feed=jetstream_feed(nats_url, stream, "route", stale_after_s=stale_after), **settings)
+        feed = jetstream_feed(nats_url, stream, "route", stale_after_s=stale_after, **trust)
+        return RouterService(feed=feed, **settings)
     return RouterService(sources, stale_after_s=stale_after, **settings)
 
 
