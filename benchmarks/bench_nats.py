@@ -2,6 +2,7 @@
 
     python benchmarks/bench_nats.py            # everything (about a minute)
     python benchmarks/bench_nats.py --quick    # smaller runs
+    python benchmarks/bench_nats.py --sign     # bridges sign, routers verify (issue 28)
 
 - throughput: an engine publishes N one-block batches as fast as it can; batches/s is N over the
   time from the first publish to the router's index having applied the last one. Paths:
@@ -78,14 +79,19 @@ class _Router:
         return time.time()
 
 
+TRUST: dict = {}  # {"sign_key": SignKey} with --sign: given to every Bridge and JetStreamFeed
+
+
 def _paths(url: str, pub: Publisher, name: str):
     """(label, router, closer) for the direct ZeroMQ path and the JetStream path."""
     sub = Subscriber([Source(pub.endpoint, pub.replay_endpoint, name)], request_timeout_s=1.0)
     yield "zmq", _Router(sub), sub.stop
-    bridge = Bridge([Source(pub.endpoint, pub.replay_endpoint, name)], name, NatsOptions(url), snapshot_every_s=3600)
+    bridge = Bridge(
+        [Source(pub.endpoint, pub.replay_endpoint, name)], name, NatsOptions(url), snapshot_every_s=3600, **TRUST
+    )
     bridge.start()
     bridge.wait_connected(10)
-    src = JetStreamFeed(NatsOptions(url), name)
+    src = JetStreamFeed(NatsOptions(url), name, **TRUST)
     yield "nats", _Router(src), lambda: (src.stop(), bridge.stop())
 
 
@@ -140,7 +146,7 @@ def cold_start(url: str, copies: int, sources: int) -> dict:
             p.publish([BlockStored(list(range(h + j, h + j + nb)), None, TOKENS * nb, PAGE, None, "GPU", None)])
     fill_s = time.time() - t0
     srcs = [Source(p.endpoint, p.replay_endpoint, f"e{k}") for k, p in enumerate(pubs)]
-    bridge = Bridge(srcs, "COLD", NatsOptions(url), snapshot_every_s=3600, request_timeout_s=10.0)
+    bridge = Bridge(srcs, "COLD", NatsOptions(url), snapshot_every_s=3600, request_timeout_s=10.0, **TRUST)
     bridge.start()
     bridge.wait_connected(10)
     t0 = time.time()
@@ -152,7 +158,7 @@ def cold_start(url: str, copies: int, sources: int) -> dict:
     rep = stream_report(NatsOptions(url), "COLD")
     parts, _ = request_snapshot(pubs[0].replay_endpoint)  # one engine's snapshot: its bytes per live block
     snap_bytes_per_block = sum(len(p) for p in parts) / per
-    src = JetStreamFeed(NatsOptions(url), "COLD")
+    src = JetStreamFeed(NatsOptions(url), "COLD", **TRUST)
     index = BlockIndex()
     t0 = time.time()
     read_at = None
@@ -188,7 +194,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller runs")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--sign", action="store_true", help="bridges sign every message, routers verify (--sign-key)")
     args = ap.parse_args()
+    if args.sign:
+        from kvevents.jetstream.signing import SignKey
+
+        TRUST["sign_key"] = SignKey.generate()
     n = 5000 if args.quick else 20000
     copies = 100_000 if args.quick else 1_000_000
     with tempfile.TemporaryDirectory() as d, NatsServer(d) as srv:

@@ -24,6 +24,13 @@ fresh index and then times every request; the sides take turns round by round, s
 slows them alike. p50/p99 per round; the machine is shared, so compare p50s and rounds.
 `same_walk` (kvevents only) times one deep lookup again and again, as many times as there are
 requests: identical warm work, so its p99 over its p50 is the machine's own jitter in that round.
+
+kvevents only, the router's whole /score answer (issue 26 part 5): `answer` is RouterService's
+answer from a request's token list (hash 8,192 tokens + lookup + predictions + loads + rank by cost
++ the matched workers and top_k others as JSON-ready objects), what Dynamo's `full` covers and more;
+`answer_routed` the same as routing decisions (each credits the pick with predicted pages, so the
+round's later requests find them); `answer_loaded` routed, with a scraped load for every worker
+(the cost vectors over the whole fleet); `answer_packed` from the packed ids the HTTP front decodes.
 """
 
 from __future__ import annotations
@@ -49,9 +56,15 @@ from bench_consumers import PAGE, build_docs, pct, shared_batches  # noqa: E402
 
 from kvevents import native  # noqa: E402
 from kvevents.consumers.indexer import BlockIndex  # noqa: E402
+from kvevents.consumers.loads import WorkerLoad  # noqa: E402
 from kvevents.consumers.router import PrefixRouter  # noqa: E402
+from kvevents.consumers.service.core import RouterService  # noqa: E402
+from kvevents.consumers.service.score_body import ScoreBody, ScoreHead  # noqa: E402
+from kvevents.consumers.worker_key import WorkerKey  # noqa: E402
+from kvevents.hashing import pack_tokens  # noqa: E402
 
 _U64 = (1 << 64) - 1
+PHASES = ("lookup", "full", "hash", "same_walk", "answer", "answer_routed", "answer_loaded", "answer_packed")
 
 # The peer's side, run by an interpreter that has ai-dynamo-runtime (argv: data dir, cpu). It reads
 # one command a line on stdin ("apply", "round", "matches", "quit") and answers one JSON line, so
@@ -141,19 +154,40 @@ def _quantiles(samples: list[float]) -> tuple[float, float]:
     return pct(samples, 0.5) * 1e6, pct(samples, 0.99) * 1e6
 
 
+class _NoFeed:
+    """The router service's event feed in this benchmark: nothing (the index is filled directly)."""
+
+    def start(self):
+        return self
+
+    def stop(self) -> None:
+        pass
+
+    def poll(self, timeout_s: float = 0.0) -> list:
+        return []
+
+    def status(self) -> dict:
+        return {}
+
+    def counters(self) -> dict:
+        return {}
+
+
 class Ours:
     """kvevents' side: an index built by applying the batches, timed per round like the peer."""
 
-    def __init__(self, batches, copies: int, reqs) -> None:
-        self.batches, self.copies, self.reqs = batches, copies, reqs
+    def __init__(self, batches, copies: int, reqs, workers: int) -> None:
+        self.batches, self.copies, self.reqs, self.workers = batches, copies, reqs, workers
         self.idx: BlockIndex | None = None
 
     def apply(self) -> dict:
         """A fresh index from every batch (decoded already): copies/s and RSS growth per copy."""
         self.idx = None
+        self.svc = None
         gc.collect()
         before = _rss()
-        idx = BlockIndex()
+        svc = RouterService(feed=_NoFeed(), page_size=PAGE, seed=0)  # its index is a BlockIndex like any
+        idx = svc.index
         apply = idx.apply
         gc.disable()
         t0 = time.perf_counter()
@@ -162,6 +196,7 @@ class Ours:
         rate = self.copies / (time.perf_counter() - t0)
         gc.enable()
         self.idx = idx
+        self.svc = svc
         self.router = PrefixRouter(idx, PAGE, seed=0)
         self.hashed = [self.router.hash_array(t) for t in self.reqs]
         for hs in self.hashed[:20]:
@@ -208,7 +243,41 @@ class Ours:
             t2 = pc()
             full.append(t2 - t0)
             hsh.append(t1 - t0)
-        return {"lookup": look, "full": full, "hash": hsh, "same_walk": noise}
+        out = {"lookup": look, "full": full, "hash": hsh, "same_walk": noise}
+        out.update(self.answers())
+        return out
+
+    def answers(self) -> dict:
+        """The router's whole answer per request (module docstring), four ways."""
+        svc, pc = self.svc, time.perf_counter
+        svc.predictions.expire(float("inf"))  # every round starts without predictions
+        phases: dict = {}
+        for phase, route in (("answer", False), ("answer_routed", True)):
+            bodies = [ScoreBody(tokens=t, route=route) for t in self.reqs]
+            times = []
+            for body in bodies:
+                t0 = pc()
+                svc.answer_score(body, body.tokens)
+                times.append(pc() - t0)
+            phases[phase] = times
+        packed = [(ScoreHead(tokens=b"", route=False), pack_tokens(t)) for t in self.reqs]
+        times = []
+        for head, ids in packed:
+            t0 = pc()
+            svc.answer_score(head, ids)
+            times.append(pc() - t0)
+        phases["answer_packed"] = times
+        at = svc.loads.clock() + 1e9  # fresh for the whole phase
+        for w in range(self.workers):
+            svc.loads.put(WorkerKey(f"w{w}"), WorkerLoad(float(w % 7), float(w % 11 * 8), w % 3, at, "metrics"))
+        bodies = [ScoreBody(tokens=t, route=True) for t in self.reqs]
+        times = []
+        for body in bodies:
+            t0 = pc()
+            svc.answer_score(body, body.tokens)
+            times.append(pc() - t0)
+        phases["answer_loaded"] = times
+        return phases
 
     def matches(self) -> list[dict[str, int]]:
         assert self.idx is not None
@@ -272,7 +341,7 @@ def summarize(applies: list[dict], rounds: list[dict], extra: dict | None = None
         "apply_copies_per_s": [round(v) for v in rates],
         "rss_bytes_per_copy": applies[0]["rss_bytes_per_copy"],
     }
-    for phase in ("lookup", "full", "hash", "same_walk"):
+    for phase in PHASES:
         if phase not in rounds[0]:
             continue
         per = [_quantiles(r[phase]) for r in rounds]
@@ -307,12 +376,14 @@ def main() -> None:
     docs = build_docs(args.docs, args.pages, rnd)
     batches, copies = shared_batches(docs, args.workers, args.copies, rnd)
     reqs = make_requests(docs, args.pages, args.requests, rnd)
+    gc.collect()
+    gc.freeze()  # the benchmark's own millions of objects (docs, batches): no GC pass walks them mid-round
     report: dict = {"config": vars(args) | {"copies_held": copies, "speedups": native.describe()}}
     sides: dict = {}
     if native.active():
-        sides["kvevents_c"] = (Ours(batches, copies, reqs), False)
+        sides["kvevents_c"] = (Ours(batches, copies, reqs, args.workers), False)
     if not args.no_fallback or not native.active():
-        sides["kvevents_python"] = (Ours(batches, copies, reqs), True)
+        sides["kvevents_python"] = (Ours(batches, copies, reqs, args.workers), True)
     peer_py = find_peer_python(args.peer_python)
     peer = Peer(peer_py, docs, batches, reqs, args.pages, copies, args.cpu) if peer_py else None
     if peer is None:
@@ -371,7 +442,7 @@ def _print_report(report: dict, args: argparse.Namespace, copies: int) -> None:
         ("apply copies/s (best)", "apply_copies_per_s_best", "{:,.0f}"),
         ("apply copies/s (median)", "apply_copies_per_s_median", "{:,.0f}"),
     ]
-    for phase in ("lookup", "full", "hash", "same_walk"):
+    for phase in PHASES:
         rows.append((f"{phase} p50 us (rounds)", f"{phase}_p50_us", None))
         rows.append((f"{phase} p99 us (rounds)", f"{phase}_p99_us", None))
     rows += [

@@ -184,6 +184,41 @@ def build() -> dict[str, Any]:
         "closed past their cap; long_*: /score bodies over 64 KiB.",
     )
 
+    b.row("Router: load and predictions (cost routing)")
+    b.panel(
+        "Scraped load by worker",
+        [("sum by (worker, kind) (kvevents_router_worker_load_blocks)", "{{worker}} {{kind}}")],
+        desc="Pages to prefill and held by running requests, from each engine's /metrics (route --metrics-url).",
+    )
+    b.panel(
+        "Scraped queue by worker",
+        [("max by (worker) (kvevents_router_worker_load_queue)", "{{worker}}")],
+        desc="Requests waiting on each engine, as it reports.",
+    )
+    b.panel(
+        "Load age",
+        [("max by (worker) (kvevents_router_worker_load_age_seconds)", "{{worker}}")],
+        unit="s",
+        desc="Seconds since each worker's scraped load; past --load-stale-after /score says load_stale.",
+    )
+    b.panel(
+        "Engine scrapes/s",
+        [(rate("kvevents_router_load_scrapes_total", "source, outcome"), "{{source}} {{outcome}}")],
+        unit="ops",
+    )
+    b.panel(
+        "Predicted copies by worker",
+        [("sum by (worker) (kvevents_router_predicted_blocks)", "{{worker}}")],
+        stack=True,
+        desc="Pages credited to routed requests' workers until their engines store them (never in the index).",
+    )
+    b.panel(
+        "Predicted pages/s by outcome",
+        [(rate("kvevents_router_predicted_pages_total", "outcome"), "{{outcome}}")],
+        unit="ops",
+        desc="credited; confirmed (the engine stored them), expired, evicted, replaced.",
+    )
+
     b.row("Publishers")
     b.panel(
         "Batches and events/s",

@@ -11,6 +11,7 @@ from typing import Any, Optional
 import typer
 
 from kvevents.cli.app import user_error
+from kvevents.cli.nats_trust import BRIDGE_INSECURE_HELP, SIGN_KEY_HELP, bus_trust
 from kvevents.cli.options import (
     CREDS_HELP,
     CURVE_CLIENT_CERT,
@@ -48,6 +49,8 @@ def bridge_cmd(
     status_every: float = typer.Option(5.0, "--status-every", help="Seconds between status lines on stderr (0: none)."),
     curve_server_key: list[str] = CURVE_SERVER_KEYS,
     curve_client_cert: Optional[str] = CURVE_CLIENT_CERT,
+    sign_key: Optional[str] = typer.Option(None, "--sign-key", help=SIGN_KEY_HELP),
+    insecure: bool = typer.Option(False, "--insecure", help=BRIDGE_INSECURE_HELP),
 ) -> None:
     """Forward engines' KV events (gap-repaired) into NATS JetStream, with periodic snapshots.
 
@@ -62,6 +65,7 @@ def bridge_cmd(
     sources = [parse_source(spec, require_name=True) for spec in publisher]
     with_curve(sources, curve_server_key, curve_client_cert)  # engines' CURVE keys (live, replay, snapshots)
     opts = nats_options(nats_url, creds, tls_ca, tls_cert, tls_key, name="kvevents-bridge")
+    key = bus_trust("bridge", sign_key, insecure)
     log_to_stderr()
     bridge = Bridge(
         sources,
@@ -72,6 +76,7 @@ def bridge_cmd(
         create_stream=create,
         on_unreachable=lambda m: say("bridge", m),
         give_up_after_s=give_up_after,
+        sign_key=key,
     )
     started = f"{len(sources)} engine(s) -> {opts.redacted()} stream {stream} (snapshots every {snapshot_every:g}s)"
     _watch(bridge, started, duration, status_every)

@@ -10,10 +10,13 @@ from typing import Any, Optional
 import typer
 
 from kvevents.cli.app import CheckFailed, user_error
+from kvevents.cli.nats_trust import bus_trust
 from kvevents.cli.options import (
     CURVE_CLIENT_CERT,
     CURVE_SERVER_KEY,
+    INSECURE,
     NATS_STREAM,
+    SIGN_KEY,
     check_endpoint,
     curve_client,
     nats_options,
@@ -37,6 +40,8 @@ def doctor_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     curve_server_key: Optional[str] = CURVE_SERVER_KEY,
     curve_client_cert: Optional[str] = CURVE_CLIENT_CERT,
+    sign_key: Optional[str] = SIGN_KEY,
+    insecure: bool = INSECURE,
 ) -> None:
     """Check that the address answers, the topic matches, batches arrive and decode, seqs are
     continuous, heartbeats come, replay and describe answer, and published hashes recompute.
@@ -45,7 +50,7 @@ def doctor_cmd(
     from kvevents.zeromq.security import client_context
 
     if nats_url is not None:  # stream, sources, snapshot ages, lag
-        return _doctor_nats(nats_url, stream, timeout, as_json)
+        return _doctor_nats(nats_url, stream, timeout, as_json, sign_key, insecure)
     if endpoint is None:
         user_error("missing ENDPOINT (or --nats URL --stream NAME)")
     check_endpoint("ENDPOINT", endpoint)  # a malformed address is a usage error (2), not a failed check
@@ -57,11 +62,12 @@ def doctor_cmd(
     _report(rep, f"kvevents doctor {endpoint}" + (f" (replay {replay})" if replay else ""), as_json)
 
 
-def _doctor_nats(url: str, stream: str, timeout: float, as_json: bool) -> None:
+def _doctor_nats(url: str, stream: str, timeout: float, as_json: bool, sign_key: Optional[str], insecure: bool) -> None:
     """`doctor --nats`: the JetStream checklist (kvevents.doctor.nats.nats_doctor)."""
     from kvevents.doctor.nats import nats_doctor
 
-    rep = nats_doctor(nats_options(url, name="kvevents-doctor"), stream, timeout=timeout)
+    opts = nats_options(url, name="kvevents-doctor")
+    rep = nats_doctor(opts, stream, timeout=timeout, sign_key=bus_trust("doctor", sign_key, insecure))
     _report(rep, f"kvevents doctor {rep.endpoint}", as_json)
 
 

@@ -14,7 +14,10 @@ from kvevents.cli.app import user_error
 from kvevents.cli.options import (
     CURVE_CLIENT_CERT,
     CURVE_SERVER_KEY,
+    INSECURE,
+    MAX_SOURCES,
     NATS_STREAM,
+    SIGN_KEY,
     check_log_target,
     curve_client,
     jetstream_feed,
@@ -52,6 +55,9 @@ def fetch_cmd(
     as_json: bool = typer.Option(False, "--json", help="With --into-index: print the summary as JSON."),
     curve_server_key: Optional[str] = CURVE_SERVER_KEY,
     curve_client_cert: Optional[str] = CURVE_CLIENT_CERT,
+    sign_key: Optional[str] = SIGN_KEY,
+    insecure: bool = INSECURE,
+    max_sources: int = MAX_SOURCES,
 ) -> None:
     """Pull a publisher's replay buffer (ENDPOINT, from seq --since) or what a JetStream stream holds
     (--nats URL --stream NAME) into a record log."""
@@ -62,7 +68,8 @@ def fetch_cmd(
             user_error("--curve-server-key/--curve-client-cert apply to a replay ENDPOINT (ZeroMQ), not to --nats")
         if output is not None:
             check_log_target(output, force)
-        return _from_nats(nats_url, stream, back, output, into_index, as_json)
+        trust = {"sign_key": sign_key, "insecure": insecure, "max_sources": max_sources}
+        return _from_nats(nats_url, stream, back, output, into_index, as_json, trust)
     if endpoint is None:
         user_error("missing ENDPOINT (a replay endpoint) or --nats URL")
     if into_index or back is not None:
@@ -98,6 +105,7 @@ def _from_nats(
     output: Optional[str],
     into_index: bool,
     as_json: bool,
+    trust: dict[str, Any],
     timeout: float = NATS_READ_TIMEOUT_S,
 ) -> None:
     """`fetch --nats`: what the stream holds, as a cold router reads it (snapshot + tail) or, with
@@ -108,9 +116,9 @@ def _from_nats(
         user_error("fetch --nats needs -o FILE (a record log) or --into-index")
     if back_s is not None and back_s <= 0:
         user_error(f"--back (seconds) must be > 0, got {back_s:g}")
-    sink = _Sink(output, into_index)
     start_time = None if back_s is None else time.time() - back_s
-    src = jetstream_feed(url, stream, "replay", start_time=start_time, give_up_after_s=timeout)
+    src = jetstream_feed(url, stream, "fetch", start_time=start_time, give_up_after_s=timeout, **trust)
+    sink = _Sink(output, into_index)  # (after the feed: a refused --sign-key leaves no file behind)
     t0 = time.monotonic()
     try:
         res = drain_feed(src, sink.on_delivery, sink.on_reset, timeout)

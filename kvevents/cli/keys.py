@@ -1,5 +1,6 @@
-"""`kvevents keys generate`: a CURVE keypair (kvevents.zeromq.security); the CURVE flags the other
-commands take are in kvevents.cli.options."""
+"""`kvevents keys generate` (a CURVE keypair, kvevents.zeromq.security) and `kvevents keys sign-key`
+(an HMAC key for a JetStream stream, kvevents.jetstream.signing); the CURVE flags the other commands
+take are in kvevents.cli.options."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from kvevents.cli.app import user_error
 
 keys_app = typer.Typer(
     name="keys",
-    help="CURVE keypairs for opt-in encryption and authentication on the wire.",
+    help="CURVE keypairs for opt-in encryption and authentication on the wire; HMAC keys for JetStream.",
     no_args_is_help=True,
     add_completion=False,
 )
@@ -30,4 +31,23 @@ def generate_cmd(
     except (OSError, ValueError) as exc:
         user_error(str(exc))
     sys.stdout.write(f"public {public}\nsecret {secret}\n")
+    sys.stdout.flush()
+
+
+@keys_app.command("sign-key")
+def sign_key_cmd(
+    path: str = typer.Argument(..., help="The key file to write (created 0600)."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
+) -> None:
+    """Write a new random HMAC key for a JetStream stream (`--sign-key FILE` of bridge, route, record,
+    fetch and doctor --nats): give it to the bridges and consumers only."""
+    from kvevents.jetstream.signing import write_key_file
+
+    try:
+        key = write_key_file(path, force=force)
+    except FileExistsError:
+        user_error(f"{path!r} exists (--force to overwrite it)")
+    except (OSError, ValueError) as exc:
+        user_error(f"sign-key {path!r}: {exc}")
+    sys.stdout.write(f"sign key {path} (key id {key.key_id})\n")
     sys.stdout.flush()

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Optional, Sequence
 import typer
 
 from kvevents.cli.app import user_error
+from kvevents.cli.nats_trust import INSECURE_HELP, MAX_SOURCES_HELP, SIGN_KEY_HELP, bus_trust
 from kvevents.cli.output import log_to_stderr, say
 
 SERVER_KEY_HELP = "CURVE: the publisher's public certificate (NAME.key from `kvevents keys generate`)."
@@ -188,14 +189,22 @@ def nats_options(
     return opts
 
 
-def jetstream_feed(url: str, stream: str, prog: str, **options: object) -> Any:  # JetStreamFeed
+SIGN_KEY = typer.Option(None, "--sign-key", help="With --nats: " + SIGN_KEY_HELP)
+INSECURE = typer.Option(False, "--insecure", help="With --nats: " + INSECURE_HELP)
+MAX_SOURCES = typer.Option(4096, "--max-sources", help="With --nats: " + MAX_SOURCES_HELP)
+
+
+def jetstream_feed(
+    url: str, stream: str, prog: str, sign_key: Optional[str] = None, insecure: bool = False, **options: object
+) -> Any:  # JetStreamFeed
     """A JetStreamFeed for `route --nats` / `record --nats` / `fetch --nats` (one-line notice while
-    NATS is unreachable)."""
+    NATS is unreachable; no --sign-key and no --insecure: exit 2)."""
     from kvevents.jetstream.feed import JetStreamFeed
 
     opts = nats_options(url, name=f"kvevents-{prog}")
+    key = bus_trust(prog, sign_key, insecure)
     log_to_stderr()
     try:
-        return JetStreamFeed(opts, stream, on_unreachable=lambda m: say(prog, m), **options)  # type: ignore[arg-type]
+        return JetStreamFeed(opts, stream, on_unreachable=lambda m: say(prog, m), sign_key=key, **options)  # type: ignore[arg-type]
     except ValueError as exc:
         user_error(str(exc))

@@ -11,10 +11,14 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvevents.cli.app import CheckFailed, user_error
+from kvevents.cli.nats_trust import bus_trust
 from kvevents.cli.options import (
     CURVE_CLIENT_CERT,
     CURVE_SERVER_KEYS,
+    INSECURE,
+    MAX_SOURCES,
     NATS_STREAM,
+    SIGN_KEY,
     check_log_target,
     jetstream_feed,
     with_curve,
@@ -53,6 +57,9 @@ def record_cmd(
     ),
     curve_server_key: list[str] = CURVE_SERVER_KEYS,
     curve_client_cert: Optional[str] = CURVE_CLIENT_CERT,
+    sign_key: Optional[str] = SIGN_KEY,
+    insecure: bool = INSECURE,
+    max_sources: int = MAX_SOURCES,
 ) -> None:
     """Capture live batches, with the subscriber's gap repair, into a record log.
 
@@ -63,10 +70,13 @@ def record_cmd(
 
     _check_flags(start, count, duration, nats_url, publisher)
     sources = _sources(publisher, curve_server_key, curve_client_cert)
+    trust = {"sign_key": sign_key, "insecure": insecure, "max_sources": max_sources}
+    if nats_url is not None:
+        bus_trust("record", sign_key, insecure)  # no key and no --insecure: exit 2 before the log is made
     check_log_target(output, append or force)
     writer = RecordWriter(output, append=append, durability="fsync" if fsync else "flush", on_damage=warn_damage)
     rec = Recorder(writer, count=count, start=start)  # type: ignore[arg-type]
-    feed = _feed(rec, sources, topic, nats_url, stream, durable, output if append else None)
+    feed = _feed(rec, sources, topic, nats_url, stream, durable, output if append else None, trust)
     session = LiveRecording(
         feed,
         rec,
@@ -128,6 +138,7 @@ def _feed(
     stream: str,
     durable: Optional[str],
     appended: Optional[str],
+    trust: dict[str, Any],
 ) -> Any:
     """The Subscriber of the sources, or with --nats the JetStream feed (resuming at the positions
     of the `appended` log). --from now: the subscriber starts each stream at its first live batch
@@ -145,6 +156,7 @@ def _feed(
             on_reset=rec.on_reset,
             durable=durable,
             resume=resume,
+            **trust,
         )
     return Subscriber(
         sources,

@@ -14,13 +14,17 @@ from kvevents.cli.app import user_error
 from kvevents.cli.options import (
     CURVE_CLIENT_CERT,
     CURVE_SERVER_KEYS,
+    INSECURE,
+    MAX_SOURCES,
     NATS_STREAM,
+    SIGN_KEY,
     host_port,
     jetstream_feed,
     with_curve,
 )
 from kvevents.cli.output import err_line
 from kvevents.cli.route_front import API_KEY_ENV, READ_ONLY_KEY_ENV, front_security, make_proxy, served, worker_urls
+from kvevents.cli.route_options import POLICY_HELP, routing_options
 
 ENDPOINTS = "(status page at /, POST /score, GET /workers, GET /metrics, GET /openapi.json)"
 
@@ -101,13 +105,27 @@ def route_cmd(
     ),
     tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help="Serve HTTPS with this PEM certificate (chain)."),
     tls_key: Optional[str] = typer.Option(None, "--tls-key", help="The PEM private key of --tls-cert."),
+    policy: str = typer.Option("cost", "--policy", help=POLICY_HELP),
+    prefill_load_scale: float = typer.Option(1.0, "--prefill-load-scale", help="The cost's weight of prefill blocks."),
+    temperature: float = typer.Option(0.0, "--temperature", help="> 0: draw the pick by softmax(-cost/T); 0: lowest."),
+    metrics_url: list[str] = typer.Option(
+        [], "--metrics-url", help="NAME=URL: scrape that publisher's engine /metrics (vLLM or SGLang) for its load."
+    ),
+    load_stale_after: float = typer.Option(5.0, "--load-stale-after", help="Seconds before a load is load_stale."),
+    predicted_ttl: float = typer.Option(
+        2.0, "--predicted-ttl", help="Seconds a routed request's pages count as predicted."
+    ),
+    sign_key: Optional[str] = SIGN_KEY,
+    insecure: bool = INSECURE,
+    max_sources: int = MAX_SOURCES,
 ) -> None:
     """Subscribe to publishers, keep a block index, and rank workers for requests over HTTP.
 
     POST /score takes a JSON object: tokens (token ids), or prompt / messages with --tokenizer;
     cache_salt, lora_name, top_k, explain.
 
-    It answers the workers best first (worker, dp_rank, matched_pages, stale, ...).
+    It answers the workers best first by cost (worker, dp_rank, cost, matched_pages, queue, stale, ...):
+    cached prefix against load, load from the body, the engines' --metrics-url pages or the router itself.
 
     Request and response schemas: GET /openapi.json (README: "The router's HTTP API").
     """
@@ -125,12 +143,22 @@ def route_cmd(
         default_key_mode=default_mode,
         medium_weights=_medium_weights(medium_weight),
         renderer=_renderer(tokenizer),
+        routing=routing_options(
+            policy,
+            prefill_load_scale,
+            temperature,
+            metrics_url,
+            load_stale_after,
+            predicted_ttl,
+            [s.name or "" for s in sources] if sources else None,
+        ),
     )
     urls = worker_urls(proxy, worker_url)
     security = front_security(api_key, read_only_key, tls_cert, tls_key, host)
     # this command prints its own stale / back lines (below): the subscriber's warning would repeat them
     logging.getLogger("kvevents.zeromq.subscriber").setLevel(logging.ERROR)
-    service = _service(sources, nats_url, stream, stale_after, settings)
+    trust: dict[str, Any] = dict(sign_key=sign_key, insecure=insecure, max_sources=max_sources)
+    service = _service(sources, nats_url, stream, stale_after, settings, trust)
     try:
         try:
             front = make_proxy(service, urls, upstream_timeout, max_connections, security)
@@ -204,13 +232,19 @@ def _renderer(directory: Optional[str]) -> Any:
 
 
 def _service(
-    sources: list[Any], nats_url: Optional[str], stream: str, stale_after: float, settings: dict[str, Any]
+    sources: list[Any],
+    nats_url: Optional[str],
+    stream: str,
+    stale_after: float,
+    settings: dict[str, Any],
+    trust: dict[str, Any],
 ) -> Any:  # RouterService
     """The router service over the sources, or over the JetStream feed (one line while NATS is unreachable)."""
     from kvevents.consumers.service.core import RouterService
 
     if nats_url is not None:
-        return RouterService(feed=jetstream_feed(nats_url, stream, "route", stale_after_s=stale_after), **settings)
+        feed = jetstream_feed(nats_url, stream, "route", stale_after_s=stale_after, **trust)
+        return RouterService(feed=feed, **settings)
     return RouterService(sources, stale_after_s=stale_after, **settings)
 
 
@@ -225,3 +259,5 @@ def _report_staleness(service: Any, stale_after: float) -> None:
                 err_line(f"kvevents route: {name}: nothing heard for {stale_after:g} s (stale; /score says so)")
             else:
                 err_line(f"kvevents route: {name}: heard again (no longer stale)")
+        for line in service.scraper.take_notices():
+            err_line(f"kvevents route: {line}")

@@ -57,8 +57,14 @@ def serve(
         None,
         "--http",
         help="Also serve an OpenAI-compatible /v1/completions for every worker: worker i on HOST:PORT+i "
-        "(port 0: each a free one, printed); token-id prompts, model = adapter, cache_salt, stream.",
+        "(port 0: each a free one, printed); token-id prompts, model = adapter, cache_salt, stream; "
+        "GET /metrics in the engine's metric names.",
     ),
+    prefill_us: float = typer.Option(
+        10.0, "--prefill-us-per-token", min=0.0, help="--http: microseconds per uncached prompt token."
+    ),
+    decode_ms: float = typer.Option(1.0, "--decode-ms-per-token", min=0.0, help="--http: milliseconds per max_tokens."),
+    max_running: int = typer.Option(8, "--max-running", min=1, help="--http: requests run at once; the rest queue."),
 ) -> None:
     """Run simulated engine workers, each publishing its KV events; a status line per second."""
     from kvevents.sim.serve import ServeConfig
@@ -70,7 +76,9 @@ def serve(
     cfg.curve_secret_key_file, cfg.curve_allow_dir = curve_secret, curve_allow
     curve_server(curve_secret, curve_allow)  # bad key files: one line, exit 2
     show_plain_bind_once()
-    _run(cfg, rate, duration, http)
+    from kvevents.sim.timing import SimTiming
+
+    _run(cfg, rate, duration, http, SimTiming(prefill_us * 1e-6, decode_ms * 1e-3, max_running))
 
 
 def _check_choices(metrics_port: Optional[int], engine: str, hash_algo: str) -> None:
@@ -118,7 +126,7 @@ def _replay_endpoint(endpoint: str, replay_endpoint: Optional[str], workers: int
     return replay
 
 
-def _run(cfg: Any, rate: float, duration: Optional[float], http: Optional[str]) -> None:
+def _run(cfg: Any, rate: float, duration: Optional[float], http: Optional[str], timing: Any) -> None:
     """Open the fleet, say where each rank listens, serve until SIGTERM, Ctrl-C or --duration, then
     close and print the last status line."""
     from kvevents.sim.serve import ServeLoop, SimFleet
@@ -130,7 +138,7 @@ def _run(cfg: Any, rate: float, duration: Optional[float], http: Optional[str]) 
             f"{STARTED} worker w{i} dp_rank {i} live {p.endpoint} replay {p.replay_endpoint or '-'} "
             f"epoch {p.epoch}{metrics}"
         )
-    webs = _front_ends(fleet, http) if http is not None else []
+    webs = _front_ends(fleet, cfg, http, timing) if http is not None else []
     stop = threading.Event()
     old = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     loop = ServeLoop(fleet, rate, duration)
@@ -146,22 +154,38 @@ def _run(cfg: Any, rate: float, duration: Optional[float], http: Optional[str]) 
         out_line(_status_line(loop.elapsed(), fleet.status(loop.served)) + f" stopped unsent={unsent}")
 
 
-def _front_ends(fleet: Any, http: str) -> list[Any]:
+def _front_ends(fleet: Any, cfg: Any, http: str, timing: Any) -> list[Any]:
     """--http: a /v1/completions per worker (worker i on port + i), each taking turns with the loop
     on the fleet's lock, a banner line each; a bad or busy address closes the fleet, one line, exit 2."""
     from kvevents.sim.http import BASE_MODEL, serve_http, worker_addresses
 
     webs: list[Any] = []
     try:
-        for address, sim, pub in zip(worker_addresses(http, len(fleet.sims)), fleet.sims, fleet.pubs):
-            webs.append(serve_http(address, sim, pub, fleet.lock))
+        for rank, (address, sim, pub) in enumerate(
+            zip(worker_addresses(http, len(fleet.sims)), fleet.sims, fleet.pubs)
+        ):
+            webs.append(
+                serve_http(
+                    address,
+                    sim,
+                    pub,
+                    fleet.lock,
+                    timing=timing,
+                    engine=cfg.engine,
+                    page_size=cfg.page_size,
+                    capacity_pages=cfg.capacity_pages,
+                    dp_rank=rank,
+                )  # fmt: skip
+            )
     except ValueError as exc:
         for web in webs:
             web.close()
         fleet.close(0)
         user_error(str(exc))
     for i, web in enumerate(webs):
-        out_line(f"{STARTED} http {web.url}/v1/completions (worker w{i}; model {BASE_MODEL} = no adapter)")
+        out_line(
+            f"{STARTED} http {web.url}/v1/completions (worker w{i}; model {BASE_MODEL} = no adapter; {web.url}/metrics)"
+        )
     return webs
 
 

@@ -229,10 +229,14 @@ class PrefixRouter:
         loads: LoadHints | None = None,
     ) -> list[WorkerScore]:
         """`score` for a request whose int64 event hashes are already known (the lookup part alone)."""
-        found = self.index.prefix_match(
+        return self._rank(self.match(hashes, lora_name), loads)
+
+    def match(self, hashes: Sequence[int] | np.ndarray, lora_name: str | None = None) -> PrefixMatch:
+        """The index's per-worker prefix match of these hashes, weighted by this router's media
+        (unranked: kvevents.consumers.cost ranks it for /score)."""
+        return self.index.prefix_match(
             as_hashes(hashes), lora_name, strict=self.lora_strict, medium_weight=self._weight
         )
-        return self._rank(found, loads)
 
     def explain(
         self, token_ids: Sequence[int], cache_salt: str | None = None, lora_name: str | None = None

@@ -7,17 +7,47 @@ those of kvevents.doctor.zeromq, so the CLI renders both the same way.
 from __future__ import annotations
 
 from kvevents.doctor.zeromq import DoctorReport
-from kvevents.jetstream.admin import stream_report
+from kvevents.jetstream.admin import SourceReport, stream_report
 from kvevents.jetstream.link import NatsOptions, NatsUnavailable
+from kvevents.jetstream.signing import SignKey
 
 __all__ = ["nats_doctor"]
 
+_LISTED = 20  # sources named in one check's detail; the rest are counted
 
-def nats_doctor(nats: NatsOptions, stream: str, *, timeout: float = 5.0, stale_after_s: float = 5.0) -> DoctorReport:
-    """Reachable, stream exists, sources seen, newest snapshot ages, lag: one check each."""
+
+def _listing(items: list[str]) -> str:
+    more = len(items) - _LISTED
+    return "; ".join(items[:_LISTED]) + (f"; ... and {more} more" if more > 0 else "")
+
+
+def _signatures(rep: DoctorReport, sources: list[SourceReport], sign_key: SignKey) -> None:
+    bad = [f"{s.source}/{s.rank} ({', '.join(s.refused)})" for s in sources if s.refused]
+    if bad:
+        rep.add(
+            "signatures",
+            "fail",
+            f"{len(bad)} of {len(sources)} source(s) not signed by key {sign_key.key_id}: {_listing(bad)}",
+            "do the bridges run with the same --sign-key file? is anything else allowed to publish on "
+            "kvevents.<stream>.> (give that permission to the bridges only)?",
+        )
+    else:
+        rep.add("signatures", "ok", f"every source's newest messages are signed by key {sign_key.key_id}")
+
+
+def nats_doctor(
+    nats: NatsOptions,
+    stream: str,
+    *,
+    timeout: float = 5.0,
+    stale_after_s: float = 5.0,
+    sign_key: SignKey | None = None,
+) -> DoctorReport:
+    """Reachable, stream exists, sources seen, (with `sign_key`) signatures, newest snapshot ages,
+    lag: one check each."""
     rep = DoctorReport(f"{nats.redacted()} stream {stream}", None)
     try:
-        sr = stream_report(nats, stream, timeout=timeout)
+        sr = stream_report(nats, stream, timeout=timeout, sign_key=sign_key)
     except NatsUnavailable as exc:
         rep.add(
             "nats reachable",
@@ -48,12 +78,16 @@ def nats_doctor(nats: NatsOptions, stream: str, *, timeout: float = 5.0, stale_a
     rep.add(
         "sources",
         "ok",
-        "; ".join(
-            f"{s.source} rank {s.rank}: {s.live_messages} batches"
-            + (f", newest seq {s.newest_seq}" if s.newest_seq is not None else "")
-            for s in sr.sources
+        _listing(
+            [
+                f"{s.source} rank {s.rank}: {s.live_messages} batches"
+                + (f", newest seq {s.newest_seq}" if s.newest_seq is not None else "")
+                for s in sr.sources
+            ]
         ),
     )
+    if sign_key is not None:
+        _signatures(rep, sr.sources, sign_key)
     missing = [f"{s.source}/{s.rank}" for s in sr.sources if s.snapshot_seq is None]
     ages = [s.snapshot_age_s for s in sr.sources if s.snapshot_age_s is not None]
     detail = f"newest snapshot {min(ages):.1f}s old, oldest of the newest {max(ages):.1f}s" if ages else "none stored"

@@ -2,5 +2,6 @@
 
 `kvevents.engines.vllm`: vLLM 0.33's block-hash chain (sha256 / sha256_cbor), its extra keys, the
 uint64 form it publishes, and a decoder that keeps the fields kvevents' contract structs drop
-(`extra_keys`, `group_idx`, raw bytes hashes).
+(`extra_keys`, `group_idx`, raw bytes hashes). `kvevents.engines.metrics`: vLLM's and SGLang's
+Prometheus names for a worker's load (read by the router's scraper, written by the simulated workers).
 """

@@ -6,7 +6,12 @@
 | `bridge.py` | the bridge: Subscriber deliveries (gap-repaired) into JetStream, snapshots stored in the stream |
 | `feed.py` | `JetStreamFeed`: a consumer's `EventFeed` over a kvevents JetStream stream |
 | `messages.py` | the feed's queue items, and a stored message's subject and headers parsed with a guard |
-| `order.py` | what JetStream holds back, put into per-(source, dp_rank) engine order |
+| `signing.py` | message authenticity: the HMAC-SHA256 key file bridges and consumers share (`--sign-key`) |
+| `gate.py` | what a consumer lets through: signature, headers, snapshots matching their end marker |
+| `stored.py` | a live batch, a snapshot and its assembly from parts, a repair's re-read request |
+| `order.py` | what JetStream holds back, put into per-(source, dp_rank) engine order, distrustfully |
+| `integrity.py` | per-seq payload and state digests: conflicts and anti-entropy against stored snapshots |
+| `reread.py` | reading one subject filter start to end (cold-start snapshots, a repair's re-read) |
 | `admin.py` | looking at a stream from outside (`kvevents doctor --nats`) |
 
 Imports the contract, `kvevents.feed`, and `kvevents.zeromq` (the bridge's Subscriber).

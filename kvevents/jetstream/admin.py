@@ -1,7 +1,8 @@
 """Looking at a kvevents JetStream stream from outside (what `kvevents doctor --nats` checks).
 
 One-shot synchronous calls (each opens and closes its own connection): message counts per
-subject, and a per-source report (batches stored, newest seq, newest snapshot and its age).
+subject, and a per-source report (batches stored, newest seq, newest snapshot and its age; with
+the stream's sign key, whether its newest messages are authentic).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from kvevents.jetstream.link import (
     snap_subject,
     stream_filter,
 )
+from kvevents.jetstream.signing import SignKey
 
 __all__ = ["SourceReport", "StreamReport", "stream_report", "subject_counts"]
 
@@ -41,6 +43,7 @@ class SourceReport:
     snapshot_seq: int | None = None
     snapshot_parts: int | None = None
     snapshot_age_s: float | None = None
+    refused: list[str] = field(default_factory=list)  # with a sign key: why its newest messages are not authentic
 
 
 @dataclass
@@ -92,6 +95,14 @@ def subject_counts(nats: NatsOptions, stream: str, *, timeout: float = 5.0) -> d
         raise NatsUnavailable(f"NATS at {nats.redacted()} did not answer within {timeout:g}s") from None
 
 
+def _header_int(msg: Any, name: str, default: int) -> int | None:
+    """A decimal header of a stored message (None when it is not one: the report shows nothing)."""
+    try:
+        return int((msg.headers or {}).get(name, default))
+    except (TypeError, ValueError):
+        return None
+
+
 def _age(msg: Any, now: float) -> float | None:
     t = getattr(msg, "time", None)
     if t is None:
@@ -99,8 +110,21 @@ def _age(msg: Any, now: float) -> float | None:
     return max(0.0, now - t.timestamp())
 
 
-def stream_report(nats: NatsOptions, stream: str, *, timeout: float = 5.0) -> StreamReport:
-    """The stream's state, its sources (counts, newest seq, snapshot age) and durable consumers' lag."""
+def _verify(sr: SourceReport, what: str, msg: Any, sign_key: SignKey | None) -> bool:
+    """True when `msg` may be read: no key to check with, or signed by it (else noted in `sr.refused`)."""
+    if sign_key is None:
+        return True
+    why = sign_key.verify(msg.subject, msg.headers or {}, msg.data or b"")
+    if why is not None:
+        sr.refused.append(f"newest {what}: {why.replace('_', ' ')}")
+    return why is None
+
+
+def stream_report(
+    nats: NatsOptions, stream: str, *, timeout: float = 5.0, sign_key: SignKey | None = None
+) -> StreamReport:
+    """The stream's state, its sources (counts, newest seq, snapshot age, with `sign_key` whether
+    their newest messages are authentic) and durable consumers' lag."""
     check_token("stream", stream)
     from nats.js.errors import NotFoundError
 
@@ -120,15 +144,16 @@ def stream_report(nats: NatsOptions, stream: str, *, timeout: float = 5.0) -> St
             if sr.live_messages:
                 try:
                     m = await js.get_last_msg(stream, live_subject(stream, source, rank))
-                    sr.newest_seq = int((m.headers or {}).get(H_SEQ, "-1"))
-                    sr.newest_age_s = _age(m, now)
+                    if _verify(sr, "batch", m, sign_key):
+                        sr.newest_seq = _header_int(m, H_SEQ, -1)
+                        sr.newest_age_s = _age(m, now)
                 except NotFoundError:
                     pass
             try:
                 m = await js.get_last_msg(stream, snap_subject(stream, source, rank))
-                if (m.headers or {}).get(H_KIND) == "end":
-                    sr.snapshot_seq = int(m.headers.get(H_SEQ, "-1"))
-                    sr.snapshot_parts = int(m.headers.get(H_PARTS, "0"))
+                if (m.headers or {}).get(H_KIND) == "end" and _verify(sr, "snapshot end marker", m, sign_key):
+                    sr.snapshot_seq = _header_int(m, H_SEQ, -1)
+                    sr.snapshot_parts = _header_int(m, H_PARTS, 0)
                     sr.snapshot_age_s = _age(m, now)
             except NotFoundError:
                 pass

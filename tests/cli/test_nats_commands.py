@@ -61,6 +61,7 @@ def test_route_over_nats_serves_scores(fleet):
         "route",
         "--nats",
         srv.url,
+        "--insecure",
         "--stream",
         "KV",
         "--http",
@@ -105,23 +106,37 @@ def test_record_durable_resumes_replay_and_doctor_over_nats(fleet, tmp_path):
     log = str(tmp_path / "kv.kvlog")
     e.step(30)
     time.sleep(0.5)
-    p = invoke("record", "--nats", srv.url, "--stream", "KV", "--durable", "rec", "-o", log, "--duration", "2")
+    p = invoke(
+        "record", "--nats", srv.url, "--insecure", "--stream", "KV", "--durable", "rec", "-o", log, "--duration", "2"
+    )
     assert p.returncode == 0, p.stderr
     e.step(30)
     p = invoke(
-        "record", "--nats", srv.url, "--stream", "KV", "--durable", "rec", "-o", log, "--append", "--duration", "2"
+        "record",
+        "--nats",
+        srv.url,
+        "--insecure",
+        "--stream",
+        "KV",
+        "--durable",
+        "rec",
+        "-o",
+        log,
+        "--append",
+        "--duration",
+        "2",
     )
     assert p.returncode == 0, p.stderr
     seqs = [r.seq for r in select_records(log, on_damage=lambda d: None) if r.kind == "live"]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))) and seqs[-1] >= e.last_seq() - 5
 
-    p = invoke("fetch", "--nats", srv.url, "--stream", "KV", "--into-index", "--json")
+    p = invoke("fetch", "--nats", srv.url, "--insecure", "--stream", "KV", "--into-index", "--json")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["copies"] == sum(e.truth().values())
 
-    p = invoke("doctor", "--nats", srv.url, "--stream", "KV", "--json")
+    p = invoke("doctor", "--nats", srv.url, "--insecure", "--stream", "KV", "--json")
     assert p.returncode == 0, p.stdout + p.stderr
     rep = json.loads(p.stdout)
     assert rep["ok"] and {c["name"] for c in rep["checks"]} >= {"stream exists", "sources", "snapshots", "lag"}
-    p = invoke("doctor", "--nats", srv.url, "--stream", "NOPE")
+    p = invoke("doctor", "--nats", srv.url, "--insecure", "--stream", "NOPE")
     assert p.returncode == 1 and "stream exists" in p.stderr + p.stdout

@@ -157,7 +157,8 @@ class Rig:
         whole = list(tokens[: len(tokens) // PAGE * PAGE])
         hashes = event_hashes_int64(whole, PAGE, None)
         self.pubs[name].publish([BlockStored(hashes, None, whole, PAGE, None, "GPU", lora_name)])
-        body = json.dumps({"tokens": whole, "lora_name": lora_name}).encode()
+        # a probe, not a routing decision: it must not credit predicted blocks
+        body = json.dumps({"tokens": whole, "lora_name": lora_name, "route": False}).encode()
 
         def held() -> bool:
             workers = self.service.handle_score(body)[1]["workers"]

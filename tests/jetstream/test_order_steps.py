@@ -64,37 +64,46 @@ CASES: dict[str, Case] = {
         [("live 9", []), ("snap 3", []), ("snap 8", ["snapshot 8", "snapshot 8", "live 9"]), ("live 10", ["live 10"])],
         counters={"snapshots_unusable": 1, "snapshots_applied": 1},
     ),
-    "a snapshot behind the position is ignored; one ahead is kept for a gap": Case(
+    "a snapshot behind the position that disagrees with what was delivered repairs it (anti-entropy)": Case(
         [
             ("live 0", ["live 0"]),
             ("live 1", ["live 1"]),
-            ("snap 0", []),
+            ("snap 0", ["reset gap", "snapshot 0", "snapshot 0"]),  # its blocks are not the ones delivered
+        ],
+        counters={"snapshots_behind": 1, "anti_entropy_repairs": 1, "snapshots_applied": 1},
+    ),
+    "a snapshot ahead of the position is kept for a gap": Case(
+        [
+            ("live 0", ["live 0"]),
+            ("live 1", ["live 1"]),
             ("snap 6", []),
             ("live 7", []),  # 2..6 never come
             ("wait 1.5", ["reset gap", "snapshot 6", "snapshot 6", "live 7"]),
         ],
-        counters={"snapshots_behind": 1, "snapshots_applied": 1},
+        counters={"snapshots_applied": 1},
     ),
-    "a new epoch is a Reset(restart); the old epoch's late batches are stale": Case(
+    "a new epoch is adopted once the old one is quiet; the old epoch's late batches are stale": Case(
         [
             ("live 0", ["live 0"]),
             ("live 1", ["live 1"]),
-            ("live 3 e=8", ["reset restart"]),
+            ("live 3 e=8", []),  # a candidate: the old epoch may still be talking (a forgery would be)
+            ("wait 1.5", ["reset restart"]),
             ("live 2", []),
             ("snap 2 e=8", ["snapshot 2", "snapshot 2", "live 3"]),
         ],
-        counters={"restarts": 1, "stale_epoch": 1},
+        counters={"restarts": 1, "stale_epoch": 1, "epoch_candidates": 1},
     ),
-    "a new epoch's snapshot first is a restart too": Case(
+    "a new epoch's snapshot first is a restart too, once the old epoch is quiet": Case(
         [
             ("live 0", ["live 0"]),
-            ("snap 5 e=8", ["reset restart", "snapshot 5", "snapshot 5"]),
+            ("snap 5 e=8", []),
+            ("wait 1.5", ["reset restart", "snapshot 5", "snapshot 5"]),
             ("live 6 e=8", ["live 6"]),
         ],
         counters={"restarts": 1, "resets": 1},
     ),
     "a new epoch from seq 0 needs no snapshot": Case(
-        [("live 0", ["live 0"]), ("live 1", ["live 1"]), ("live 0 e=9", ["reset restart", "live 0"])],
+        [("live 0", ["live 0"]), ("live 1", ["live 1"]), ("live 0 e=9", []), ("wait 1.5", ["reset restart", "live 0"])],
         counters={"restarts": 1},
     ),
     "without epochs, seq 0 again after more is a restart": Case(

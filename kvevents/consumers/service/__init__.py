@@ -3,6 +3,9 @@
 | file | what it owns |
 |---|---|
 | `core.py` | `RouterService`: applies a feed's deliveries to the index, scores requests, one lock |
+| `score_request.py`, `score_body.py` | the POST /score body: its pydantic contract, its fast decoders |
+| `scoring.py` | the /score answer: matches, predictions, loads, ranking by cost, the routing decision's credit |
+| `freshness.py` | which publishers are stale, read in O(1) per answer |
 | `http_api.py` | the FastAPI app on uvicorn: /score, /workers, /metrics, /status.json, the status page |
 | `auth.py` | bearer keys (full, read-only) checked in constant time, TLS files, what a read-only caller does not see |
 | `proxy.py` | `Proxy`: OpenAI's /v1/completions, /v1/chat/completions, /v1/models sent to the best-ranked worker |
@@ -10,6 +13,6 @@
 | `proxy_targets.py` | `--worker-url NAME[#dpR]=URL`: a worker's URL, and the URLs that failed to connect lately |
 | `proxy_stats.py` | the proxy's in-flight blocks per worker (the router's own load), its rates, errors, TTFB |
 | `status.py` | what `GET /` and `GET /status.json` show |
-| `metrics.py` | Prometheus metrics of the service, read at scrape time |
+| `metrics.py`, `load_metrics.py` | Prometheus metrics of the service (and of its loads and predictions), read at scrape time |
 | `static/` | the status page |
 """

@@ -2,7 +2,9 @@
 
 `RouterService` is the glue: deliveries from an event feed (a kvevents Subscriber by default, or
 any `kvevents.feed.EventFeed`, e.g. the JetStream feed) are applied to the index (a Reset drops
-that worker's state first), a PrefixRouter scores requests, and a FastAPI app on uvicorn
+that worker's state first), the /score answer ranks workers by cost from their matched prefix,
+their load and the copies predicted by earlier routing decisions (kvevents.consumers.service.scoring;
+loads scraped by kvevents.consumers.scraper, or pushed: `set_inflight_source`), and a FastAPI app on uvicorn
 (kvevents.consumers.service.http_api) serves POST /score, GET /workers, GET /metrics, /openapi.json and the status page. One lock
 guards the index: the feed's thread applies, HTTP requests hash outside it and look up inside.
 Workers are `WorkerKey`s throughout; the answers show a key as its source name and dp rank.
@@ -14,29 +16,24 @@ import logging
 import threading
 import time
 from collections import Counter
-from typing import Annotated, Any, Callable, Mapping, Sequence
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from typing import Any, Callable, Mapping, Sequence
 
 from kvevents.consumers.indexer import BlockIndex
 from kvevents.consumers.keying import SourceKeyer
-from kvevents.consumers.prompts import MAX_MESSAGES, PromptRenderer
+from kvevents.consumers.loads import LoadBoard
+from kvevents.consumers.predictions import PredictedBlocks
+from kvevents.consumers.prompts import PromptRenderer
 from kvevents.consumers.router import LoadHints, PrefixRouter, WorkerScore
+from kvevents.consumers.scraper import MetricsScraper
+from kvevents.consumers.service.freshness import Freshness
 from kvevents.consumers.service.metrics import ServiceMetrics
-from kvevents.consumers.service.score_body import (
-    MAX_NAME_CHARS,
-    MAX_TOKEN_ID,
-    MAX_TOKENS,
-    Body,
-    ScoreBody,
-    ScoreHead,
-    decode_fast,
-    decode_packed,
-)
+from kvevents.consumers.service.score_body import MAX_NAME_CHARS, MAX_TOKENS, Body, ScoreBody, ScoreHead
+from kvevents.consumers.service.score_request import DecodedScore, LoadEntry, ScoreRequest, decode_score
+from kvevents.consumers.service.scoring import RoutingOptions, Scorer
 from kvevents.consumers.service.seams import InflightSource
 from kvevents.consumers.service.status import StatusBoard
 from kvevents.consumers.worker_key import WorkerKey
-from kvevents.events import rank_of
+from kvevents.events import BlockStored, rank_of
 from kvevents.feed import Delivery, EventFeed, FeedLoop, Reset, dispatch
 from kvevents.zeromq.subscriber import Source, Subscriber, parse_source
 
@@ -45,7 +42,9 @@ from kvevents.zeromq.subscriber import Source, Subscriber, parse_source
 __all__ = [
     "InflightSource",
     "RouterService",
+    "RoutingOptions",
     "ScoreRequest",
+    "LoadEntry",
     "EventFeed",
     "parse_publisher",
     "MAX_BODY_BYTES",
@@ -56,44 +55,6 @@ __all__ = [
 log = logging.getLogger("kvevents.consumers.service.core")
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
-MAX_PROMPT_CHARS = 16_000_000  # a text prompt of ~4M tokens at most
-TokenId = Annotated[int, Field(strict=True, ge=0, le=MAX_TOKEN_ID)]
-
-
-class ScoreRequest(BaseModel):
-    """POST /score body: the request's token ids and the namespace parts a router can see."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    tokens: list[TokenId] | None = Field(
-        None, max_length=MAX_TOKENS, description="Token ids (0 .. 2**32-1) of the prompt (or `prompt`, or `messages`)."
-    )
-    prompt: str | None = Field(
-        None,
-        max_length=MAX_PROMPT_CHARS,
-        description="A completion prompt as text, tokenized as the engine does (needs `route --tokenizer`).",
-    )
-    messages: list[dict[str, Any]] | None = Field(
-        None,
-        max_length=MAX_MESSAGES,
-        description="A chat, rendered by the model's chat template and tokenized as the engine does "
-        "(needs `route --tokenizer`).",
-    )
-    add_generation_prompt: bool = Field(True, description="`messages`: end with the assistant turn's opening.")
-    continue_final_message: bool = Field(False, description="`messages`: continue the final message instead.")
-    cache_salt: str | None = Field(
-        None, max_length=MAX_NAME_CHARS, description="The tenant's cache_salt, as the engine was given it (null: none)."
-    )
-    lora_name: str | None = Field(
-        None, max_length=MAX_NAME_CHARS, description="The LoRA adapter's name (null: the base model)."
-    )
-    top_k: int | None = Field(None, ge=1, description="Return only the best k workers.")
-    explain: bool = Field(False, description="Add the request's page hashes and each worker's pages by medium.")
-
-
-#: A decoded /score body: its fields and its token ids (packed uint32 bytes on the compiled path, a
-#: list otherwise, None for a prompt or chat).
-DecodedScore = tuple[ScoreHead | ScoreBody | ScoreRequest, bytes | list[int] | None]
 
 
 def parse_publisher(spec: str) -> Source:
@@ -132,6 +93,8 @@ class RouterService:
         key_modes: Mapping[str, str] | None = None,
         default_key_mode: str = "contract",
         renderer: PromptRenderer | None = None,
+        routing: RoutingOptions | None = None,
+        clock: Callable[[], float] = time.monotonic,
         **subscriber_options: Any,
     ) -> None:
         if (sources is None) == (feed is None):
@@ -166,10 +129,19 @@ class RouterService:
         self._score_requests: Counter[int] = Counter()
         self._stale_seen: dict[str, bool] = {}
         self.events_applied = 0
+        routing = routing or RoutingOptions()
+        self.routing = routing
+        self.loads = LoadBoard(clock, routing.load_stale_after_s)  # kvevents.consumers.loads: newest wins per worker
+        self.predictions = PredictedBlocks(routing.predicted_ttl_s, clock)  # never in the index
+        self.scorer = Scorer(self, routing.cost, self.loads, self.predictions, seed)
+        self.scraper = MetricsScraper(
+            routing.metrics_urls, self.loads, page_size, pages_per_request=self.scorer.mean_request_pages,
+            interval_s=routing.scrape_interval_s, timeout_s=routing.scrape_timeout_s,
+        )  # fmt: skip
+        self.freshness = Freshness(self.feed.status, clock)  # /score reads staleness in O(1)
         self.metrics = ServiceMetrics(self)
         self.status = StatusBoard()  # GET / and /status.json: repair activity and /score outcomes
         self._http: Any = None  # kvevents.consumers.service.http_api.HttpServer while serving
-        self.inflight_source: InflightSource | None = None  # set_inflight_source (route --proxy)
         self._status_sections: dict[str, Callable[[], Any]] = {}
 
     # ---------------------------------------------------------------- feed
@@ -177,7 +149,10 @@ class RouterService:
     def _on_delivery(self, d: Delivery) -> None:
         rank = rank_of(d.dp_rank)
         with self.lock:
-            self.keyer.apply(self.index, d.source, d.batch, d.payload or None)
+            for b in self.keyer.translate(d.source, d.batch, d.payload or None):
+                self.index.apply(d.source, b)
+                if self.predictions.pages:
+                    self._confirm(d.source, b)
             st = self._state.get(d.source)
             if st is None:
                 st = self._state[d.source] = _SourceState()
@@ -191,10 +166,18 @@ class RouterService:
             self.status.delivered(d.source, d.kind)
             self.events_applied += len(d.batch.events)
 
+    def _confirm(self, source: str, batch: Any) -> None:
+        """The engine's own BlockStored replaces the pages predicted for that worker."""
+        key = WorkerKey.of(source, batch.data_parallel_rank)
+        for ev in batch.events:
+            if type(ev) is BlockStored:
+                self.predictions.confirm(key, ev.block_hashes, ev.lora_name)
+
     def _on_reset(self, r: Reset) -> None:
         rank = rank_of(r.dp_rank)  # as BlockIndex.apply
         with self.lock:
             self.index.drop_source(r.source, rank)
+            self.predictions.drop_worker(r.source, rank)
             self.keyer.reset(r.source, rank)
             self._resets[(r.source, r.reason)] += 1
             self.status.reset(r.source, r.reason)
@@ -217,8 +200,22 @@ class RouterService:
             st = self._state.get(source)
             return None if st is None else st.ranks.get(dp_rank)
 
+    def set_inflight_source(self, fn: InflightSource | None) -> None:
+        """The router's own in-flight count (e.g. its proxy's): `fn()` -> {WorkerKey: (prefill_blocks,
+        decode_blocks)}, called once per /score outside the index lock (it must not call into this
+        service). A third load source, always current (README, "Load"); None removes it."""
+        self.scorer.inflight = fn
+
+    @property
+    def inflight_source(self) -> InflightSource | None:
+        """The in-flight load source set by `set_inflight_source` (None: none)."""
+        return self.scorer.inflight
+
     def start(self) -> RouterService:
-        """Start the subscriber thread (or the feed, and a thread polling it)."""
+        """Start the subscriber thread (or the feed, and a thread polling it), the load scraper and
+        the stale view's refresh."""
+        self.scraper.start()
+        self.freshness.start()
         if self.subscriber is not None:
             self.subscriber.start()
             return self
@@ -237,6 +234,8 @@ class RouterService:
             self._http.stop()
             self._http = None
         self.status.stop()
+        self.scraper.stop()
+        self.freshness.stop()
         self._stop.set()
         if self._pump is not None:
             self._pump.join(2.0)
@@ -267,15 +266,12 @@ class RouterService:
         return ranked
 
     def handle_score(self, body: Body) -> tuple[int, dict[str, Any]]:
-        """POST /score: (HTTP status, JSON object). Every client mistake is a 400 with a message.
-
-        The request is hashed outside the index lock and looked up inside it.
-        """
+        """POST /score: (HTTP status, JSON object). Every client mistake is a 400 with a message."""
         return self.score_decoded(self.decode_score(body))
 
     def decode_score(self, body: Body) -> DecodedScore | str:
         """A /score body's fields and token ids (for `score_decoded`), or the 400's message."""
-        return _decode_score(body)
+        return decode_score(body)
 
     def score_decoded(self, decoded: DecodedScore | str) -> tuple[int, dict[str, Any]]:
         """`handle_score` of a body already decoded, so the body need not be kept meanwhile."""
@@ -283,53 +279,33 @@ class RouterService:
             return self._count(400, {"error": decoded})
         req, tokens = decoded
         t0 = time.perf_counter()
-        extra: dict[str, Any] = {}
         try:
-            if isinstance(req, ScoreRequest) or tokens is None:  # the slow path: prompt or messages maybe
-                tokens = self.request_tokens(req)  # type: ignore[arg-type]  # (only ScoreRequest gives None)
-            if isinstance(tokens, bytes):
-                hashes = self.router.hash_packed(tokens, req.cache_salt)
-            else:
-                hashes = self.router.hash_array(tokens, req.cache_salt)
-            if req.explain:  # the request's hashes, to show them
-                extra["hashes"] = [str(h) for h in hashes.tolist()]
-            with self.lock:
-                ranked = self.router.score_hashes(hashes, req.lora_name)
+            out = self.answer_score(req, tokens)
         except ValueError as exc:
             return self._count(400, {"error": str(exc)})
         self.metrics.score_seconds.observe(time.perf_counter() - t0)
-        stale = {name: st.stale for name, st in self.feed.status().items()}
-        if req.top_k is not None:
-            ranked = ranked[: req.top_k]
-        workers = []
-        for w in ranked:
-            name = w.key.source
-            entry: dict[str, Any] = {
-                "worker": name,
-                "dp_rank": w.key.dp_rank,
-                "score": round(w.score, 6),
-                "matched_pages": w.matched_pages,
-                "matched_tokens": w.matched_tokens,
-                "load": w.load,
-                "stale": stale.get(name, False),
-            }
-            if req.explain:
-                entry["pages_by_medium"] = dict(w.pages_by_medium)
-            workers.append(entry)
-        best = workers[0] if workers and workers[0]["matched_pages"] else None
+        workers = out["workers"]
         top_pages = workers[0]["matched_pages"] if workers else 0
         self.status.scored(top_pages)
         self.metrics.score_matched_pages.observe(top_pages)
-        out = {
-            "pages": (len(tokens) // 4 if isinstance(tokens, bytes) else len(tokens)) // self.router.page_size,
-            "page_size": self.router.page_size,
-            "best": best["worker"] if best else None,
-            "best_dp_rank": best["dp_rank"] if best else None,
-            "stale": any(stale.values()),
-            "workers": workers,
-            **extra,
-        }
         return self._count(200, out)
+
+    def answer_score(
+        self, req: ScoreHead | ScoreBody | ScoreRequest, tokens: bytes | list[int] | None
+    ) -> dict[str, Any]:
+        """The /score answer of a decoded body (ValueError: a 400): the request's pages hashed here,
+        outside the index lock, then looked up, ranked and credited (kvevents.consumers.service.scoring)."""
+        extra: dict[str, Any] = {}
+        if isinstance(req, ScoreRequest) or tokens is None:  # the slow path: prompt or messages maybe
+            tokens = self.request_tokens(req)  # type: ignore[arg-type]  # (only ScoreRequest gives None)
+        if isinstance(tokens, bytes):
+            hashes = self.router.hash_packed(tokens, req.cache_salt)
+        else:
+            hashes = self.router.hash_array(tokens, req.cache_salt)
+        if req.explain:  # the request's hashes, to show them
+            extra["hashes"] = [str(h) for h in hashes.tolist()]
+        pages = (len(tokens) // 4 if isinstance(tokens, bytes) else len(tokens)) // self.router.page_size
+        return self.scorer.answer(req, hashes, pages, extra)
 
     def request_tokens(self, req: ScoreRequest) -> list[int]:
         """The request's token ids: given, or its `prompt` / `messages` through the model's tokenizer
@@ -406,10 +382,6 @@ class RouterService:
         with self.lock:
             return self.index.worker_adapter_counts()
 
-    def set_inflight_source(self, fn: InflightSource | None) -> None:
-        """The router's own in-flight load: `fn()` -> {WorkerKey: (prefill_blocks, decode_blocks)} (the proxy's)."""
-        self.inflight_source = fn
-
     def add_status_section(self, name: str, view: Callable[[], Any]) -> None:
         """Add `name: view()` to GET /status.json (the proxy's per-worker figures)."""
         self._status_sections[name] = view
@@ -446,6 +418,24 @@ class RouterService:
                 "score_requests": score_requests,
                 "http": self.http_counters(),
             }
+
+    def routing_snapshot(self) -> dict[str, Any]:
+        """The cost inputs /metrics exports: scraped loads by worker label, scrapes, predicted copies."""
+        now = self.loads.clock()
+        loads = {
+            key.label: {"prefill_blocks": ld.prefill_blocks, "decode_blocks": ld.decode_blocks,
+                        "queue": ld.queue, "age_s": max(0.0, now - ld.at)}
+            for key, ld in self.loads.snapshot().items()
+        }  # fmt: skip
+        with self.lock:
+            predicted = {key.label: n for key, n in self.predictions.per_worker().items()}
+            counters = dict(self.predictions.counters)
+        return {
+            "loads": loads,
+            "scrapes": self.scraper.counters(),
+            "predicted": predicted,
+            "predicted_counters": counters,
+        }
 
     def _feed_counters(self) -> dict[str, int]:
         """The feed's counters, plus the errors of the service's own pump (a feed without a thread)."""
@@ -496,32 +486,3 @@ class RouterService:
         self._http = server
         self.status.start()  # one sample a second for the status page's last minutes
         return bound
-
-
-def _decode_score(body: Body) -> DecodedScore | str:
-    """The /score body's fields and its token ids (packed uint32 bytes on the compiled path, else a
-    list; None for a prompt or chat), or the 400's message. The fast decoders take the usual body;
-    ScoreRequest the rest."""
-    packed = decode_packed(body)  # ~3x cheaper than pydantic at 8,192 tokens: no int object per id
-    if packed is not None:
-        return packed
-    fast = decode_fast(body)  # not compiled, or a body the compiled reader leaves (an escaped key, ...)
-    if fast is not None:
-        return fast, fast.tokens
-    try:
-        req = ScoreRequest.model_validate_json(body if isinstance(body, (bytes, bytearray)) else bytes(body))
-    except ValidationError as exc:
-        first: dict[str, Any] = dict(exc.errors()[0]) if exc.error_count() else {}
-        if first.get("type") == "json_invalid":
-            return f"body is not valid JSON: {first.get('msg', '')}"
-        return _validation_message(exc)
-    return req, req.tokens
-
-
-def _validation_message(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors()[:5]:
-        where = ".".join(str(p) for p in err.get("loc", ())) or "body"
-        parts.append(f"{where}: {err.get('msg', 'invalid')}")
-    more = exc.error_count() - len(parts)
-    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")

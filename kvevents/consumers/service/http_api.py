@@ -85,17 +85,28 @@ class HttpLimits(BaseModel):
 
 
 class WorkerEntry(BaseModel):
-    """One worker (a publisher's dp rank) and its credit for the request, best first."""
+    """One worker (a publisher's dp rank): its cost for the request and what it is made of."""
 
     worker: str = Field(description="The publisher's name as given to --publisher (NAME=...).")
     dp_rank: int = Field(description="The data-parallel rank whose blocks these are.")
+    cost: float = Field(
+        description="prefill_load_scale x max(active_prefill_blocks + request pages - overlap credit, 0) "
+        "+ active_decode_blocks; the overlap credit is `score` plus predicted_blocks at the GPU weight."
+    )
     score: float = Field(
         description="Matched prefix pages weighted by their best medium (by default GPU 1.0, CPU_PINNED and CPU 0.8, "
         "STORAGE, DISK, EXTERNAL and FS 0.5, others 0.5; route --medium-weight NAME=W sets them)."
     )
     matched_pages: int = Field(description="Consecutive whole pages of the request's prefix this worker holds.")
     matched_tokens: int = Field(description="matched_pages x page size.")
-    load: float = Field(description="Load hint used to break ties (0 unless set).")
+    overlap_blocks: int = Field(description="matched_pages plus the predicted pages that continue them.")
+    predicted_blocks: int = Field(description="Pages credited by earlier routing decisions, not yet stored.")
+    active_prefill_blocks: float = Field(description="Pages still to prefill there (its newest load).")
+    active_decode_blocks: float = Field(description="Pages held by its running requests (its newest load).")
+    queue: int | None = Field(description="Requests waiting there (null: no load source says).")
+    load: float = Field(description="The caller's load hint (PrefixRouter.set_load; 0 unless set).")
+    load_source: str | None = Field(description="request | metrics | inflight: where its load came from (null: none).")
+    load_stale: bool = Field(description="Its load is older than --load-stale-after (or its scrape never answered).")
     stale: bool = Field(description="Nothing heard from this worker's publisher for --stale-after seconds.")
     pages_by_medium: dict[str, int] | None = Field(
         default=None, description="With explain only: matched pages by the medium credited for each."
@@ -107,10 +118,17 @@ class ScoreResponse(BaseModel):
 
     pages: int = Field(description="Whole pages in the request (a partial last page is never cached).")
     page_size: int = Field(description="Tokens per page (route --page-size).")
-    best: str | None = Field(description="Name of the best worker, or null when no worker matches a page.")
+    policy: str = Field(description="The ranking used: cost or prefix.")
+    pick: str | None = Field(description="Where to send the request: workers[0] (null only with no worker known).")
+    pick_dp_rank: int | None = Field(description="Its dp rank.")
+    best: str | None = Field(description="The pick when it holds a page of the prefix, else null.")
     best_dp_rank: int | None = Field(description="Its dp rank (null with best).")
+    routed: bool = Field(description="The pick was credited the request's pages as predicted copies.")
     stale: bool = Field(description="True when any publisher is stale: the index may hold blocks that are gone.")
-    workers: list[WorkerEntry] = Field(description="Every known worker (or the top_k), best first.")
+    workers: list[WorkerEntry] = Field(
+        description="Every worker that matched a page, plus those of the top_k lowest-cost ones that did not, best first."
+    )
+    workers_total: int = Field(description="Workers known (those not listed are not built).")
     hashes: list[str] | None = Field(
         default=None, description="With explain only: the request's int64 page hashes, as strings."
     )

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kvevents.consumers.service.load_metrics import LoadCollector
 from kvevents.consumers.service.seams import MetricsSource
 from kvevents.consumers.worker_key import WorkerKey
 
@@ -113,6 +114,7 @@ class ServiceMetrics:
     def __init__(self, service: MetricsSource) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(service))
+        self.registry.register(LoadCollector(service))  # loads and predictions (load_metrics.py)
         self.score_seconds = Histogram(
             METRIC_NAMES["score_seconds"],
             "Time to score one request (hashing + lookup)",

@@ -1,6 +1,6 @@
 """The POST /score body's limits, and its fast decoders (msgspec) for the usual well-formed body.
 
-The pydantic model in kvevents.consumers.service.core (ScoreRequest) stays the contract: it documents the
+The pydantic model in kvevents.consumers.service.score_request (ScoreRequest) stays the contract: it documents the
 body (OpenAPI) and words every 400. The decoders here accept only what ScoreRequest accepts (strict
 types, the same bounds, no unknown field) and return None for anything else, which the service
 then hands to ScoreRequest. `decode_packed` (compiled only) finds the top-level token array and
@@ -15,7 +15,7 @@ from __future__ import annotations
 import mmap
 import re
 import struct
-from typing import Annotated, Union
+from typing import Annotated, Literal, Union
 
 import msgspec
 
@@ -23,9 +23,14 @@ from kvevents import native
 
 __all__ = [
     "Body",
+    "MAX_BLOCKS",
+    "MAX_FACTOR",
+    "MAX_LOADS",
     "MAX_NAME_CHARS",
+    "MAX_RANK",
     "MAX_TOKENS",
     "MAX_TOKEN_ID",
+    "LoadItem",
     "ScoreBody",
     "ScoreHead",
     "decode_fast",
@@ -37,11 +42,30 @@ __all__ = [
 MAX_NAME_CHARS = 256  # lora_name / cache_salt longer than this are refused (400): per-request strings stay small
 MAX_TOKENS = 4_000_000
 MAX_TOKEN_ID = 2**32 - 1
+MAX_LOADS = 65_536  # `loads` entries in one body
+MAX_BLOCKS = 1e12  # a load's blocks
+MAX_FACTOR = 1e6  # prefill_load_scale, temperature
+MAX_RANK = 2**31 - 1
 
 #: A /score body as the server holds it: bytes, or the buffer a long one is read into.
 Body = Union[bytes, bytearray, mmap.mmap]
 _Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME_CHARS)]
 _TopK = Annotated[int, msgspec.Meta(ge=1)]
+_Blocks = Annotated[float, msgspec.Meta(ge=0, le=MAX_BLOCKS)]
+_Factor = Annotated[float, msgspec.Meta(ge=0, le=MAX_FACTOR)]
+
+
+class LoadItem(msgspec.Struct, forbid_unknown_fields=True):
+    """One `loads` entry as kvevents.consumers.service.load_entry.LoadEntry accepts it."""
+
+    worker: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME_CHARS)]
+    dp_rank: Annotated[int, msgspec.Meta(ge=0, le=MAX_RANK)] = 0
+    active_prefill_blocks: _Blocks = 0.0
+    active_decode_blocks: _Blocks = 0.0
+    queue: Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKENS)] | None = None
+
+
+_Loads = Annotated[list[LoadItem], msgspec.Meta(max_length=MAX_LOADS)]
 
 
 class ScoreBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -52,6 +76,11 @@ class ScoreBody(msgspec.Struct, forbid_unknown_fields=True):
     lora_name: _Name | None = None
     top_k: _TopK | None = None
     explain: bool = False
+    policy: Literal["cost", "prefix"] | None = None
+    prefill_load_scale: _Factor | None = None
+    temperature: _Factor | None = None
+    loads: _Loads | None = None
+    route: bool = True
 
 
 class ScoreHead(msgspec.Struct, forbid_unknown_fields=True):
@@ -62,6 +91,11 @@ class ScoreHead(msgspec.Struct, forbid_unknown_fields=True):
     lora_name: _Name | None = None
     top_k: _TopK | None = None
     explain: bool = False
+    policy: Literal["cost", "prefix"] | None = None
+    prefill_load_scale: _Factor | None = None
+    temperature: _Factor | None = None
+    loads: _Loads | None = None
+    route: bool = True
 
 
 _decoder = msgspec.json.Decoder(ScoreBody)

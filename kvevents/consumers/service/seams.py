@@ -9,17 +9,30 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from kvevents.consumers.indexer import BlockIndex
+from kvevents.consumers.router import PrefixRouter
+from kvevents.consumers.service.freshness import Freshness
 from kvevents.consumers.worker_key import WorkerKey
 
-__all__ = ["InflightSource", "MetricsSource", "StatusSource", "HttpService", "ProxyService", "ProxyFront"]
+__all__ = [
+    "ScoringService",
+    "InflightSource",
+    "MetricsSource",
+    "StatusSource",
+    "HttpService",
+    "ProxyService",
+    "ProxyFront",
+]
 
 InflightSource = Callable[[], Mapping[WorkerKey, tuple[int, int]]]  # worker -> (prefill, decode) blocks in flight
 
 
 class MetricsSource(Protocol):
-    """What /metrics reads at scrape time."""
+    """What /metrics reads at scrape time (the service's counters, and its cost inputs)."""
 
     def metrics_snapshot(self) -> dict[str, Any]: ...
+
+    def routing_snapshot(self) -> dict[str, Any]: ...
 
 
 class StatusSource(Protocol):
@@ -81,3 +94,19 @@ class ProxyFront(Protocol):
     endpoints: tuple[str, ...]
 
     def mount(self, app: Any, limits: Any) -> None: ...
+
+
+class ScoringService(Protocol):
+    """What the scorer reads of the service: the index lock, router and index, the staleness view."""
+
+    @property
+    def lock(self) -> Any: ...
+
+    @property
+    def router(self) -> PrefixRouter: ...
+
+    @property
+    def index(self) -> BlockIndex: ...
+
+    @property
+    def freshness(self) -> Freshness: ...
