@@ -101,7 +101,9 @@ def test_rank_endpoints_offset_each_rank_and_refuse_ports_past_65535() -> None:
 
 
 def test_a_real_fleet_publishes_what_its_workers_serve() -> None:
-    cfg = ServeConfig(endpoint=EPH, replay_endpoint=EPH, workers=2, heartbeat_s=0.0)
+    cfg = ServeConfig(
+        endpoint=EPH, replay_endpoint=EPH, workers=2, heartbeat_s=0.2
+    )  # a stream the slow join missed is found by its heartbeat
     fleet = SimFleet.open(cfg)
     sub = None
     try:
