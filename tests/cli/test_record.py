@@ -56,7 +56,7 @@ def test_record_with_nothing_received_says_so_and_exits_1(tmp_path: Path, refusi
     assert err[-1].startswith("kvevents: check failed: nothing received in 3.")
     assert f"`kvevents doctor {refusing_endpoint}`" in err[-1]
     # nothing written: no 16-byte header-only file is left for the next run to refuse
-    assert not out.exists() and f"recorded nothing from 1 source(s)" in r.stdout and "no file left" in r.stdout
+    assert not out.exists() and "recorded nothing from 1 source(s)" in r.stdout and "no file left" in r.stdout
 
 
 # ---------------------------------------------------------------- where a capture starts
