@@ -1,11 +1,11 @@
 """How `--help` reads: placeholders, the type column, docstrings as paragraphs, option panels.
 
-Typer renders required arguments as `{file}` and repeatable options as `TEXT...` (as if one flag
-took several values); a docstring's single line breaks would print as breaks mid-sentence. This
-module puts that right in one place: `install()` (called once by kvevents.cli.app) sets the
-placeholder and type-column wording; `reflow_help(app)` (called once the commands are
-registered) turns each command's docstring into paragraphs; `in_panel` files a shared option
-under a heading of the command's help.
+Typer renders required arguments as `{file}`, repeatable options as `TEXT...` (as if one flag
+took several values), ranges as `[1<=x<=64]` and `[default: ...]` on a line of its own; a
+docstring's single line breaks would print as breaks mid-sentence. This module puts that right in
+one place: `install()` (called once by kvevents.cli.app) sets the placeholders, the type column
+and the option help's layout; `reflow_help(app)` (called once the commands are registered) turns
+each command's docstring into paragraphs; `in_panel` files a shared option under a heading.
 """
 
 from __future__ import annotations
@@ -84,8 +84,9 @@ def _one_paragraph(original: Any) -> Any:
 def install() -> None:
     """Our wording of the usage line's placeholders, of the type column and of option help, for
     every command."""
-    if not getattr(rich_utils, "_kvevents_one_paragraph", False):  # once, however often called
-        rich_utils._get_parameter_help = _one_paragraph(rich_utils._get_parameter_help)  # type: ignore[attr-defined]
+    original = getattr(rich_utils, "_get_parameter_help", None)  # absent in another typer: typer's layout
+    if original is not None and not getattr(rich_utils, "_kvevents_one_paragraph", False):  # once only
+        rich_utils._get_parameter_help = _one_paragraph(original)  # type: ignore[attr-defined]
         rich_utils._kvevents_one_paragraph = True  # type: ignore[attr-defined]
     TyperOption.display_type_rich = _type_column  # type: ignore[method-assign, assignment]
     TyperArgument.display_type_rich = _type_column  # type: ignore[method-assign, assignment]
@@ -96,9 +97,10 @@ def install() -> None:
 
 
 def reflow(text: str) -> str:
-    """A docstring as paragraphs: single line breaks become spaces; blank lines stay."""
+    """A docstring as paragraphs: single line breaks become spaces; blank lines stay, and so does a
+    paragraph marked `\\b` (click's "keep my line breaks")."""
     paragraphs = inspect.cleandoc(text).split("\n\n")
-    return "\n\n".join(" ".join(p.split()) for p in paragraphs)
+    return "\n\n".join(p if p.startswith("\b") else " ".join(p.split()) for p in paragraphs)
 
 
 def reflow_help(app: typer.Typer) -> None:

@@ -19,11 +19,6 @@ CHECK_MARKS = {"ok": "[green]✓ ok[/]", "fail": "[red]✗ FAIL[/]", "warn": "[y
 PIPED_WIDTH = 80  # the width of piped output when COLUMNS does not say
 
 
-def out_width() -> int:
-    """Columns stdout output is laid out to: the terminal's, or piped COLUMNS (else 80)."""
-    return out_console().width
-
-
 def out_console() -> Console:
     """A stdout console laid out to the terminal's width (piped: COLUMNS, else 80), whose lines are
     never wrapped: a long line (a path, a hash) stays one line, for the terminal to fold or a
