@@ -1,9 +1,11 @@
 """`kvevents` command line: one module per command, each a thin layer (parse flags, call the library,
-render). This module registers them on the app, in the order `kvevents --help` lists them.
+render). This module registers them on the app, under the headings and in the order that
+`kvevents --help` lists them.
 
 | file | what it owns |
 |---|---|
-| `app.py` | the typer app, `--version`, the one place errors become exit codes (0, 1 check failed, 2 user error) |
+| `app.py` | the typer app, `--version`, the help's headings, the one place errors become exit codes (0, 1 check failed, 2 user error) |
+| `helpfmt.py` | how `--help` reads: placeholders (FILE, TOKENS...), the type column, docstrings as paragraphs, option panels |
 | `options.py` | flags several commands share: endpoints, HOST:PORT, a log file to write, CURVE keys, NATS options |
 | `output.py` | consoles, one-line stdout/stderr messages and warnings, library logs on stderr, the check table |
 | `route.py` | `route`: the HTTP router service over publishers or a JetStream stream |
@@ -32,6 +34,7 @@ from kvevents.cli import (
     doctor,
     fetch,
     golden,
+    helpfmt,
     keys,
     log,
     record,
@@ -44,24 +47,36 @@ from kvevents.cli import (
     version,
 )
 from kvevents.cli import hash as hash_  # not to shadow the builtin here
-from kvevents.cli.app import CheckFailed, UserError, app, main, user_error
+from kvevents.cli.app import (
+    CONSUMER_SIDE,
+    CONTRACT,
+    ENGINE_SIDE,
+    LOGS,
+    MAIN_JOB,
+    CheckFailed,
+    UserError,
+    app,
+    main,
+    user_error,
+)
 
-app.command("route")(route.route_cmd)
-app.command("demo")(demo.demo_cmd)
-app.command("hash", context_settings=hash_.CONTEXT_SETTINGS)(hash_.hash_cmd)
-app.command("schema")(schema.schema)
-app.command("golden")(golden.golden)
-app.command("version")(version.version)
-app.command("doctor")(doctor.doctor_cmd)
-app.command("record")(record.record_cmd)
-app.command("replay")(replay.replay_cmd)
-app.command("fetch")(fetch.fetch_cmd)
-app.command("bridge")(bridge.bridge_cmd)
-app.command("relay")(relay.relay)
-app.command("serve")(serve.serve)
-app.command("tail")(tail.tail)
-app.add_typer(keys.keys_app, name="keys")
-app.add_typer(conformance.conformance_app, name="conformance")
-app.add_typer(log.log_app, name="log")
+app.command("demo", rich_help_panel=MAIN_JOB)(demo.demo_cmd)
+app.command("route", rich_help_panel=MAIN_JOB)(route.route_cmd)
+app.command("serve", rich_help_panel=ENGINE_SIDE)(serve.serve)
+app.command("relay", rich_help_panel=ENGINE_SIDE)(relay.relay)
+app.command("bridge", rich_help_panel=ENGINE_SIDE)(bridge.bridge_cmd)
+app.add_typer(keys.keys_app, name="keys", rich_help_panel=ENGINE_SIDE)
+app.command("tail", rich_help_panel=CONSUMER_SIDE)(tail.tail)
+app.command("doctor", rich_help_panel=CONSUMER_SIDE)(doctor.doctor_cmd)
+app.command("record", rich_help_panel=LOGS)(record.record_cmd)
+app.command("fetch", rich_help_panel=LOGS)(fetch.fetch_cmd)
+app.command("replay", rich_help_panel=LOGS)(replay.replay_cmd)
+app.add_typer(log.log_app, name="log", rich_help_panel=LOGS)
+app.command("hash", context_settings=hash_.CONTEXT_SETTINGS, rich_help_panel=CONTRACT)(hash_.hash_cmd)
+app.command("golden", rich_help_panel=CONTRACT)(golden.golden)
+app.command("schema", rich_help_panel=CONTRACT)(schema.schema)
+app.add_typer(conformance.conformance_app, name="conformance", rich_help_panel=CONTRACT)
+app.command("version", rich_help_panel=CONTRACT)(version.version)
+helpfmt.reflow_help(app)  # docstrings as paragraphs: no line break mid-sentence in --help
 
 __all__ = ["app", "main", "UserError", "CheckFailed", "user_error"]

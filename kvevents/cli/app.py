@@ -11,9 +11,11 @@ import sys
 from typing import Any, NoReturn
 
 import typer
-from typer.core import TyperArgument, TyperOption
 
+from kvevents.cli import helpfmt
 from kvevents.errors import KVEventsError
+
+helpfmt.install()  # the help's placeholders and type column, before any command is built
 
 app = typer.Typer(
     name="kvevents",
@@ -22,6 +24,23 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+#: The headings of `kvevents --help`, in the order it lists them (kvevents.cli files each command).
+MAIN_JOB, ENGINE_SIDE, CONSUMER_SIDE, LOGS, CONTRACT = (
+    "The main job",
+    "Engine side: publish",
+    "Consumer side: subscribe, check",
+    "Record logs",
+    "The contract",
+)
+
+#: `--publisher` of route, bridge and record: the form in words that fit a help column of 80 columns.
+PUBLISHER_FORM = "NAME=ENDPOINT, or NAME=ENDPOINT,REPLAY with its replay endpoint"
+
+
+def publisher_option(default: Any, each: str) -> Any:
+    """`--publisher` as route, bridge and record take it, once per `each` (publisher, engine)."""
+    return typer.Option(default, "--publisher", help=f"{PUBLISHER_FORM}; repeat for every {each}.")
 
 
 def _show_version(value: bool) -> None:
@@ -43,26 +62,6 @@ def _root(
     ),
 ) -> None:
     """KV-cache events: the hash contract, a reference cache, publisher, consumers and tools."""
-
-
-def _type_column(param: TyperOption | TyperArgument, ctx: Any) -> str | None:
-    """The help's type column in plain words (TEXT, INTEGER, ...): no `<bool>`-style tags, and
-    nothing for flags."""
-    if param.metavar is not None:
-        return param.metavar
-    if getattr(param, "is_flag", False):
-        return None
-    label = type(param).display_type(param, ctx).strip("<>")
-    if label.startswith("list["):
-        label = label[5:-1]
-    word = label.split()[0] if label else ""
-    name = _TYPE_WORDS.get(word, word.upper())
-    return f"{name}..." if getattr(param, "multiple", False) or param.nargs != 1 else name
-
-
-_TYPE_WORDS = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "path": "PATH", "file": "FILE", "directory": "DIR"}
-TyperOption.display_type_rich = _type_column  # type: ignore[method-assign, assignment]  # our help's wording, one place
-TyperArgument.display_type_rich = _type_column  # type: ignore[method-assign, assignment]
 
 
 class UserError(Exception):

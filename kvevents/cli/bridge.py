@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import typer
 
-from kvevents.cli.app import user_error
+from kvevents.cli.app import publisher_option, user_error
 from kvevents.cli.nats_trust import BRIDGE_INSECURE_HELP, SIGN_KEY_HELP, bus_trust
 from kvevents.cli.options import (
     CREDS_HELP,
@@ -27,9 +27,7 @@ from kvevents.cli.output import log_to_stderr, say
 
 
 def bridge_cmd(
-    publisher: list[str] = typer.Option(
-        ..., "--publisher", help="NAME=ENDPOINT[,REPLAY_ENDPOINT]; repeat for every engine."
-    ),
+    publisher: list[str] = publisher_option(..., "engine"),
     nats_url: str = typer.Option("nats://127.0.0.1:4222", "--nats", help="NATS server URL(s), comma-separated."),
     stream: str = typer.Option("kvevents", "--stream", help="JetStream stream name (subjects kvevents.<stream>.>)."),
     snapshot_every: float = typer.Option(30.0, "--snapshot-every", help="Seconds between snapshots stored per engine."),
@@ -129,6 +127,6 @@ def _status(c: dict[str, int]) -> str:
     return (
         f"published {c.get('live_published', 0)} batches ({c.get('duplicates_dropped', 0)} "
         f"already stored), snapshots {c.get('snapshots_stored', 0)}, publish retries "
-        f"{c.get('publish_retries', 0)}, engine gaps repaired {c.get('subscriber_replayed', 0)}, "
+        f"{c.get('publish_retries', 0)}, engine gap batches replayed {c.get('gap_batches_replayed', 0)}, "
         f"losses {c.get('subscriber_losses', 0)}"
     )

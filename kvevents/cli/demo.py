@@ -18,7 +18,9 @@ from kvevents.cli.output import out_console
 
 def demo_cmd(
     workers: int = typer.Option(4, "--workers", help="Simulated workers (1..64), each with its own publisher."),
-    duration: float = typer.Option(15.0, "--duration", help="Seconds of traffic (about; not with --requests)."),
+    duration: Optional[float] = typer.Option(
+        None, "--duration", help="Seconds of traffic, about (default 15; not with --requests)."
+    ),
     seed: int = typer.Option(0, "--seed", help="Workload, routing and fault seed."),
     requests: Optional[int] = typer.Option(
         None,
@@ -40,7 +42,11 @@ def demo_cmd(
     """The main job: simulated workers publish on loopback, a prefix router routes, faults heal, checks run."""
     from kvevents.demo import DemoConfig
 
-    cfg = DemoConfig(workers=workers, duration=duration, seed=seed, fleet=fleet, requests=requests)
+    if duration is not None and requests is not None:
+        user_error("--duration and --requests exclude each other: a run is either timed or a number of requests")
+    cfg = DemoConfig(workers=workers, seed=seed, fleet=fleet, requests=requests)
+    if duration is not None:
+        cfg.duration = duration
     # the demo injects faults on purpose: the transport's warnings about them would only be noise
     logging.getLogger("kvevents").setLevel(logging.ERROR)
     try:
@@ -71,7 +77,7 @@ def _run(cfg: Any, as_json: bool) -> dict[str, Any]:
         return result
     with DemoProgress(cfg.duration, Console(stderr=True)) as progress:
         result = run_demo(cfg, on_progress=progress)
-    render_result(result, out_console(120))
+    render_result(result, out_console())
     return result
 
 

@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from kvevents.cli.app import CheckFailed, user_error
-from kvevents.cli.output import HASH_WIDTH, out_console
+from kvevents.cli.output import fits, out_console, print_records
 
 
 def default_golden_dir() -> Path:
@@ -43,15 +43,22 @@ def _load(file: Path) -> dict[str, Any]:
         user_error(f"{file} is not valid JSON: {exc}")
     if not isinstance(data, dict):
         user_error(f"{file}: expected a JSON object of golden vectors")
+    from kvevents.golden import SGLANG_SECTIONS, golden_kind
+
+    if golden_kind(data) is None:
+        user_error(
+            f"{file} is not a golden file: it has none of the sections {', '.join(SGLANG_SECTIONS)} "
+            "(nor vLLM cases with an algo)"
+        )
     return data
 
 
 def _table(file: Path, items: list[Any]) -> Table:
     table = Table(title=f"golden: {file.name}", show_edge=False, header_style="bold")
-    table.add_column("section")
-    table.add_column("item")
-    table.add_column("checks", justify="right")
-    table.add_column("result")
+    table.add_column("section", no_wrap=True)
+    table.add_column("item", no_wrap=True)
+    table.add_column("checks", justify="right", no_wrap=True)
+    table.add_column("result", no_wrap=True)
     for item in items:
         section, name = escape(item.section), escape(item.name)  # names like `[null, null]` are not markup
         result = "[green]pass[/green]" if item.ok else f"[red]FAIL[/red] {escape(item.detail)}"
@@ -69,7 +76,7 @@ def golden(
     """Check this installation against the golden vectors; exit 1 on any mismatch."""
     from kvevents.golden import check_golden
 
-    console = out_console(HASH_WIDTH)
+    console = out_console()
     failed = total = 0
     for file in _golden_files(golden_path):
         items = check_golden(_load(file))
@@ -77,7 +84,12 @@ def golden(
             raise CheckFailed(f"{file}: no golden items to check (an empty file proves nothing)")
         total += len(items)
         failed += sum(1 for item in items if not item.ok)
-        console.print(_table(file, items))
+        table = _table(file, items)
+        if fits(console, table):
+            console.print(table)
+        else:  # a failure's detail is too wide for the table: one record per item
+            rows = [(f"{i.section} {i.name}", str(i.checks), "pass" if i.ok else f"FAIL {i.detail}") for i in items]
+            print_records(console, f"golden: {file.name}", ("item", "checks", "result"), rows)
     console.print(f"{total - failed} of {total} golden items pass")
     if failed:
         raise CheckFailed(f"{failed} of {total} golden items do not match")

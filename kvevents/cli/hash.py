@@ -1,17 +1,18 @@
 """`kvevents hash`: the storage hashes, event hashes and published ids of a token sequence, by the
-contract (kvevents.hashing) or by vLLM 0.33's chain (kvevents.engines.vllm)."""
+contract (kvevents.hashing) or by vLLM 0.33's chain (kvevents.engines.vllm): a table, or a record
+per page when the table is wider than the terminal; a partial last page is marked (never published)."""
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import typer
 from rich.table import Table
 
 from kvevents.cli.app import user_error
-from kvevents.cli.output import HASH_WIDTH, out_console
+from kvevents.cli.output import fits, out_console, print_records
 from kvevents.hashing import Namespace, event_seed, hash_chains, int64_to_hex16, storage_seed, to_int64
 
 #: `hash -1 ...` is a bad token, not an unknown option
@@ -76,29 +77,45 @@ def _write_json(obj: dict[str, Any]) -> None:
 def _render_contract(
     ids: list[int], page_size: int, ns: Namespace, prior: Optional[str], storage: list[str], event: list[str]
 ) -> None:
-    console = out_console(HASH_WIDTH)
+    console = out_console()
     console.print(
         f"namespace extra_key={ns.extra_key!r} cache_salt={ns.cache_salt!r}  page_size={page_size}  "
-        f"tokens={len(ids)}  pages={len(event)}"
+        f"tokens={len(ids)}  pages={len(event)}",
+        highlight=False,
     )
     if prior:
-        console.print(f"prior (both chains, no seeding): {prior.lower()}")
+        console.print(f"prior (both chains, no seeding): {prior.lower()}", highlight=False)
     else:
-        console.print(f"storage seed: {storage_seed(ns) or '-'}")
-        console.print(f"event seed:   {event_seed(ns) or '-'}")
-    table = Table(show_edge=False, header_style="bold")
-    table.add_column("page", justify="right")
-    table.add_column("tokens", justify="right")
-    table.add_column("storage hash", no_wrap=True)
-    table.add_column("event hash", no_wrap=True)
-    table.add_column("event int64", justify="right", no_wrap=True)
-    table.add_column("hex16", no_wrap=True)
+        console.print(f"storage seed: {storage_seed(ns) or '-'}", highlight=False)
+        console.print(f"event seed:   {event_seed(ns) or '-'}", highlight=False)
+    headers = ("page", "tokens", "storage hash", "event hash", "event int64", "hex16")
+    rows = []
     for i, (s, e) in enumerate(zip(storage, event)):
         v = to_int64(e)
         lo = i * page_size
         hi = min(lo + page_size, len(ids))
-        table.add_row(str(i), f"{lo}..{hi - 1}", s, e, str(v), int64_to_hex16(v))
-    console.print(table)
+        span = f"{lo}..{hi - 1}" + (" partial" if hi - lo < page_size else "")
+        rows.append((str(i), span, s, e, str(v), int64_to_hex16(v)))
+    _print_table(console, headers, rows, right=("page", "tokens", "event int64"))
+    tail = len(ids) % page_size
+    if tail:
+        console.print(
+            f"page {len(event) - 1} is partial ({tail} of {page_size} tokens): hashed by the contract, never published",
+            highlight=False,
+        )
+
+
+def _print_table(console: Any, headers: tuple[str, ...], rows: Sequence[Sequence[str]], right: tuple[str, ...]) -> None:
+    """The rows as a table when it fits the console's width, else as one record per row."""
+    table = Table(show_edge=False, header_style="bold")
+    for h in headers:
+        table.add_column(h, justify="right" if h in right else "left", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    if fits(console, table):
+        console.print(table)
+    else:
+        print_records(console, "", headers, rows)
 
 
 class _VllmDigests:
@@ -160,25 +177,24 @@ def _vllm_json(profile: str, d: _VllmDigests) -> dict[str, Any]:
 def _render_vllm(
     ids: list[int], page_size: int, profile: str, prior: Optional[str], seed: Optional[str], d: _VllmDigests
 ) -> None:
-    console = out_console(HASH_WIDTH)
+    console = out_console()
     console.print(
-        f"profile {profile} (vLLM 0.33, {d.algo})  block_size={page_size}  tokens={len(ids)}  blocks={len(d.digests)}"
-        f"  seed={'PYTHONHASHSEED=' + seed if seed is not None else 'default'}"
+        f"profile {profile} (vLLM 0.33, {d.algo})  seed={'PYTHONHASHSEED=' + seed if seed is not None else 'default'}",
+        highlight=False,
     )
-    console.print(f"NONE_HASH: {d.head.hex()}" + (f"  (continuing after {prior.lower()})" if prior else ""))
-    table = Table(show_edge=False, header_style="bold")
-    for col, just in (
-        ("block", "right"),
-        ("tokens", "right"),
-        ("digest", "left"),
-        ("event uint64", "right"),
-        ("extra_keys", "left"),
-    ):
-        table.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
+    console.print(f"block_size={page_size}  tokens={len(ids)}  blocks={len(d.digests)}", highlight=False)
+    console.print(
+        f"NONE_HASH: {d.head.hex()}" + (f"  (continuing after {prior.lower()})" if prior else ""), highlight=False
+    )
+    rows = []
     for i, (x, v) in enumerate(zip(d.digests, d.ints)):
         lo = i * page_size
         extra = d.extra[i]
-        table.add_row(
-            str(i), f"{lo}..{lo + page_size - 1}", x.hex(), str(v), "-" if extra is None else repr(list(extra or ()))
+        rows.append(
+            (str(i), f"{lo}..{lo + page_size - 1}", x.hex(), str(v), "-" if extra is None else repr(list(extra or ())))
         )
-    console.print(table)
+    headers = ("block", "tokens", "digest", "event uint64", "extra_keys")
+    _print_table(console, headers, rows, right=("block", "tokens", "event uint64"))
+    tail = len(ids) - len(d.digests) * page_size
+    if tail:
+        console.print(f"{tail} token(s) past the last full block: vLLM hashes whole blocks only", highlight=False)

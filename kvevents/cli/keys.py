@@ -4,6 +4,7 @@ take are in kvevents.cli.options."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -26,10 +27,15 @@ def generate_cmd(
     """Write a CURVE keypair in pyzmq's certificate format: NAME.key to hand out, NAME.key_secret to keep."""
     from kvevents.zeromq.security import generate_keypair
 
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        user_error(f"{directory} exists and is not a directory: give the directory to write NAME.key in")
     try:
         public, secret = generate_keypair(directory, name)
-    except (OSError, ValueError) as exc:
+    except ValueError as exc:
         user_error(str(exc))
+    except OSError as exc:  # no permission, a parent that is a file, a full disk: said in words
+        where = exc.filename if exc.filename is not None else directory
+        user_error(f"cannot write the keypair in {directory}: {where}: {exc.strerror or exc}")
     sys.stdout.write(f"public {public}\nsecret {secret}\n")
     sys.stdout.flush()
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from kvevents.cli.app import CheckFailed, user_error
-from kvevents.cli.output import out_console, warn_damage
+from kvevents.cli.output import fits, out_console, print_records, warn_damage
 from kvevents.recordlog import LogStats, RecordReader, StatsCollector, VerifyReport, apply_log, iter_jsonl, repair_log
 from kvevents.recordlog.verifiers import make_verifier
 
@@ -22,12 +22,20 @@ log_app = typer.Typer(help="Inspect, verify, repair, export and index record log
 MAX_SHOWN = 50
 
 
+_STRICT_HELP = (
+    "Exit 1 when a region of the file was skipped (corrupt or torn): what CI should run. "
+    "Without it a skipped region is a warning and the exit code judges the records read."
+)
+
+
 @log_app.command("inspect")
 def inspect_cmd(
     file: str = typer.Argument(..., help="Record log file."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object instead of tables."),
-    verify: bool = typer.Option(False, "--verify", help="Check the contract over the whole log (needs --page-size)."),
-    page_size: Optional[int] = typer.Option(None, "--page-size", "-p", help="Tokens per page, for --verify."),
+    verify: bool = typer.Option(False, "--verify", help="Check the contract over the whole log."),
+    page_size: Optional[int] = typer.Option(
+        None, "--page-size", "-p", help="Tokens per page, for --verify (default: each event's own block_size)."
+    ),
     salt: list[str] = typer.Option([], "--salt", help="A cache_salt a chain head may be seeded with (repeatable)."),
     profile: str = typer.Option(
         "contract",
@@ -38,11 +46,13 @@ def inspect_cmd(
     lora_path: list[str] = typer.Option(
         [], "--lora-path", help="vLLM profiles: NAME=PATH of a LoRA adapter (repeatable)."
     ),
+    strict: bool = typer.Option(False, "--strict", help=_STRICT_HELP),
 ) -> None:
     """Counts by event type, medium and source; seq gaps and epochs; time span and rates.
 
     With --verify: parents before children, removes only of live copies, hashes recomputed
-    from token_ids; every violation is listed with its record index; exit 1 if any.
+    from token_ids; violations are counted by kind, each kind shown with its first example;
+    exit 1 if any (and with --strict if a damaged region was skipped).
     """
     if page_size is not None and not verify:
         user_error("--page-size is only used by --verify: add --verify, or leave --page-size out")
@@ -52,6 +62,25 @@ def inspect_cmd(
         verifier = make_verifier(profile, page_size, salt, lora_path) if verify else None
     except ValueError as exc:
         user_error(str(exc))
+    stats, report = _read(file, verifier)
+    if as_json:
+        out = stats.as_dict()
+        if report is not None:
+            out["verify"] = report.as_dict()
+        sys.stdout.write(json.dumps(out) + "\n")
+    else:
+        _render_stats(stats)
+        if report is not None:
+            _render_verify(report, strict)
+    if report is not None and not report.ok:
+        raise CheckFailed(f"{report.violation_count} contract violation(s) in {file}")
+    skipped = _skipped(stats.damage)
+    if strict and skipped:
+        raise CheckFailed(f"{file}: {skipped} skipped unread (--strict)")
+
+
+def _read(file: str, verifier: Any) -> tuple[LogStats, Optional[VerifyReport]]:
+    """One pass over the log: its stats and, with a verifier, its verify report (damage in both)."""
     reader = RecordReader(file, on_damage=warn_damage)
     col = StatsCollector(reader.path, reader.size)
     try:
@@ -66,27 +95,27 @@ def inspect_cmd(
     report = verifier.report if verifier is not None else None
     if report is not None:
         report.damage = list(reader.damage)
-    if as_json:
-        out = stats.as_dict()
-        if report is not None:
-            out["verify"] = report.as_dict()
-        sys.stdout.write(json.dumps(out) + "\n")
-    else:
-        _render_stats(stats)
-        if report is not None:
-            _render_verify(report)
-    if report is not None and not report.ok:
-        raise CheckFailed(f"{len(report.violations)} contract violation(s) in {file}")
+    return stats, report
 
 
 def _render_stats(st: LogStats) -> None:
     c = out_console()
     _render_totals(c, st)
     if st.media:
-        c.print(_media_table(st))
+        _print_fitted(c, _media_table(st))
     if st.sources:
-        c.print(_sources_table(st))
+        _print_fitted(c, _sources_table(st))
     _render_anomalies(c, st)
+
+
+def _print_fitted(c: Console, table: Table) -> None:
+    """A table, or one record per row when it is wider than the console."""
+    if fits(c, table):
+        c.print(table)
+        return
+    headers = [str(col.header) for col in table.columns]
+    rows = [[str(cell) for cell in col.cells] for col in table.columns]
+    print_records(c, str(table.title or ""), headers, list(zip(*rows)))
 
 
 def _render_totals(c: Console, st: LogStats) -> None:
@@ -95,17 +124,19 @@ def _render_totals(c: Console, st: LogStats) -> None:
     kinds = ", ".join(f"{k} {n}" for k, n in sorted(st.kinds.items())) or "-"
     c.print(f"kinds: {kinds}")
     clock = (
-        f"per second of the live and replayed batches' own timestamps, over {st.batch_span_s:.3f} s"
+        f"over the batches' own timestamps ({st.batch_span_s:.3f} s)"
         if st.rate_clock == "batch_ts"
         else "per second of receive time"
     )
+    c.print(f"received over {st.duration_s:.3f} s; rates {clock}:", highlight=False)
     c.print(
-        f"received over {st.duration_s:.3f} s; rates ({clock}): {r['records_per_s']:.1f} records/s, "
-        f"{r['events_per_s']:.1f} events/s, {r['blocks_per_s']:.1f} blocks/s, {r['bytes_per_s'] / 1e6:.3f} MB/s",
+        f"  {r['records_per_s']:.1f} records/s, {r['events_per_s']:.1f} events/s, "
+        f"{r['blocks_per_s']:.1f} blocks/s, {r['bytes_per_s'] / 1e6:.3f} MB/s",
         highlight=False,
     )
     evs = ", ".join(f"{k} {n}" for k, n in sorted(st.event_types.items())) or "-"
-    c.print(f"events: {evs}; blocks stored {st.blocks.get('stored', 0)}, removed {st.blocks.get('removed', 0)}")
+    c.print(f"events: {evs}")
+    c.print(f"blocks stored {st.blocks.get('stored', 0)}, removed {st.blocks.get('removed', 0)}")
     if st.decode_errors:
         c.print(f"[red]decode errors: {st.decode_errors}[/]")
         for e in st.decode_error_list[:MAX_SHOWN]:
@@ -115,7 +146,7 @@ def _render_totals(c: Console, st: LogStats) -> None:
 def _media_table(st: LogStats) -> Table:
     t = Table(title="by medium", show_edge=False, header_style="bold")
     for col in ("medium", "stored events", "stored blocks", "removed events", "removed blocks"):
-        t.add_column(col, justify="right" if col != "medium" else "left")
+        t.add_column(col, justify="right" if col != "medium" else "left", no_wrap=True)
     for m, cnt in sorted(st.media.items()):
         t.add_row(
             m, *(str(cnt.get(k, 0)) for k in ("stored_events", "stored_blocks", "removed_events", "removed_blocks"))
@@ -142,7 +173,7 @@ _SOURCE_COLUMNS = (
 def _sources_table(st: LogStats) -> Table:
     t = Table(title="by source", show_edge=False, header_style="bold")
     for col in _SOURCE_COLUMNS:
-        t.add_column(col)
+        t.add_column(col, no_wrap=True)
     for name, s in st.sources.items():
         seqs = "-" if s.first_seq is None else f"{s.first_seq}..{s.last_seq}"
         t.add_row(
@@ -162,6 +193,11 @@ def _sources_table(st: LogStats) -> Table:
     return t
 
 
+def _more(c: Console, shown: list, what: str) -> None:
+    if len(shown) > MAX_SHOWN:
+        c.print(f"... and {len(shown) - MAX_SHOWN} more {what} (--json lists them all)", highlight=False)
+
+
 def _render_anomalies(c: Console, st: LogStats) -> None:
     """Gaps, odd seqs, epoch changes, resets (the first MAX_SHOWN of each) and damage."""
     for g in st.gaps[:MAX_SHOWN]:
@@ -169,38 +205,54 @@ def _render_anomalies(c: Console, st: LogStats) -> None:
             f"[yellow]gap[/] record {g['record']} {g['source']} rank {g['dp_rank']}: seq {g['after']} -> "
             f"{g['seq']} ({g['missing']} missing)"
         )
+    _more(c, st.gaps, "gaps")
     for g in st.seq_anomalies[:MAX_SHOWN]:
         c.print(f"[yellow]{g['what']} seq[/] record {g['record']} {g['source']}: {g['after']} -> {g['seq']}")
+    _more(c, st.seq_anomalies, "odd seqs")
     for g in st.epoch_changes[:MAX_SHOWN]:
         c.print(
             f"[yellow]epoch change[/] record {g['record']} {g['source']}: now {g['epoch']} (seq {g['after']} -> {g['seq']})"
         )
+    _more(c, st.epoch_changes, "epoch changes")
     for g in st.resets[:MAX_SHOWN]:
         c.print(f"reset record {g['record']} {g['source']} rank {g['dp_rank']}: {g['reason']}")
+    _more(c, st.resets, "resets")
     for d in st.damage:
         c.print(f"[red]damage[/] {d.kind}: {d.length} bytes at offset {d.offset}")
 
 
-def _render_verify(rep: VerifyReport) -> None:
+def _page_size_words(rep: VerifyReport) -> str:
+    if rep.page_size_given:
+        return f"page size {rep.page_size}"
+    sizes = ", ".join(str(k) for k in sorted(rep.block_sizes)) or "-"
+    return f"page size {sizes} (the events' block_size)"
+
+
+def _render_verify(rep: VerifyReport, strict: bool) -> None:
     c = out_console()
+    c.print(f"[bold]verify[/] {_page_size_words(rep)}: {rep.events} events", highlight=False)
+    c.print(f"  {rep.blocks_verified} blocks verified, {rep.blocks_unverifiable} unverifiable", highlight=False)
     heads = ", ".join(f"{k} {n}" for k, n in sorted(rep.heads.items())) or "-"
-    c.print(
-        f"[bold]verify[/] page size {rep.page_size}: {rep.events} events, {rep.blocks_verified} blocks verified, "
-        f"{rep.blocks_unverifiable} unverifiable, heads: {heads}; unchecked (state unknown): "
-        f"{rep.parents_unchecked} parents, {rep.removes_unchecked} removes"
-    )
-    for v in rep.violations:
-        c.print(f"violation {v}", markup=False, highlight=False)
+    c.print(f"  chain heads: {heads}", highlight=False)
+    if rep.parents_unchecked or rep.removes_unchecked:
+        c.print(
+            f"  unchecked (state unknown): {rep.parents_unchecked} parents, {rep.removes_unchecked} removes",
+            highlight=False,
+        )
+    for code, count, first in rep.grouped():  # one line per kind: a wrong page size breaks every event
+        line = str(first) if count == 1 else f"{code} x{count}, the first at {first.where()}: {first.message}"
+        c.print(f"violation {line}", markup=False, highlight=False)
     skipped = _skipped(rep.damage)
     if rep.ok and skipped:
         c.print(
             f"[yellow]verify: no contract violation in the records read, but {skipped} were skipped "
-            "unchecked (see the damage warnings)[/]"
+            + ("unchecked: exit 1 (--strict)[/]" if strict else "unchecked (exit 0; --strict makes it 1)[/]")
         )
     elif rep.ok:
         c.print("[green]verify: OK, no contract violation[/]")
     else:
-        c.print(f"[red]verify: {len(rep.violations)} violation(s)[/]")
+        kinds = ", ".join(f"{code} {count}" for code, count, _ in rep.grouped())
+        c.print(f"[red]verify: {rep.violation_count} violation(s): {kinds}[/]", highlight=False)
 
 
 def _skipped(damage: list) -> str:
@@ -249,7 +301,7 @@ def repair_cmd(
 def export_cmd(
     file: str = typer.Argument(..., help="Record log file."),
     jsonl: bool = typer.Option(
-        True, "--jsonl", help="One JSON object per record: the only format so far, and the default."
+        False, "--jsonl", help="Name the format: JSON lines, the default and so far the only one."
     ),
     payload: bool = typer.Option(False, "--payload", help="Include the exact payload bytes as base64."),
     output: Optional[str] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),

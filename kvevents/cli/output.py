@@ -1,27 +1,62 @@
-"""What the commands print besides their own renderings: consoles, stdout/stderr lines, warnings,
-library log records as one-line messages, and the doctor check table."""
+"""What the commands print besides their own renderings: consoles laid out to the terminal's width
+(80 when piped) and tables that fall back to records when too wide for it, stdout/stderr lines,
+warnings, library log records as one-line messages, and the doctor check table."""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
-from typing import Any
+from typing import Any, Sequence
 
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from kvevents.recordlog import Damage
 
-HASH_WIDTH = 240  # a piped console of hash tables: 64-char hashes are never truncated
 CHECK_MARKS = {"ok": "[green]✓ ok[/]", "fail": "[red]✗ FAIL[/]", "warn": "[yellow]! warn[/]", "skip": "[dim]- skip[/]"}
+PIPED_WIDTH = 80  # the width of piped output when COLUMNS does not say
 
 
-def out_console(width: int = 200) -> Console:
-    """A stdout console that does not wrap long lines (hashes, paths) when piped."""
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=width)
+def out_console() -> Console:
+    """A stdout console laid out to the terminal's width (piped: COLUMNS, else 80), whose lines are
+    never wrapped: a long line (a path, a hash) stays one line, for the terminal to fold or a
+    pipe to read whole; a table that does not fit the width is for the command to lay out
+    another way (`fits`, `print_records`)."""
+    console = Console(soft_wrap=True)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console = Console(soft_wrap=True, width=PIPED_WIDTH)
     return console
+
+
+def fits(console: Console, table: Table) -> bool:
+    """Would `table`, every cell on one line, print within the console's width (no cell cut short)?"""
+    unbounded = console.options.update_width(1 << 20)  # measured at any width: its natural width
+    return Measurement.get(console, unbounded, table).maximum <= console.width
+
+
+def record_lines(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> list[str]:
+    """A table too wide for `width` as records: per row `HEADER0 VALUE0`, then the other columns
+    as `header value` pairs, packed into lines of at most `width` characters (continuation lines
+    indented; a pair longer than that gets a line of its own, never cut)."""
+    lines = [title] if title else []
+    for row in rows:
+        line = f"{headers[0]} {row[0]}"
+        for head, value in zip(headers[1:], row[1:]):
+            pair = f"{head} {value}"
+            if len(line) + 2 + len(pair) > width and line.strip():
+                lines.append(line)
+                line = ""
+            line = f"{line}  {pair}"
+        lines.append(line)
+    return lines
+
+
+def print_records(console: Console, title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """`record_lines` printed as they are (no markup, no highlighting)."""
+    for line in record_lines(title, headers, rows, console.width):
+        console.print(line, markup=False, highlight=False)
 
 
 def err_console() -> Console:
@@ -60,12 +95,19 @@ def warn_damage(d: Damage) -> None:
     err_line(f"kvevents: warning: {d.message()}")
 
 
+class LineFormatter(logging.Formatter):
+    """`kvevents: warning: ...`: library records in the form of the CLI's own warning lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"kvevents: {record.levelname.lower()}: {' '.join(record.getMessage().split())}"
+
+
 def log_to_stderr() -> None:
-    """Library warnings (stale sources, losses, NATS disconnects) as one-line `kvevents: WARNING:` messages."""
+    """Library warnings (stale sources, losses, NATS disconnects) as one-line `kvevents: warning:` messages."""
     logger = logging.getLogger("kvevents")
     if not logger.handlers and not logging.getLogger().handlers:
         h = logging.StreamHandler(sys.stderr)
-        h.setFormatter(logging.Formatter("kvevents: %(levelname)s: %(message)s"))
+        h.setFormatter(LineFormatter())
         logger.addHandler(h)
         logger.setLevel(logging.WARNING)
         logger.propagate = False

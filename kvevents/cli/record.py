@@ -10,7 +10,7 @@ from typing import Any, Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kvevents.cli.app import CheckFailed, user_error
+from kvevents.cli.app import CheckFailed, publisher_option, user_error
 from kvevents.cli.nats_trust import bus_trust
 from kvevents.cli.options import (
     CURVE_CLIENT_CERT,
@@ -30,7 +30,7 @@ SILENCE_HINT_S = 3.0  # nothing received for this long: print what to check
 
 
 def record_cmd(
-    publisher: list[str] = typer.Option([], "--publisher", help="NAME=ENDPOINT[,REPLAY] (repeatable)."),
+    publisher: list[str] = publisher_option([], "publisher"),
     output: str = typer.Option(..., "--output", "-o", help="Record log file to write."),
     nats_url: Optional[str] = typer.Option(
         None, "--nats", help="Record a NATS JetStream stream (kvevents bridge) instead: server URL(s)."
@@ -113,7 +113,7 @@ def _sources(publisher: list[str], server_keys: list[str], client_cert: Optional
     """The --publisher sources (unique names), with their CURVE keys."""
     from kvevents.zeromq.subscriber import parse_source
 
-    sources = [parse_source(p, require_name=False) for p in publisher]
+    sources = [parse_source(p, require_name=True) for p in publisher]
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
         user_error(f"--publisher names must be unique, got {names}")
@@ -189,7 +189,7 @@ def _record(
         out_console().print(
             f"recording {len(sources)} source(s) -> {output}"
             + (f" until {count} batches" if count else "")
-            + (f" or {duration:g}s" if duration else "")
+            + (f" {'or' if count else 'for'} {duration:g}s" if duration else "")
             + " (Ctrl-C stops)",
             highlight=False,
         )
@@ -213,27 +213,8 @@ def _record(
 
 
 def _print_summary(session: Any, sources: list[Any], output: str, start: str, zeromq: bool, interrupted: bool) -> None:
-    rec = session.recorder
-    counters = session.feed.counters()
-    elapsed = session.elapsed()
-    size = os.path.getsize(output)  # the whole file, header included: what `log inspect` reports
-    out_console().print(
-        f"recorded {rec.batches} batches"
-        + (f" after a snapshot of {rec.snapshot_batches} batches" if rec.snapshot_batches else "")
-        + f" and {rec.resets} resets from {len(sources)} source(s) in {elapsed:.2f}s -> {output} ({size} bytes); "
-        f"repaired gaps {counters.get('gaps', 0)}, replayed {counters.get('replayed', 0)}, "
-        f"snapshot batches {counters.get('snapshot_batches', 0)}, losses {counters.get('losses', 0)}"
-        + (
-            f", left out {rec.history_dropped} from before the start (--from {start})"
-            if rec.history_dropped
-            else " (history before the first live batch left out: --from now)"
-            if start == "now" and zeromq
-            else ""
-        )
-        + (f", skipped {rec.skipped} that could not be stored" if rec.skipped else "")
-        + (" (interrupted)" if interrupted else ""),
-        highlight=False,
-    )
+    for line in session.summary(start, interrupted, zeromq=zeromq):
+        out_console().print(line, highlight=False)
 
 
 def _silence_hint(sources: list[Any], topic: str) -> str:

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 import typer
 
-from kvevents.cli.app import user_error
+from kvevents.cli.app import publisher_option, user_error
 from kvevents.cli.options import (
     CURVE_CLIENT_CERT,
     CURVE_SERVER_KEYS,
@@ -30,9 +30,7 @@ ENDPOINTS = "(status page at /, POST /score, GET /workers, GET /metrics, GET /op
 
 
 def route_cmd(
-    publisher: list[str] = typer.Option(
-        [], "--publisher", help="NAME=ENDPOINT[,REPLAY_ENDPOINT]; repeat for every publisher."
-    ),
+    publisher: list[str] = publisher_option([], "publisher"),
     nats_url: Optional[str] = typer.Option(
         None, "--nats", help="Read a NATS JetStream stream (kvevents bridge) instead: server URL(s)."
     ),

@@ -10,86 +10,115 @@ from typing import Any, Optional
 import typer
 
 from kvevents.cli.app import user_error
+from kvevents.cli.helpfmt import in_panel
 from kvevents.cli.options import CURVE_ALLOW, CURVE_SECRET, check_endpoint, curve_server
 from kvevents.cli.output import out_line, show_plain_bind_once
 
 STARTED = "kvevents serve:"
 
 
+_WORK, _WIRE, _ENGINE, _MORE = "Workers and workload", "Endpoints and wire", "Engine emulated", "Extras"
+
+
 def serve(
-    endpoint: str = typer.Option("tcp://127.0.0.1:5557", help="Live PUB endpoint of worker 0 (worker i: port + i)."),
+    workers: int = typer.Option(
+        1, min=1, max=64, help="Simulated workers, one publisher each (DP ranks).", rich_help_panel=_WORK
+    ),
+    rate: float = typer.Option(
+        200.0, min=0.0, help="Requests per second, all workers (0: flat out).", rich_help_panel=_WORK
+    ),
+    duration: Optional[float] = typer.Option(
+        None, min=0.0, help="Stop after S seconds (default: Ctrl-C).", rich_help_panel=_WORK
+    ),
+    seed: int = typer.Option(0, help="Workload seed (worker i: seed + i).", rich_help_panel=_WORK),
+    page_size: int = typer.Option(16, min=1, help="Tokens per page.", rich_help_panel=_WORK),
+    capacity_pages: int = typer.Option(
+        4096, min=1, help="Device pages per worker (evicts beyond).", rich_help_panel=_WORK
+    ),
+    endpoint: str = typer.Option(
+        "tcp://127.0.0.1:5557", help="Worker 0's live PUB endpoint (worker i: port + i).", rich_help_panel=_WIRE
+    ),
     replay_endpoint: Optional[str] = typer.Option(
         None,
-        help="Replay ROUTER endpoint of worker 0 (worker i: port + i); default: the port after the last "
-        "live port (5558 for one worker); '' for none.",
+        help="Worker 0's replay endpoint (worker i: port + i). Default: the port after the last live port; '': none.",
+        rich_help_panel=_WIRE,
     ),
-    topic: str = typer.Option("", help="Topic frame of every message."),
-    workers: int = typer.Option(1, min=1, max=64, help="Simulated workers, one publisher each (as DP ranks)."),
-    rate: float = typer.Option(200.0, min=0.0, help="Requests per second over all workers (0: as fast as possible)."),
-    duration: Optional[float] = typer.Option(None, min=0.0, help="Stop after this many seconds (default: Ctrl-C)."),
-    seed: int = typer.Option(0, help="Workload seed (worker i uses seed + i)."),
-    page_size: int = typer.Option(16, min=1, help="Tokens per page."),
-    capacity_pages: int = typer.Option(4096, min=1, help="Device pages per worker (eviction beyond)."),
-    heartbeat: float = typer.Option(1.0, min=0.0, help="Heartbeat interval in seconds (0: none)."),
-    bind: bool = typer.Option(True, help="Bind the live endpoint (the project default: loopback, bound)."),
-    metrics_port: Optional[int] = typer.Option(
-        None, help="Serve Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed)."
-    ),
-    engine: str = typer.Option(
-        "contract",
-        "--engine",
-        help="contract: emit by the kvevents contract; vllm: what a vLLM "
-        "0.33 worker emits (its hash chain as uint64, extra_keys, group_idx, one removal per hash; "
-        "no snapshots, no heartbeats).",
-    ),
-    hash_algo: str = typer.Option(
-        "sha256", "--hash-algo", help="--engine vllm: vLLM's prefix-caching hash, sha256 | sha256_cbor."
-    ),
+    topic: str = typer.Option("", help="Topic frame of every message.", rich_help_panel=_WIRE),
+    heartbeat: float = typer.Option(1.0, min=0.0, help="Heartbeat every S seconds (0: none).", rich_help_panel=_WIRE),
+    bind: bool = typer.Option(True, help="Bind the live endpoint (else connect).", rich_help_panel=_WIRE),
     epoch_in_batch: bool = typer.Option(
         False,
         "--epoch-in-batch",
-        help="Add the epoch as a 4th batch element (only tolerant decoders read it; "
-        "vLLM-, SGLang- and Dynamo-style strict decoders reject it). Default: the strict 3-element batch.",
+        help="Add the epoch as a 4th batch element (strict vLLM/SGLang/Dynamo decoders reject it).",
+        rich_help_panel=_WIRE,
     ),
-    curve_secret: Optional[str] = CURVE_SECRET,
-    curve_allow: Optional[str] = CURVE_ALLOW,
+    curve_secret: Optional[str] = in_panel(CURVE_SECRET, "CURVE"),
+    curve_allow: Optional[str] = in_panel(CURVE_ALLOW, "CURVE"),
+    engine: str = typer.Option(
+        "contract",
+        "--engine",
+        help="contract, or vllm: what a vLLM 0.33 worker emits (no snapshots, no heartbeats).",
+        rich_help_panel=_ENGINE,
+    ),
+    hash_algo: Optional[str] = typer.Option(
+        None,
+        "--hash-algo",
+        help="With --engine vllm: sha256 (default) or sha256_cbor.",
+        rich_help_panel=_ENGINE,
+    ),
+    metrics_port: Optional[int] = typer.Option(
+        None, help="Prometheus metrics on 127.0.0.1:PORT (0: any free port).", rich_help_panel=_MORE
+    ),
     http: Optional[str] = typer.Option(
         None,
         "--http",
-        help="Also serve an OpenAI-compatible /v1/completions for every worker: worker i on HOST:PORT+i "
-        "(port 0: each a free one, printed); token-id prompts, model = adapter, cache_salt, stream; "
-        "GET /metrics in the engine's metric names.",
+        help="Also serve /v1/completions and /metrics for every worker: worker i on HOST:PORT+i (0: free ports).",
+        rich_help_panel=_MORE,
     ),
     prefill_us: float = typer.Option(
-        10.0, "--prefill-us-per-token", min=0.0, help="--http: microseconds per uncached prompt token."
+        10.0, "--prefill-us-per-token", min=0.0, help="--http: us per uncached prompt token.", rich_help_panel=_MORE
     ),
-    decode_ms: float = typer.Option(1.0, "--decode-ms-per-token", min=0.0, help="--http: milliseconds per max_tokens."),
-    max_running: int = typer.Option(8, "--max-running", min=1, help="--http: requests run at once; the rest queue."),
+    decode_ms: float = typer.Option(
+        1.0, "--decode-ms-per-token", min=0.0, help="--http: ms per max_tokens.", rich_help_panel=_MORE
+    ),
+    max_running: int = typer.Option(
+        8, "--max-running", min=1, help="--http: requests run at once; the rest queue.", rich_help_panel=_MORE
+    ),
 ) -> None:
-    """Run simulated engine workers, each publishing its KV events; a status line per second."""
+    """Run simulated engine workers, each publishing its KV events; a status line per second.
+
+    Ctrl-C or SIGTERM stops them: the last status line, then exit 130 on Ctrl-C (0 at --duration or
+    SIGTERM).
+    """
     from kvevents.sim.serve import ServeConfig
 
     _check_choices(metrics_port, engine, hash_algo)
     replay = _replay_endpoint(endpoint, replay_endpoint, workers)
     cfg = ServeConfig(endpoint, replay, topic, workers, seed, page_size, capacity_pages, heartbeat, bind)
-    cfg.metrics_port, cfg.engine, cfg.hash_algo, cfg.epoch_in_batch = metrics_port, engine, hash_algo, epoch_in_batch
+    cfg.metrics_port, cfg.engine, cfg.epoch_in_batch = metrics_port, engine, epoch_in_batch
+    cfg.hash_algo = hash_algo or "sha256"
     cfg.curve_secret_key_file, cfg.curve_allow_dir = curve_secret, curve_allow
     curve_server(curve_secret, curve_allow)  # bad key files: one line, exit 2
     show_plain_bind_once()
     from kvevents.sim.timing import SimTiming
 
-    _run(cfg, rate, duration, http, SimTiming(prefill_us * 1e-6, decode_ms * 1e-3, max_running))
+    if _run(cfg, rate, duration, http, SimTiming(prefill_us * 1e-6, decode_ms * 1e-3, max_running)):
+        raise typer.Exit(130)  # Ctrl-C, after the last status line
 
 
-def _check_choices(metrics_port: Optional[int], engine: str, hash_algo: str) -> None:
+def _check_choices(metrics_port: Optional[int], engine: str, hash_algo: Optional[str]) -> None:
     from kvevents.sim.worker import ENGINES
 
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
         user_error(f"--metrics-port must be in 0..65535 (0: a free port), got {metrics_port}")
-    if engine not in ENGINES or hash_algo not in ("sha256", "sha256_cbor"):
+    if engine not in ENGINES:
+        user_error(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if hash_algo is not None and engine != "vllm":
         user_error(
-            f"--engine must be one of {', '.join(ENGINES)} and --hash-algo sha256 or sha256_cbor, got {engine!r} / {hash_algo!r}"
+            f"--hash-algo {hash_algo} is vLLM's hash: add --engine vllm (--engine {engine} hashes by the contract)"
         )
+    if hash_algo not in (None, "sha256", "sha256_cbor"):
+        user_error(f"--hash-algo must be sha256 or sha256_cbor, got {hash_algo!r}")
 
 
 def _replay_endpoint(endpoint: str, replay_endpoint: Optional[str], workers: int) -> str:
@@ -126,9 +155,9 @@ def _replay_endpoint(endpoint: str, replay_endpoint: Optional[str], workers: int
     return replay
 
 
-def _run(cfg: Any, rate: float, duration: Optional[float], http: Optional[str], timing: Any) -> None:
+def _run(cfg: Any, rate: float, duration: Optional[float], http: Optional[str], timing: Any) -> bool:
     """Open the fleet, say where each rank listens, serve until SIGTERM, Ctrl-C or --duration, then
-    close and print the last status line."""
+    close and print the last status line; True when Ctrl-C stopped it."""
     from kvevents.sim.serve import ServeLoop, SimFleet
 
     fleet = SimFleet.open(cfg)
@@ -142,16 +171,18 @@ def _run(cfg: Any, rate: float, duration: Optional[float], http: Optional[str], 
     stop = threading.Event()
     old = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     loop = ServeLoop(fleet, rate, duration)
+    interrupted = False
     try:
         loop.run(stop, lambda elapsed: out_line(_status_line(elapsed, fleet.status(loop.served))))
     except KeyboardInterrupt:
-        pass
+        interrupted = True
     finally:
         signal.signal(signal.SIGTERM, old)
         for web in webs:
             web.close()
         unsent = fleet.close(1.0)
         out_line(_status_line(loop.elapsed(), fleet.status(loop.served)) + f" stopped unsent={unsent}")
+    return interrupted
 
 
 def _front_ends(fleet: Any, cfg: Any, http: str, timing: Any) -> list[Any]:

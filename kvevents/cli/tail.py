@@ -48,7 +48,8 @@ def tail(
     """Print every batch of a publisher (or JSONL), with gap / replay / restart / heartbeat notices.
 
     A line "connecting to ..." and the notices go to stderr (with --json the notices are JSON lines
-    on stdout); after 3 s without any message a hint says what `kvevents doctor` checks.
+    on stdout); after 3 s without any message a hint says what `kvevents doctor` checks. Ctrl-C:
+    a line of what was shown, exit 130.
     """
     import logging
 
@@ -71,7 +72,8 @@ def tail(
     try:
         watch.run(count, duration)
     except KeyboardInterrupt:
-        return
+        err_line(f"kvevents tail: interrupted after {watch.seen} batches in {time.monotonic() - watch.t0:.1f}s")
+        raise typer.Exit(130) from None
     finally:
         sub.stop()
     if watch.seen == 0:

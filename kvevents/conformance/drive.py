@@ -21,7 +21,7 @@ from kvevents.conformance.report import Report, RuleResult, Status
 from kvevents.conformance.stream import StreamObserver, StreamOptions
 from kvevents.events import BlockStored, KVEventBatch
 
-__all__ = ["DriveOptions", "PageFinder", "drive", "post_json"]
+__all__ = ["DriveOptions", "PageFinder", "drive", "post_json", "server_root"]
 
 
 @dataclass
@@ -81,6 +81,13 @@ def post_json(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         raise ValueError(f"POST {url}: {getattr(exc, 'reason', exc)}") from None
 
 
+def server_root(http: str) -> str:
+    """The server's root URL: `--http` as given, or the usual OpenAI base URL `http://HOST:8000/v1`
+    (its /v1 is not doubled into /v1/v1/completions)."""
+    root = http.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
 def _base_model(http: str, timeout: float) -> str:
     try:
         with urllib.request.urlopen(f"{http}/v1/models", timeout=timeout) as resp:
@@ -97,8 +104,9 @@ class _Driver:
         self.finder = PageFinder()
         obs.checker.listeners.append(self.finder)
         self.rng = random.Random(opts.seed)
-        self.url = opts.http.rstrip("/") + "/v1/completions"
-        self.model = opts.model or _base_model(opts.http.rstrip("/"), opts.timeout)
+        root = server_root(opts.http)
+        self.url = root + "/v1/completions"
+        self.model = opts.model or _base_model(root, opts.timeout)
 
     def prompt(self) -> list[int]:
         return [self.rng.randrange(1, self.opts.vocab) for _ in range(self.opts.pages * self.opts.page_size)]

@@ -24,7 +24,16 @@ from kvevents.conformance.adapter import MAX_LINE, Adapter
 from kvevents.conformance.report import Report, RuleResult, Status
 from kvevents.hashing import Namespace, event_hashes, to_int64
 
-__all__ = ["GOLDEN_PATH", "HashCase", "all_cases", "check_answer", "golden_cases", "property_cases", "run_adapter"]
+__all__ = [
+    "GOLDEN_PATH",
+    "AdapterNeverAnswered",
+    "HashCase",
+    "all_cases",
+    "check_answer",
+    "golden_cases",
+    "property_cases",
+    "run_adapter",
+]
 
 
 def _golden_dir() -> Path:
@@ -227,19 +236,34 @@ def check_answer(case: HashCase, answer: dict[str, Any]) -> str | None:
 MAX_SILENT = 3  # consecutive unanswered cases before the adapter is given up on
 
 
+class AdapterNeverAnswered(ValueError):
+    """The adapter command exited before its first answer (a misspelled path, a crash at import):
+    nothing was checked, so it is an input error, not a failed check."""
+
+
 def _iter_results(adapter: Adapter, cases: list[HashCase], timeout: float) -> Iterator[tuple[HashCase, str | None]]:
     dead: str | None = None
     silent = 0
+    answered = False
     for number, case in enumerate(cases, 1):
         if dead is not None:
             yield case, f"not run: {dead}"
             continue
         if not adapter.send(case.request()):
             code = adapter.proc.poll()
+            if not answered:
+                raise AdapterNeverAnswered(
+                    f"--cmd: the adapter exited (code {code}) before its first answer{_tail(adapter)}"
+                )
             dead = f"adapter exited (code {code}) before this case" + _tail(adapter)
             yield case, dead
             continue
         kind, value = adapter.receive(case.id, timeout)
+        if kind == "exited" and not answered:
+            raise AdapterNeverAnswered(
+                f"--cmd: the adapter exited (code {value}) before its first answer{_tail(adapter)}"
+            )
+        answered = answered or kind != "timeout"
         silent = silent + 1 if kind == "timeout" else 0
         if silent >= MAX_SILENT:
             dead = f"adapter gave no answer to {MAX_SILENT} cases in a row"

@@ -52,15 +52,20 @@ def judge_describe(c: CheckerState, reply: list[bytes] | None) -> None:
         return t.fail(f"reply is not msgpack: {exc}")
     if not isinstance(info, dict):
         return t.fail(f"reply is a {type(info).__name__}, want a map")
-    checks = [
-        ("page_size", c.page_size, info.get("page_size")),
-        ("topic", None if c.topic is None else c.topic.decode("utf-8", "replace"), info.get("topic")),
-        ("dp_rank", c.rank, info.get("dp_rank")),
-        ("hash_scheme", c.profile.hash_scheme, info.get("hash_scheme")),
+    checks = [  # (key, what it should be, who says so, what DESCRIBE says)
+        ("page_size", c.page_size, "--page-size says", info.get("page_size")),
+        (
+            "topic",
+            None if c.topic is None else c.topic.decode("utf-8", "replace"),
+            "the live messages' topic frame is",
+            info.get("topic"),
+        ),
+        ("dp_rank", c.rank, "the live batches say", info.get("dp_rank")),
+        ("hash_scheme", c.profile.hash_scheme, f"the {c.profile.name} profile says", info.get("hash_scheme")),
     ]
-    for key, want, got in checks:
+    for key, want, source, got in checks:
         if want is not None and got != want:
-            t.fail(f"{key} is {got!r}, the stream says {want!r}")
+            t.fail(f"DESCRIBE's {key} is {got!r}, {source} {want!r}")
         else:
             t.ok()
     newest = info.get("newest_seq")

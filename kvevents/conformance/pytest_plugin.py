@@ -1,9 +1,10 @@
 """pytest plugin (entry point `pytest11`): `pytest --kvevents-endpoint ...` runs the conformance
 rules as tests, one per rule, so an engine's CI adds one line and gets JUnit XML from pytest.
 
-Inert without `--kvevents-endpoint`: it only adds options. The observation (or the drive, with
-`--kvevents-http`) runs once, at the first rule test; failing rules fail, rules that are not
-offered or not checkable are skipped with the reason.
+Inert without `--kvevents-endpoint`: it only adds options. Bad options are one usage error (exit
+4) before any test runs. The observation (or the drive, with `--kvevents-http`) runs once, at the
+first rule test; failing rules fail, rules that are not offered or not checkable are skipped with
+the reason.
 """
 
 from __future__ import annotations
@@ -118,10 +119,43 @@ class RuleItem(pytest.Item):
         return "kvevents-conformance", None, f"kvevents conformance {self.name}"
 
 
+def _check_options(config: pytest.Config) -> None:
+    """The options, checked before any test runs: a bad one is one usage error, not a failed test
+    per rule."""
+    from kvevents.conformance.profiles import PROFILES
+    from kvevents.conformance.stream import StreamOptions
+
+    opt = config.getoption
+    if opt("kvevents_page_size") is None:
+        raise pytest.UsageError("--kvevents-endpoint needs --kvevents-page-size")
+    if opt("kvevents_profile") not in PROFILES:
+        raise pytest.UsageError(
+            f"--kvevents-profile must be one of {', '.join(PROFILES)}, got {opt('kvevents_profile')!r}"
+        )
+    http = opt("kvevents_http")
+    if http is not None and not http.startswith(("http://", "https://")):
+        raise pytest.UsageError(f"--kvevents-http must be a URL (http://HOST:PORT), got {http!r}")
+    stream = StreamOptions(
+        opt("kvevents_endpoint"), opt("kvevents_replay"), opt("kvevents_page_size"), opt("kvevents_duration")
+    )
+    try:
+        stream.validate()
+    except ValueError as exc:
+        raise pytest.UsageError(f"kvevents conformance: {exc}") from None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("kvevents_endpoint"):
+        _check_options(config)  # before collection: one ERROR line, exit 4
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k / -m deselect: the rule tests are selectable like any other
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.getoption("kvevents_endpoint"):
         return
-    if config.getoption("kvevents_page_size") is None:
-        raise pytest.UsageError("--kvevents-endpoint needs --kvevents-page-size")
     run = ConformanceRun.from_parent(session, name="kvevents-conformance")
-    items.extend(run.collect())
+    # collected through pytest's own hooks, so the count ("collected N items") and reports include them
+    session.ihook.pytest_collectstart(collector=run)
+    report = session.ihook.pytest_make_collect_report(collector=run)
+    session.ihook.pytest_collectreport(report=report)
+    items.extend(x for x in report.result if isinstance(x, pytest.Item))

@@ -11,10 +11,18 @@
 from typing import Any
 
 from kvevents.golden.item import Item
-from kvevents.golden.sglang import check_sglang_golden
+from kvevents.golden.sglang import SGLANG_SECTIONS, check_sglang_golden
 from kvevents.golden.vllm import check_vllm_golden, is_vllm_golden
 
-__all__ = ["Item", "check_golden"]
+__all__ = ["Item", "check_golden", "golden_kind", "SGLANG_SECTIONS"]
+
+
+def golden_kind(golden: dict[str, Any]) -> str | None:
+    """ "vllm" or "sglang" for a golden file (an SGLang one holds at least one of its sections),
+    None for a JSON object that is neither: a file given by mistake, not a failed check."""
+    if is_vllm_golden(golden):
+        return "vllm"
+    return "sglang" if any(k in golden for k in SGLANG_SECTIONS) else None
 
 
 def check_golden(golden: dict[str, Any]) -> list[Item]:

@@ -363,6 +363,10 @@ def _wire(wire: dict[str, Any]) -> list[Item]:
     return items
 
 
+#: The sections of an SGLang (contract) golden file, in the order they are checked.
+SGLANG_SECTIONS = ("cases", "namespace_seeds_storage", "direct", "scenarios", "wire")
+
+
 def check_sglang_golden(golden: dict[str, Any]) -> list[Item]:
     """Check every section of an SGLang golden file; one Item per golden item, in file order."""
     items: list[Item] = []
@@ -373,6 +377,7 @@ def check_sglang_golden(golden: dict[str, Any]) -> list[Item]:
         "scenarios": lambda v: [_scenario(k, s) for k, s in v.items()],
         "wire": _wire,
     }
+    assert tuple(sections) == SGLANG_SECTIONS
     for name, fn in sections.items():
         if name not in golden:
             item = Item(name, "(section)")

@@ -6,6 +6,7 @@
 | `bridge.py` | the bridge: Subscriber deliveries (gap-repaired) into JetStream, snapshots stored in the stream |
 | `feed.py` | `JetStreamFeed`: a consumer's `EventFeed` over a kvevents JetStream stream |
 | `messages.py` | the feed's queue items, and a stored message's subject and headers parsed with a guard |
+| `replays.py` | the bridge's replayed batches told apart: first-contact history or a gap's repair |
 | `signing.py` | message authenticity: the HMAC-SHA256 key file bridges and consumers share (`--sign-key`) |
 | `gate.py` | what a consumer lets through: signature, headers, snapshots matching their end marker |
 | `stored.py` | a live batch, a snapshot and its assembly from parts, a repair's re-read request |

@@ -47,6 +47,7 @@ from kvevents.jetstream.link import (
     snap_subject,
 )
 from kvevents.jetstream.signing import H_DIGEST, SignKey, parts_digest
+from kvevents.jetstream.replays import ReplayTally
 from kvevents.zeromq.engine_requests import EngineRequestError
 from kvevents.zeromq.engine_requests import describe as request_describe
 from kvevents.zeromq.engine_requests import snapshot as request_snapshot
@@ -118,6 +119,7 @@ class Bridge:
         self._max_ack = 0
         self._inflight: deque[tuple[asyncio.Future, tuple[str, bytes, dict[str, str]], float]] = deque()
         self._counters: Counter[str] = Counter()
+        self._replays = ReplayTally()  # first-contact history is not a gap
         self._stop = threading.Event()
         self._connected = threading.Event()
         self._done = threading.Event()
@@ -173,7 +175,9 @@ class Bridge:
                 self._next_snap[name] = 0.0
 
     def counters(self) -> dict[str, int]:
-        out = dict(self._counters)
+        """The bridge's counters, the Subscriber's as `subscriber_*`, and the replayed batches told
+        apart: `history_batches_replayed` (first contact, after a reset) and `gap_batches_replayed`."""
+        out = {"history_batches_replayed": 0, "gap_batches_replayed": 0, **self._counters, **self._replays.counts}
         for k, v in self._sub.counters().items():
             out[f"subscriber_{k}"] = v
         return out
@@ -280,6 +284,7 @@ class Bridge:
         for it in items:
             if isinstance(it, Reset):
                 self._counters[f"resets_{it.reason}"] += 1
+                self._replays.reset(it.source, it.dp_rank)
                 if out:  # what came before the reset keeps the old epoch
                     await self._send(out)
                     out = []
@@ -294,6 +299,7 @@ class Bridge:
                 self._counters["engine_snapshot_batches_skipped"] += 1  # the bridge stores its own
                 continue
             rank = rank_of(it.dp_rank)
+            self._replays.delivery(it.source, rank, it.kind)
             epoch = it.epoch if it.epoch is not None else await self._epoch_of(it.source)
             headers = {
                 H_SOURCE: it.source,

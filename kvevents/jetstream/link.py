@@ -112,6 +112,10 @@ def parse_epoch(text: str | None) -> int | None:
         return None
 
 
+#: URL schemes nats-py connects with (an http:// URL would be tried as a host name, then fail on DNS).
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
 @dataclass
 class NatsOptions:
     """How to reach NATS: what nats-py's `connect` takes, from the command line.
@@ -135,9 +139,14 @@ class NatsOptions:
         if not out:
             raise ValueError("--nats: expected a URL such as nats://127.0.0.1:4222")
         for u in out:
-            if "://" not in u:
+            scheme, sep, _rest = u.partition("://")
+            if not sep:
                 raise ValueError(
                     f"--nats {u!r}: expected a URL such as nats://127.0.0.1:4222 (schemes nats, tls, ws, wss)"
+                )
+            if scheme.lower() not in NATS_SCHEMES:
+                raise ValueError(
+                    f"--nats {u!r}: {scheme}:// is not a NATS scheme: use nats://HOST:4222 (or tls://, ws://, wss://)"
                 )
         return out
 

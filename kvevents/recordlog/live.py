@@ -2,7 +2,9 @@
 pulled into a log, and a stored stream read until it is caught up (`kvevents fetch`).
 
 The feed is any kvevents feed (a zeromq Subscriber, a JetStreamFeed): poll / start / stop /
-counters, deliveries and resets to a Recorder. The caller renders; callbacks say what happened.
+counters, deliveries and resets to a Recorder. The caller prints; callbacks say what happened,
+and a recording words its plan and its summary from what the log holds (not the feed's counters:
+history the feed replayed and the recorder left out is not in the log).
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class LiveRecording:
         self.clock = clock
         self.t0 = clock()
         self.deadline: Optional[float] = None
+        self.removed_empty = False  # close() removed the file it created: nothing was written to it
 
     def open(self) -> None:
         """Open the feed's sockets (a bad endpoint raises here), take the snapshots (--from
@@ -110,12 +113,54 @@ class LiveRecording:
                 on_skip(rec.skip_reason)
 
     def close(self) -> None:
-        """Stop the feed and the recorder (no write after this), close the writer."""
+        """Stop the feed and the recorder (no write after this), close the writer; a file the writer
+        created and nothing was written to is removed (so the next run need not --force it)."""
         if self.acks_first:
             self.feed.stop()  # all it acknowledges to a durable consumer has been written
         self.recorder.stop()  # no write after this, even from a callback still running
         self.feed.stop()
         self.writer.close()
+        if getattr(self.writer, "created", False) and self.writer.records == 0:
+            try:
+                os.remove(self.writer.path)
+                self.removed_empty = True
+            except FileNotFoundError:
+                self.removed_empty = True
+
+    def summary(self, start: str, interrupted: bool = False, *, zeromq: bool = True) -> list[str]:
+        """What was recorded, from what the log holds (by kind), then what the feed repaired and
+        what was left out (`--from start`; a zeromq feed started "now" skips the history itself):
+        one short line each."""
+        rec, c = self.recorder, self.feed.counters()
+        n = len(self.sources) or 1
+        lines = []
+        if self.removed_empty:
+            lines.append(
+                f"recorded nothing from {n} source(s) in {self.elapsed():.2f}s: no file left at {self.writer.path}"
+            )
+        else:
+            size = os.path.getsize(self.writer.path)  # the whole file, header included, as `log inspect` says
+            lines.append(
+                f"recorded {rec.batches} batches in {self.elapsed():.2f}s -> {self.writer.path} ({size} bytes)"
+            )
+            held = [f"{rec.written[k]} {k}" for k in ("snapshot", "replay", "live") if rec.written[k]]
+            resets = rec.written["reset"]
+            lines.append(
+                "the log holds "
+                + (", ".join(held) + " batches" if held else "no batches")
+                + (f" and {resets} reset marker{'s' if resets != 1 else ''}" if resets else "")
+            )
+        repairs = f"feed: gaps {c.get('gaps', 0)} ({c.get('unrecoverable_gaps', 0)} not repaired), losses {c.get('losses', 0)}"
+        if rec.history_dropped:
+            repairs += f"; left out {rec.history_dropped} from before the start (--from {start})"
+        elif start == "now" and zeromq:
+            repairs += "; history before the first live batch left out (--from now)"
+        lines.append(repairs)
+        if rec.skipped:
+            lines.append(f"skipped {rec.skipped} that could not be stored")
+        if interrupted:
+            lines[0] += " (interrupted)"
+        return lines
 
     def elapsed(self) -> float:
         """Seconds since the recording window opened (before open(): since construction)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from typing import Any, Literal, Sequence
 
 from kvevents.errors import DecodeError
@@ -50,6 +51,7 @@ class Recorder:
         self.history_dropped = 0  # left out because they precede the chosen start
         self.skipped = 0  # could not be stored (see skip_reason)
         self.skip_reason: str | None = None  # the first one
+        self.written: Counter[str] = Counter()  # records written, by kind (live, replay, snapshot, reset)
         self.done = threading.Event()
         self.error: Exception | None = None  # a failed write (disk full...): recording stops, done is set
         self._lock = threading.Lock()
@@ -109,11 +111,13 @@ class Recorder:
                 source=source, reason="first", endpoint=endpoint, dp_rank=metas[0][1] if metas else None
             )
             self.resets += 1
+            self.written["reset"] += 1
             for p, (e, r) in zip(payloads, metas):
                 self.writer.write(
                     p, source=source, endpoint=endpoint, topic=topic, seq=seq, epoch=e, dp_rank=r, kind="snapshot"
                 )
                 self.snapshot_batches += 1
+                self.written["snapshot"] += 1
         except BadRecordError as exc:
             self._skip(exc)
         except (OSError, ValueError) as exc:
@@ -174,6 +178,7 @@ class Recorder:
             except (OSError, ValueError) as exc:
                 return self._fail(exc)
             self.batches += 1
+            self.written[str(getattr(d, "kind", "live") or "live")] += 1
             if self.count is not None and self.batches >= self.count:
                 self.done.set()
 
@@ -195,3 +200,4 @@ class Recorder:
             except (OSError, ValueError) as exc:
                 return self._fail(exc)
             self.resets += 1
+            self.written["reset"] += 1

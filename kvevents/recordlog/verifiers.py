@@ -14,12 +14,11 @@ __all__ = ["make_verifier"]
 def make_verifier(
     profile: str, page_size: int | None, salts: Iterable[str] = (), lora_paths: Iterable[str] = ()
 ) -> Any:
-    """The verifier for `log inspect --verify --profile P`: the contract (needs a page size) or a
-    vLLM 0.33 stream (`vllm`: structure and links; `vllm-sha256` / `vllm-sha256_cbor`: hashes too,
-    seeded by PYTHONHASHSEED from the environment when set, as vLLM is). ValueError on bad input."""
+    """The verifier for `log inspect --verify --profile P`: the contract or a vLLM 0.33 stream
+    (`vllm`: structure and links; `vllm-sha256` / `vllm-sha256_cbor`: hashes too, seeded by
+    PYTHONHASHSEED from the environment when set, as vLLM is). Without a page size each event is
+    checked at its own block_size. ValueError on bad input."""
     if profile == "contract":
-        if page_size is None:
-            raise ValueError("--verify needs --page-size N")
         return ContractVerifier(page_size, salts)
     return VllmVerifier(
         profile,

@@ -30,7 +30,7 @@ from kvevents.recordlog.format import Record
 from kvevents.recordlog.reader import Damage, feed_log
 from kvevents.recordlog.stats import SeqTracker
 
-__all__ = ["Violation", "VerifyReport", "ContractVerifier", "verify_log"]
+__all__ = ["Violation", "VerifyReport", "ContractVerifier", "verify_log", "KEPT_PER_CODE"]
 
 
 @dataclass(frozen=True)
@@ -47,14 +47,27 @@ class Violation:
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
+    def where(self) -> str:
+        """`record 12 event 0 (w0 seq 11)`."""
+        at = f"record {self.record}" + (f" event {self.event}" if self.event is not None else "")
+        return f"{at} ({self.source} seq {self.seq})"
+
     def __str__(self) -> str:
-        where = f"record {self.record}" + (f" event {self.event}" if self.event is not None else "")
-        return f"{where} ({self.source} seq {self.seq}): {self.code}: {self.message}"
+        return f"{self.where()}: {self.code}: {self.message}"
+
+
+#: Violations kept per code (all are counted): a log verified at the wrong page size breaks every
+#: event, and its report must not grow with the log.
+KEPT_PER_CODE = 100
 
 
 @dataclass
 class VerifyReport:
-    """Violations plus what was checked (and what could not be)."""
+    """Violations plus what was checked (and what could not be).
+
+    `violations` keeps the first KEPT_PER_CODE of each code, `counts` counts them all. `page_size`
+    is the one asked for, or (0 until seen) the first block_size of the stream: `block_sizes`
+    counts the BlockStored events of each size."""
 
     page_size: int
     salts: list[str]
@@ -67,15 +80,44 @@ class VerifyReport:
     heads: Counter = field(default_factory=Counter)  # "unseeded" / "salt:<s>" -> heads matched
     violations: list[Violation] = field(default_factory=list)
     damage: list[Damage] = field(default_factory=list)
+    counts: Counter = field(default_factory=Counter)  # code -> violations found
+    block_sizes: Counter = field(default_factory=Counter)  # block_size -> BlockStored events
+    page_size_given: bool = True  # False: each event is checked at its own block_size
 
     @property
     def ok(self) -> bool:
-        return not self.violations
+        return not self.counts
+
+    @property
+    def violation_count(self) -> int:
+        return sum(self.counts.values())
+
+    def add(self, v: Violation) -> None:
+        """Count a violation; keep it while fewer than KEPT_PER_CODE of its code are kept."""
+        self.counts[v.code] += 1
+        if self.counts[v.code] <= KEPT_PER_CODE:
+            self.violations.append(v)
+
+    def saw_block_size(self, size: Any) -> None:
+        if isinstance(size, int) and not isinstance(size, bool):
+            self.block_sizes[size] += 1
+            if not self.page_size:
+                self.page_size = size
+
+    def grouped(self) -> list[tuple[str, int, Violation]]:
+        """(code, count, first violation) per code, in the order the codes first occurred."""
+        firsts: dict[str, Violation] = {}
+        for v in self.violations:
+            firsts.setdefault(v.code, v)
+        return [(code, self.counts[code], firsts[code]) for code in firsts]
 
     def as_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if k not in ("violations", "damage", "heads")}
+        skip = ("violations", "damage", "heads", "counts", "block_sizes")
+        d = {k: v for k, v in self.__dict__.items() if k not in skip}
         d["heads"] = dict(self.heads)
         d["ok"] = self.ok
+        d["violation_counts"] = dict(self.counts)
+        d["block_sizes"] = {str(k): n for k, n in sorted(self.block_sizes.items())}
         d["violations"] = [v.as_dict() for v in self.violations]
         d["damage"] = [x._asdict() for x in self.damage]
         return d
@@ -106,12 +148,12 @@ class _Src:
 class ContractVerifier:
     """Feed records in log order with `feed`; read `report` at the end."""
 
-    def __init__(self, page_size: int, salts: Iterable[str] = ()) -> None:
-        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+    def __init__(self, page_size: int | None, salts: Iterable[str] = ()) -> None:
+        if page_size is not None and (isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1):
             raise ValueError(f"page_size must be an integer >= 1, got {page_size!r}")
-        self.page_size = page_size
+        self.page_size = page_size  # None: each event's own block_size
         self.salts = [s for s in salts]
-        self.report = VerifyReport(page_size, list(self.salts))
+        self.report = VerifyReport(page_size or 0, list(self.salts), page_size_given=page_size is not None)
         self._heads: list[tuple[str, bytes | None]] = [("unseeded", None)]
         for s in self.salts:
             seed = event_seed(Namespace(cache_salt=s))
@@ -129,7 +171,7 @@ class ContractVerifier:
         return st
 
     def _violate(self, rec: Record, ev: int | None, code: str, msg: str) -> None:
-        self.report.violations.append(Violation(rec.index, rec.source, rec.seq, ev, code, msg))
+        self.report.add(Violation(rec.index, rec.source, rec.seq, ev, code, msg))
 
     def feed(self, rec: Record) -> None:
         rep = self.report
@@ -207,14 +249,28 @@ class ContractVerifier:
             live[h] += 1
         self._check_hashes(rec, i, ev)
 
+    def _page_size(self, rec: Record, i: int, ev: BlockStored) -> int | None:
+        """The page size to check `ev` at: --page-size, else its own block_size (None: not one)."""
+        bs = ev.block_size
+        self.report.saw_block_size(bs)
+        if self.page_size is not None:
+            if bs != self.page_size:
+                self._violate(rec, i, "block-size", f"block_size {bs} but --page-size is {self.page_size}")
+            return self.page_size
+        if isinstance(bs, bool) or not isinstance(bs, int) or bs < 1:
+            self._violate(rec, i, "block-size", f"block_size {bs!r} is not a page size (give --page-size)")
+            return None
+        return bs
+
     def _check_hashes(self, rec: Record, i: int, ev: BlockStored) -> None:
         rep = self.report
-        ps = self.page_size
         hashes = ev.block_hashes
         if not hashes:
             return
-        if ev.block_size != ps:
-            self._violate(rec, i, "block-size", f"block_size {ev.block_size} but --page-size is {ps}")
+        ps = self._page_size(rec, i, ev)
+        if ps is None:
+            rep.blocks_unverifiable += len(hashes)
+            return
         try:
             data = pack_tokens(ev.token_ids)
         except ValueError as exc:
@@ -289,12 +345,12 @@ class ContractVerifier:
 
 def verify_log(
     path: str | os.PathLike[str],
-    page_size: int,
+    page_size: int | None,
     salts: Iterable[str] = (),
     *,
     on_damage: Callable[[Damage], None] | None = None,
 ) -> VerifyReport:
-    """Run the contract checks over a whole log (streaming)."""
+    """Run the contract checks over a whole log (streaming); page_size None: the events' block_size."""
     v = ContractVerifier(page_size, salts)
     v.report.damage = list(feed_log(path, v.feed, on_damage=on_damage).damage)
     return v.report

@@ -67,7 +67,7 @@ class VllmVerifier:
         self.algo = PROFILES.get(profile)
         self.page_size = page_size
         self.lora_paths = dict(lora_paths or {})
-        self.report = VerifyReport(page_size or 0, [])
+        self.report = VerifyReport(page_size or 0, [], page_size_given=page_size is not None)
         self._fn = hash_function(self.algo) if self.algo else None
         self._none = none_hash(self.algo, hash_seed) if self.algo else b""
         self._digests: dict[tuple[str, Any], dict[int | bytes, bytes]] = {}  # per source/rank: hash -> digest
@@ -75,7 +75,7 @@ class VllmVerifier:
         self._seqs = SeqTracker()
 
     def _violate(self, rec: Record, ev: int | None, code: str, msg: str) -> None:
-        self.report.violations.append(Violation(rec.index, rec.source, rec.seq, ev, code, msg))
+        self.report.add(Violation(rec.index, rec.source, rec.seq, ev, code, msg))
 
     def _forget(self, source: str, rank: Any, known: bool) -> None:
         for (s, r, _group), grp in self._groups.items():
@@ -165,8 +165,7 @@ class VllmVerifier:
             return
         if self.page_size and bs != self.page_size:
             self._violate(rec, i, "block-size", f"block_size {bs} but --page-size is {self.page_size}")
-        if not rep.page_size:
-            rep.page_size = bs  # reported as the stream's block size when --page-size was not given
+        rep.saw_block_size(bs)  # the stream's block size is reported when --page-size was not given
         spans_nulls = (
             len(tokens) > n * bs and len(tokens) % bs == 0 and ev.kv_cache_spec_kind not in (None, "full_attention")
         )

@@ -50,6 +50,7 @@ class RecordWriter:
             and not os.path.isdir(self.path)
             and os.path.getsize(self.path) > 0
         )
+        self.created = not (append and exists)  # a new (or emptied) file, holding only what this writer wrote
         if append and exists:
             reader = RecordReader(self.path, on_damage=on_damage)
             try:
