@@ -72,17 +72,27 @@ def serve(
     http: Optional[str] = typer.Option(
         None,
         "--http",
-        help="Also serve /v1/completions and /metrics for every worker: worker i on HOST:PORT+i (0: free ports).",
+        help="/v1/completions, /metrics per worker (port+i).",
         rich_help_panel=_MORE,
     ),
     prefill_us: float = typer.Option(
-        10.0, "--prefill-us-per-token", min=0.0, help="--http: us per uncached prompt token.", rich_help_panel=_MORE
+        10.0,
+        "--prefill-us-per-token",
+        min=0.0,
+        help="--http: us/new token (10).",
+        show_default=False,
+        rich_help_panel=_MORE,
     ),
     decode_ms: float = typer.Option(
-        1.0, "--decode-ms-per-token", min=0.0, help="--http: ms per max_tokens.", rich_help_panel=_MORE
+        1.0,
+        "--decode-ms-per-token",
+        min=0.0,
+        help="--http: ms/max_tokens (1).",
+        show_default=False,
+        rich_help_panel=_MORE,
     ),
     max_running: int = typer.Option(
-        8, "--max-running", min=1, help="--http: requests run at once; the rest queue.", rich_help_panel=_MORE
+        8, "--max-running", min=1, help="--http: run at once (8).", show_default=False, rich_help_panel=_MORE
     ),
 ) -> None:
     """Run simulated engine workers, each publishing its KV events; a status line per second.

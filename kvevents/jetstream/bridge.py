@@ -46,8 +46,8 @@ from kvevents.jetstream.link import (
     retry,
     snap_subject,
 )
-from kvevents.jetstream.signing import H_DIGEST, SignKey, parts_digest
 from kvevents.jetstream.replays import ReplayTally
+from kvevents.jetstream.signing import H_DIGEST, SignKey, parts_digest
 from kvevents.zeromq.engine_requests import EngineRequestError
 from kvevents.zeromq.engine_requests import describe as request_describe
 from kvevents.zeromq.engine_requests import snapshot as request_snapshot

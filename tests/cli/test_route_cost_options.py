@@ -60,7 +60,7 @@ def test_the_options_reach_the_answer() -> None:
         said = proc.stderr.readline()  # the scraper's one line: nothing listens on port 1
         assert said.startswith("kvevents route: w0: load metrics at http://127.0.0.1:1/metrics unreadable"), said
         conn = http.client.HTTPConnection("127.0.0.1", int(m.group(1)), timeout=10)
-        conn.request("POST", "/score", json.dumps({"tokens": list(range(32))}))
+        conn.request("POST", "/score", json.dumps({"tokens": list(range(32))}), {"Content-Type": "application/json"})
         out = json.loads(conn.getresponse().read())
         conn.close()
         assert out["policy"] == "prefix" and out["workers_total"] == 0 and out["pick"] is None
