@@ -2,6 +2,8 @@
 
     python3 benchmarks/bench_peer.py [--workers 64] [--copies 1000000] [--pages 512] [--requests 1000]
         [--rounds 3] [--cpu 1] [--peer-python /path/to/python-with-ai-dynamo-runtime] [--json]
+        [--record-log PATH]
+    python3 benchmarks/bench_peer.py --scale [--points 64x1M,256x1M,1024x1M,4096x1M,1024x10M] [--out DIR]
 
 One run, the same data for both: bench_consumers' shared profile (documents of `pages` 16-token
 pages cached by 1..16 of `workers` workers, 25% private chains, until `copies` copies), and
@@ -19,11 +21,16 @@ Figures: apply (stores of 16-page events, already decoded for kvevents; JSON eve
 peer's input form, for the peer), lookup with hashes given (kvevents `BlockIndex.prefix_match`,
 peer `find_matches`), full request (hash 8,192 tokens + that lookup), hashing alone, and memory
 per held copy (kvevents: tracemalloc of the index build plus its table arrays in huge-page
-mappings, which tracemalloc does not see; both: RSS growth). Each round applies everything into a
+mappings, which tracemalloc does not see; both: RSS growth), and (kvevents only) the router's
+whole answer (`PrefixRouter.score`: hash, look up, rank every worker). Each round applies everything into a
 fresh index and then times every request; the sides take turns round by round, so a busy machine
 slows them alike. p50/p99 per round; the machine is shared, so compare p50s and rounds.
 `same_walk` (kvevents only) times one deep lookup again and again, as many times as there are
 requests: identical warm work, so its p99 over its p50 is the machine's own jitter in that round.
+
+`--scale` runs one such run per point of a scale curve (benchmarks/peer_scale.py: each point in a
+process of its own, the record-log cold start of the largest point, results.json and one SVG per
+figure against the worker count). `--record-log PATH` writes the point's batches as a record log.
 """
 
 from __future__ import annotations
@@ -187,7 +194,7 @@ class Ours:
         """Lookup with hashes given (every request), then full requests (hash all pages + lookup)."""
         assert self.idx is not None
         lookup, hash_array, pc = self.idx.prefix_match, self.router.hash_array, time.perf_counter
-        look, full, hsh = [], [], []
+        look, full, hsh, answer = [], [], [], []
         for hs in self.hashed:
             t0 = pc()
             lookup(hs)
@@ -208,7 +215,12 @@ class Ours:
             t2 = pc()
             full.append(t2 - t0)
             hsh.append(t1 - t0)
-        return {"lookup": look, "full": full, "hash": hsh, "same_walk": noise}
+        score = self.router.score
+        for t in self.reqs:
+            t0 = pc()
+            score(t)
+            answer.append(pc() - t0)
+        return {"lookup": look, "full": full, "hash": hsh, "same_walk": noise, "answer": answer}
 
     def matches(self) -> list[dict[str, int]]:
         assert self.idx is not None
@@ -216,6 +228,18 @@ class Ours:
         return [
             {labels[wi][1:]: m.pages for wi, m in self.idx.prefix_match(hs).workers.items()} for hs in self.hashed[:100]
         ]
+
+
+def write_log(path: str, batches) -> None:
+    """The batches as a record log (one live record each, seq per source), for cold starts."""
+    from kvevents.events import encode_batch
+    from kvevents.recordlog.writer import RecordWriter
+
+    seqs: dict[str, int] = {}
+    with RecordWriter(path, durability="buffered") as w:
+        for src, b in batches:
+            seq = seqs[src] = seqs.get(src, -1) + 1
+            w.write(encode_batch(b), source=src, seq=seq, recv_time=0.0)
 
 
 def find_peer_python(given: str | None) -> str | None:
@@ -272,7 +296,7 @@ def summarize(applies: list[dict], rounds: list[dict], extra: dict | None = None
         "apply_copies_per_s": [round(v) for v in rates],
         "rss_bytes_per_copy": applies[0]["rss_bytes_per_copy"],
     }
-    for phase in ("lookup", "full", "hash", "same_walk"):
+    for phase in ("lookup", "full", "hash", "same_walk", "answer"):
         if phase not in rounds[0]:
             continue
         per = [_quantiles(r[phase]) for r in rounds]
@@ -296,13 +320,24 @@ def main() -> None:
     ap.add_argument("--peer-python", default=None)
     ap.add_argument("--no-fallback", action="store_true", help="skip the pure-Python measurement")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--record-log", default=None, help="also write the point's batches to this record log")
+    ap.add_argument("--scale", action="store_true", help="run the scale curve (benchmarks/peer_scale.py)")
+    ap.add_argument("--points", default=None, help="with --scale: WORKERSxCOPIES,... (e.g. 64x1M,1024x10M)")
+    ap.add_argument("--out", default=None, help="with --scale: where results.json and the SVGs go")
     args = ap.parse_args()
+    if args.scale:
+        from peer_scale import run_scale
+
+        run_scale(args)
+        return
     if args.cpu >= 0:
         os.sched_setaffinity(0, {args.cpu})
     rnd = random.Random(0)
     docs = build_docs(args.docs, args.pages, rnd)
     batches, copies = shared_batches(docs, args.workers, args.copies, rnd)
     reqs = make_requests(docs, args.pages, args.requests, rnd)
+    if args.record_log:
+        write_log(args.record_log, batches)
     report: dict = {"config": vars(args) | {"copies_held": copies, "speedups": native.describe()}}
     sides: dict = {}
     if native.active():
@@ -358,7 +393,7 @@ def main() -> None:
         ("apply copies/s (best)", "apply_copies_per_s_best", "{:,.0f}"),
         ("apply copies/s (median)", "apply_copies_per_s_median", "{:,.0f}"),
     ]
-    for phase in ("lookup", "full", "hash", "same_walk"):
+    for phase in ("lookup", "full", "hash", "same_walk", "answer"):
         rows.append((f"{phase} p50 us (rounds)", f"{phase}_p50_us", None))
         rows.append((f"{phase} p99 us (rounds)", f"{phase}_p99_us", None))
     rows += [

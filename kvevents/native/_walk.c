@@ -74,6 +74,26 @@ static HOT_INLINE int spread_page(Walk *W, const uint64_t *rw, Py_ssize_t k) {
     return 0;
 }
 
+/* 1 when page k's holders are the previous page's in every view (the same rows word, or records with the
+ * same pairs in the same order): its step could change nothing, so it is skipped. Only for layouts
+ * without a word of several columns (whose pages are credited per medium one by one). */
+static HOT_INLINE int same_as_before(Walk *W, const uint64_t *rw, Py_ssize_t k) {
+    for (Py_ssize_t v = 0; v < W->nv; v++) {
+        uint64_t r = rw[v * BLOCK + k], p = W->prev[v];
+        if (r == p) continue;
+        if (r < KV_ROW_REF || p < KV_ROW_REF) return 0;
+        uint64_t *a = NULL, *b = NULL;
+        Py_ssize_t na = 0, nb = 0;
+        int cls;
+        if (rec_open(&W->views[v], r, &a, &na, &cls) < 0 || rec_open(&W->views[v], p, &b, &nb, &cls) < 0) {
+            PyErr_Clear(); /* a bad record: not the same; the spread says why */
+            return 0;
+        }
+        if (na != nb || memcmp(a, b, sizeof(uint64_t) * (size_t)na)) return 0;
+    }
+    return 1;
+}
+
 /* Word w's bits in `ended` end their prefixes at page `at`, in this order. */
 static HOT_INLINE void record_ends(Walk *W, Py_ssize_t w, uint64_t ended, Py_ssize_t at) {
     int32_t *ends = W->ends + w * KV_WORD, *nend = W->nend + w;
@@ -143,8 +163,10 @@ static int walk_pages(Walk *W) {
         load_block(W, base + BLOCK);
         const uint64_t *rw = W->rw + ring_at(W, base);
         for (Py_ssize_t i = base; i < stop && going; i++) {
+            if (i > 0 && !W->credit && same_as_before(W, rw, i - base)) continue;
             if (spread_page(W, rw, i - base) < 0) return -1;
             going = step_words(W, i);
+            for (Py_ssize_t v = 0; v < W->nv; v++) W->prev[v] = rw[v * BLOCK + (i - base)];
         }
     }
     for (Py_ssize_t w = 0; w < W->nw; w++) record_ends(W, w, W->acc[w], n);

@@ -32,6 +32,7 @@ typedef struct {
     uint8_t *endorder;             /* per word: bits in the order their prefixes ended */
     Py_ssize_t *slots;             /* RING blocks of probed slots per view */
     uint64_t *rw;                  /* RING blocks of rows words per view */
+    uint64_t *prev;                /* per view: the rows word of the last page stepped */
     double *wts;
     void *scratch;
     PyObject *result, *workers;

@@ -24,7 +24,7 @@ void kv_walk_zero(Walk *W) {
     W->filt = NULL;
     W->wcols = W->wmi = W->wstart = W->slots = W->act = NULL;
     W->nact = 0;
-    W->rw = NULL;
+    W->rw = W->prev = NULL;
     W->colword = NULL;
     W->wword = NULL;
     W->walive = W->acc = W->row = NULL;
@@ -168,13 +168,13 @@ int kv_walk_weights(Walk *W) {
 
 /* ------------------------------------------------------------------ the layout, flattened */
 
-/* One scratch block, 8-byte parts first: wstart, wword, walive, acc, row, act, slots, rw, nend, ends,
+/* One scratch block, 8-byte parts first: wstart, wword, walive, acc, row, act, slots, rw, prev, nend, ends,
  * colword, endorder (nend must start at zero, colword at -1; `ends` is written before it is read; row
  * starts at zero and every word zeroes the columns it reads). */
 static int alloc_scratch(Walk *W) {
     Py_ssize_t nw = W->nw;
     size_t ring = (size_t)W->nv * RING * BLOCK;
-    size_t n8 = (size_t)(nw + 1) + 3 * (size_t)nw + (size_t)W->nc + (size_t)nw + 2 * ring;
+    size_t n8 = (size_t)(nw + 1) + 3 * (size_t)nw + (size_t)W->nc + (size_t)nw + 2 * ring + (size_t)W->nv;
     size_t n4 = (size_t)nw + (size_t)nw * KV_WORD + (size_t)W->nc;
     W->scratch = PyMem_Malloc(n8 * 8 + n4 * 4 + (size_t)nw * KV_WORD + 8);
     if (!W->scratch) { PyErr_NoMemory(); return -1; }
@@ -186,7 +186,8 @@ static int alloc_scratch(Walk *W) {
     W->act = (Py_ssize_t *)(W->row + W->nc);
     W->slots = W->act + nw;
     W->rw = (uint64_t *)(W->slots + ring);
-    W->nend = (int32_t *)(W->rw + ring);
+    W->prev = W->rw + ring;
+    W->nend = (int32_t *)(W->prev + W->nv);
     W->ends = W->nend + nw;
     W->colword = W->ends + (size_t)nw * KV_WORD;
     W->endorder = (uint8_t *)(W->colword + W->nc);
