@@ -97,10 +97,14 @@ def line_chart(
         for x, y in pts:
             out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{color}"/>')
         for x, y, label in extra.get(name, []):
-            out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="6" fill="none" stroke="{color}" stroke-width="2"/>')
+            out.append(
+                f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="6" fill="none" stroke="{color}" stroke-width="2"/>'
+            )
             out.append(f'<text x="{px(x) + 9:.1f}" y="{py(y) + 4:.1f}" fill="{color}">{escape(label)}</text>')
         ly = _TOP + 16 + i * 18
-        out.append(f'<line x1="{_LEFT + pw + 10}" x2="{_LEFT + pw + 30}" y1="{ly}" y2="{ly}" stroke="{color}" stroke-width="2"/>')
+        out.append(
+            f'<line x1="{_LEFT + pw + 10}" x2="{_LEFT + pw + 30}" y1="{ly}" y2="{ly}" stroke="{color}" stroke-width="2"/>'
+        )
         out.append(f'<text x="{_LEFT + pw + 36}" y="{ly + 4}">{escape(name)}</text>')
     out.append("</svg>")
     Path(path).write_text("\n".join(out) + "\n")

@@ -23,7 +23,7 @@ from kvevents.consumers.indexer import BlockIndex
 from kvevents.consumers.lookup import PrefixMatch, WorkerMatch
 from kvevents.consumers.table import VACANT, HashTable
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
-from kvevents.native.layout import CVIEW, ROW_REF
+from kvevents.native.layout import CVIEW
 
 pytestmark = pytest.mark.skipif(
     not native.active(), reason="kvevents.native._speedups not built, or KVEVENTS_PURE_PYTHON set"
@@ -120,7 +120,9 @@ def _tables_equal(a: HashTable, b: HashTable) -> None:
 
 
 CHAINS = st.lists(
-    st.tuples(st.lists(KEYS, min_size=1, max_size=40), st.integers(0, 255), st.sampled_from(["store", "remove", "clear"])),
+    st.tuples(
+        st.lists(KEYS, min_size=1, max_size=40), st.integers(0, 255), st.sampled_from(["store", "remove", "clear"])
+    ),
     max_size=25,
 )
 
@@ -230,9 +232,27 @@ def test_malformed_arguments_raise_value_error():
     bad_calls = [
         lambda: native.walk(np.array([1.0]), [(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
         lambda: native.walk(np.array([1], np.int32), [(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
-        lambda: native.walk(q, [(v, np.zeros(1, np.uint64))], [WordLayout(0, [(1, 0)], 1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch),
-        lambda: native.walk(q, [(v, np.zeros(1, np.uint64)), (v, np.zeros(2, np.uint64))], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
-        lambda: native.walk(q, [(v, None)], [WordLayout(0, [(0, 0)], 1), WordLayout(1, [(0, 0)], 1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: native.walk(
+            q, [(v, np.zeros(1, np.uint64))], [WordLayout(0, [(1, 0)], 1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch
+        ),
+        lambda: native.walk(
+            q,
+            [(v, np.zeros(1, np.uint64)), (v, np.zeros(2, np.uint64))],
+            ok_layout,
+            ["GPU"],
+            [1.0],
+            PrefixMatch,
+            WorkerMatch,
+        ),
+        lambda: native.walk(
+            q,
+            [(v, None)],
+            [WordLayout(0, [(0, 0)], 1), WordLayout(1, [(0, 0)], 1)],
+            ["GPU"],
+            [1.0],
+            PrefixMatch,
+            WorkerMatch,
+        ),
         lambda: native.walk(q, [(v, None)], [WordLayout(0, [(2**40, 0)], 1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch),
         lambda: native.walk(q, [(v, np.zeros(2, np.int8))], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
         lambda: native.walk(q, [(v,)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),

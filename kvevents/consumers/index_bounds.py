@@ -88,9 +88,7 @@ class IndexBounds(IndexReports):
         if vid == 0:
             return 0
         mine = self._source_views[source]  # its named views only
-        if len(mine) >= self.max_adapters_per_source or (
-            vid is None and self._live_adapters >= self.max_adapters
-        ):
+        if len(mine) >= self.max_adapters_per_source or (vid is None and self._live_adapters >= self.max_adapters):
             self._adapter_drops[source] += 1
             return None
         if vid is None:

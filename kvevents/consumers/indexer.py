@@ -211,6 +211,8 @@ class BlockIndex(IndexBounds):
         if not n:
             self.counters["empty_store"] += 1
             return
+        if type(hashes) is list and native.active() and self._store_fast(w, ev, hashes, n):
+            return
         prev = ev.parent_block_hash
         if n > self._small or type(hashes) is not list or not _all_int64(hashes, prev):
             try:  # the numpy check (long events, other sequences); the loops take a list
@@ -255,6 +257,42 @@ class BlockIndex(IndexBounds):
         self._hot[1] += n
         if dup:
             self.counters["duplicate_copies"] += dup
+
+    def _store_fast(self, w: WorkerEntry, ev: BlockStored, hashes: list[int], n: int) -> bool:
+        """The common store in one C call (checks, parent probe, store loop), when its medium, view
+        and column exist and the view has room; False (nothing changed) for the general path."""
+        wi = w.index
+        mi = self._medium_ix.get(ev.medium)
+        lora = ev.lora_name
+        vid = self._lora_ix.get(lora)
+        if mi is None or vid is None or (vid and vid not in self._source_views[w.source]):
+            return False
+        col = self._cols.get((mi, wi // WORD))
+        t = self._views[vid]
+        if col is None or t is None or t.used + n > t.limit or (lora is not None and wi not in self._lora_sources):
+            return False
+        prev = ev.parent_block_hash
+        mine = self._worker_views.get(wi) if prev is not None else None
+        views = self._views
+        pviews = [views[v].cview() for v in mine] if mine else []  # type: ignore[union-attr]
+        got = native.store_event(t.cview(), hashes, col, 1 << (wi % WORD), prev, pviews, self._word_cols[wi // WORD])
+        if got is None:
+            return False
+        if prev is not None and not got[5]:
+            self.counters["unknown_parent"] += 1
+        dups = t.finish_store(got, hashes, col, 1 << (wi % WORD), prev)
+        extra = self._extra
+        for h in dups:
+            extra[(vid, mi, wi, h)] = extra.get((vid, mi, wi, h), 0) + 1
+        self._note_copies(w, vid, n)
+        self._counts[(wi, mi)] += n
+        self._medium_copies[mi] += n
+        if self._medium_copies[mi] == n:
+            self._changed()
+        self._hot[1] += n
+        if dups:
+            self.counters["duplicate_copies"] += len(dups)
+        return True
 
     def _holds(self, wi: int, h: int) -> bool:
         """True if worker `wi` holds a copy of `h` on any medium, under any lora_name (only the

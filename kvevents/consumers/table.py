@@ -273,9 +273,7 @@ class HashTable:
         if type(hashes) is list and native.active():
             got = native.set_bits_each(self.cview(), hashes, col, bit, prev)
             if got is not None:  # None: a key equals the vacant key, which the Python loop moves
-                self.live += got[1]
-                self.used += got[2]
-                return got[0] if got[3] < 0 else self._resume_c(got, hashes, col, bit, prev)
+                return self.finish_store(got, hashes, col, bit, prev)
         find1, place1, set_bit, pool = self.find1, self.place1, holders.set_bit, self.pool
         pv, sv = self._pv, self._sv
         dup: list[int] = []
@@ -291,17 +289,23 @@ class HashTable:
             prev = h
         return dup
 
-    def _resume_c(self, got: tuple, hashes: list[int], col: int, bit: int, prev: int | None) -> list[int]:
-        """The compiled store loop stopped where a record did not fit the pool: grow it and go on
-        from there, as often as it takes (so both twins grow the pool at the same point)."""
+    def finish_store(self, got: tuple, hashes: list[int], col: int, bit: int, prev: int | None) -> list[int]:
+        """Count what a compiled store loop (`native.set_bits_each`, `store_event`) placed; where it
+        stopped because a record did not fit the pool, grow the pool and go on from there, as often
+        as it takes (so both twins grow the pool at the same point). The duplicates."""
+        self.live += got[1]
+        self.used += got[2]
+        if got[3] < 0:
+            return got[0]  # type: ignore[no-any-return]
         dups: list[int] = list(got[0])
         start = 0
         while got[3] >= 0:
             start += got[3]
             prev = hashes[start - 1] if start else prev
             self.pool.grow(got[4])
-            got = native.set_bits_each(self.cview(), hashes[start:], col, bit, prev)
-            assert got is not None  # no vacant key: the first call would have said so
+            again = native.set_bits_each(self.cview(), hashes[start:], col, bit, prev)
+            assert again is not None  # no vacant key: the first call would have said so
+            got = again
             self.live += got[1]
             self.used += got[2]
             dups += got[0]

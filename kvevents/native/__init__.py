@@ -64,6 +64,7 @@ __all__ = [
     "portable_sha",
     "remove_each",
     "clear_worker",
+    "store_event",
     "holds_bit",
     "sha_impl",
 ]
@@ -218,6 +219,21 @@ def set_bits_each(
     when every hash is stored, else the index of the first hash whose record did not fit the pool
     (grow it by `need` words and go on from there); None to fall back (a hash is the vacant key)."""
     return _c.set_bits_each(view, hashes, col, bit, prev)
+
+
+def store_event(
+    view: tuple,
+    hashes: list[int],
+    col: int,
+    bit: int,
+    prev: int | None,
+    parent_views: list[tuple],
+    parent_cols: list[int],
+) -> tuple[list[int], int, int, int, int, bool] | None:
+    """One BlockStored in one call: (set_bits_each's answer, and whether `prev` was held in
+    `parent_views` before it), or None (a hash or `prev` not an exact int64, or the vacant key:
+    nothing written, the general path runs)."""
+    return _c.store_event(view, hashes, col, bit, prev, parent_views, parent_cols)
 
 
 def remove_each(

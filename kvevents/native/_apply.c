@@ -378,3 +378,77 @@ PyObject *kv_holds_bit(PyObject *self, PyObject *args) {
     }
     Py_RETURN_FALSE;
 }
+
+/* The values of a list of exact ints in int64 range (PyMem_Free it); NULL without an exception when one
+ * is not (a bool, a float, too big: the caller's slow path says which), NULL with one on no memory. */
+static int64_t *exact_ints(PyObject *list, Py_ssize_t n) {
+    int64_t *out = PyMem_Malloc(sizeof(int64_t) * (size_t)(n + 1));
+    if (!out) { PyErr_NoMemory(); return NULL; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *it = PyList_GET_ITEM(list, i);
+        int overflow = 0;
+        long long v = PyLong_CheckExact(it) ? PyLong_AsLongLongAndOverflow(it, &overflow) : 0;
+        if (!PyLong_CheckExact(it) || overflow || (v == -1 && PyErr_Occurred())) { PyErr_Clear(); PyMem_Free(out); return NULL; }
+        out[i] = (int64_t)v;
+    }
+    return out;
+}
+
+/* Does any of the views (a list of cviews) hold h with `bit` in one of cl[0..nc)? 1, 0, or -1 on error. */
+static int views_hold(PyObject *views, int64_t h, const uint64_t *cl, Py_ssize_t nc, uint64_t bit) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(views); i++) {
+        View v;
+        if (kv_view_load(PyList_GET_ITEM(views, i), &v, 0) < 0) return -1;
+        Py_ssize_t s = probe(&v, h, home_of(&v, h));
+        int found = 0;
+        for (Py_ssize_t c = 0; s >= 0 && c < nc && !found; c++) {
+            uint64_t bits;
+            if (row_bits(&v, v.rows[s], cl[c], &bits) < 0) { s = -2; break; }
+            found = (bits & bit) != 0;
+        }
+        kv_view_release(&v);
+        if (s == -2) return -1;
+        if (found) return 1;
+    }
+    return 0;
+}
+
+/* store_event(cview, hashes, col, bit, prev, parent_views, parent_cols) -> (duplicates, live added, used
+ * added, stop, need, parent held) or None: one BlockStored in one call, the common case of
+ * BlockIndex._store. Before anything is written: every hash and prev must be an exact int in int64 range
+ * and none the vacant key (else None: the caller's general path counts or handles it), and whether the
+ * worker holds `prev` (in parent_views, in any of parent_cols) is looked up. Then set_bits_each's loop. */
+PyObject *kv_store_event(PyObject *self, PyObject *args) {
+    PyObject *tv, *hashes, *colobj, *bitobj, *prevobj, *pviews, *pcols;
+    if (!PyArg_ParseTuple(args, "OO!OOOO!O!", &tv, &PyList_Type, &hashes, &colobj, &bitobj, &prevobj, &PyList_Type,
+                          &pviews, &PyList_Type, &pcols))
+        return NULL;
+    uint64_t bit, col, cl[256];
+    Py_ssize_t ncl;
+    if (col_of(colobj, &col) < 0 || bit_of(bitobj, &bit) < 0 || cols_of(pcols, cl, &ncl) < 0) return NULL;
+    int64_t prev = 0;
+    int have_prev = prevobj != Py_None, overflow = 0;
+    if (have_prev) {
+        long long pv = PyLong_CheckExact(prevobj) ? PyLong_AsLongLongAndOverflow(prevobj, &overflow) : 0;
+        if (!PyLong_CheckExact(prevobj) || overflow || (pv == -1 && PyErr_Occurred())) { PyErr_Clear(); Py_RETURN_NONE; }
+        prev = (int64_t)pv;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(hashes);
+    int64_t *hs = exact_ints(hashes, n);
+    if (!hs) { if (PyErr_Occurred()) return NULL; Py_RETURN_NONE; }
+    PyObject *dups = NULL, *ret = NULL;
+    int held = have_prev && PyList_GET_SIZE(pviews) ? views_hold(pviews, prev, cl, ncl, bit) : 0;
+    View v;
+    if (held < 0 || kv_view_load(tv, &v, 1) < 0) { PyMem_Free(hs); return NULL; }
+    StoreCounts c = {0, 0, -1, 0};
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (hs[i] == v.vacant) { ret = Py_NewRef(Py_None); goto out; }
+    if (!(dups = PyList_New(0))) goto out;
+    if (store_loop(&v, hs, PySequence_Fast_ITEMS(hashes), n, col, bit, have_prev, prev, dups, &c) == 0)
+        ret = Py_BuildValue("(OnnnLO)", dups, c.live, c.used, c.stop, (long long)c.need, held ? Py_True : Py_False);
+out:
+    Py_XDECREF(dups);
+    kv_view_release(&v);
+    PyMem_Free(hs);
+    return ret;
+}

@@ -58,6 +58,7 @@ KV_HIDDEN PyObject *kv_all_int64(PyObject *self, PyObject *args);
 KV_HIDDEN PyObject *kv_set_bits_each(PyObject *self, PyObject *args);
 KV_HIDDEN PyObject *kv_remove_each(PyObject *self, PyObject *args);
 KV_HIDDEN PyObject *kv_clear_worker(PyObject *self, PyObject *args);
+KV_HIDDEN PyObject *kv_store_event(PyObject *self, PyObject *args);
 KV_HIDDEN PyObject *kv_holds_bit(PyObject *self, PyObject *args);
 
 #endif

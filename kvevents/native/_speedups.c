@@ -61,6 +61,7 @@ static PyMethodDef methods[] = {
     {"all_int64", kv_all_int64, METH_VARARGS, "all_int64(hashes, prev) -> every value an exact int in int64 range"},
     {"set_bits_each", kv_set_bits_each, METH_VARARGS, "the store loop of HashTable.set_bits_each"},
     {"remove_each", kv_remove_each, METH_VARARGS, "the remove loop of consumers.copies.remove_each"},
+    {"store_event", kv_store_event, METH_VARARGS, "one BlockStored: checks, the parent probe and the store loop"},
     {"clear_worker", kv_clear_worker, METH_VARARGS, "the clear loop of consumers.copies.clear_worker"},
     {"holds_bit", kv_holds_bit, METH_VARARGS, "does any view hold a key with a bit in the columns"},
     {NULL, NULL, 0, NULL},

@@ -62,5 +62,15 @@ def remove_each(
     exact: bool,
     /,
 ) -> tuple[int, int, list[int], list[int]]: ...
+def store_event(
+    view: _CView,
+    hashes: list[int],
+    col: int,
+    bit: int,
+    prev: int | None,
+    parent_views: list[_CView],
+    parent_cols: list[int],
+    /,
+) -> tuple[list[int], int, int, int, int, bool] | None: ...
 def clear_worker(view: _CView, cols: list[int], bit: int, /) -> tuple[int, int]: ...
 def holds_bit(views: list[_CView], h: int, cols: list[int], bit: int, /) -> bool: ...
