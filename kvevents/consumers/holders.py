@@ -4,7 +4,7 @@ Why not a bitmask as wide as the fleet: a block is usually held by a few workers
 what its holders take, not what the fleet is. A holder is one bit (its worker's) in a *pair*
 `col << 32 | bits`: a column is (medium, group of WORD=32 workers), `bits` its workers' bits. A
 slot's `rows` word (kvevents/native/layout.py) is 0, one inline pair (every holder in one column:
-no memory beyond the slot), or `ROW_REF | offset` of a record in the table's `Pool`: a header
+no memory beyond the slot), or `ROW_REF | cls << 56 | offset` of a record in the table's `Pool`: a header
 `len << 8 | cls` and `len` pairs with distinct columns, in the order they came (a pair that loses
 its last bit takes the last pair's place; a record left with one pair goes back inline and is
 freed). Records come in classes of `POOL_MIN_WORDS << cls` words, grown one class when full, freed
@@ -19,13 +19,27 @@ from typing import Callable
 import numpy as np
 
 from kvevents.consumers.paged import is_paged, zeros_paged
-from kvevents.native.layout import PMETA_FREE, PMETA_IN_USE, PMETA_TOP, POOL_CLASSES, POOL_MIN_WORDS, ROW_REF
+from kvevents.native.layout import (
+    PMETA_FREE,
+    PMETA_IN_USE,
+    PMETA_TOP,
+    POOL_CLASSES,
+    POOL_MIN_WORDS,
+    ROW_CLS_SHIFT,
+    ROW_REF,
+)
 
-__all__ = ["Pool", "LOW", "row_bits", "set_bit", "clear_bit", "row_pairs", "expand_rows", "POOL_START"]
+__all__ = ["Pool", "LOW", "OFFSET", "ref", "row_bits", "set_bit", "clear_bit", "row_pairs", "expand_rows", "POOL_START"]
 
 LOW = 0xFFFFFFFF  # a pair's bits
 POOL_START = 64  # words of a new table's pool
 _CLS = 0xFF
+OFFSET = (1 << ROW_CLS_SHIFT) - 1  # a record's offset in its rows word
+
+
+def ref(o: int, cls: int) -> int:
+    """The rows word naming the record of class `cls` at pool offset `o`."""
+    return ROW_REF | cls << ROW_CLS_SHIFT | o
 
 
 class Pool:
@@ -92,7 +106,7 @@ def row_bits(r: int, pool: Pool, col: int) -> int:
     """The bits of column `col` in rows word `r` (0: none of its workers)."""
     if r < ROW_REF:
         return r & LOW if r and r >> 32 == col else 0
-    o = r ^ ROW_REF
+    o = r & OFFSET
     wv = pool.wv
     for i in range(o + 1, o + 1 + (wv[o] >> 8)):
         p = wv[i]
@@ -105,7 +119,7 @@ def row_pairs(r: int, pool: Pool) -> list[int]:
     """The pairs of rows word `r`, in record order."""
     if r < ROW_REF:
         return [r] if r else []
-    o = r ^ ROW_REF
+    o = r & OFFSET
     return pool.wv[o + 1 : o + 1 + (pool.wv[o] >> 8)].tolist()
 
 
@@ -127,9 +141,9 @@ def set_bit(rv: memoryview, pool: Pool, s: int, col: int, bit: int) -> bool:
         wv[o] = 2 << 8
         wv[o + 1] = r
         wv[o + 2] = pair
-        rv[s] = ROW_REF | o
+        rv[s] = ref(o, 0)
         return False
-    o = r ^ ROW_REF
+    o = r & OFFSET
     wv = pool.wv
     head = wv[o]
     n = head >> 8
@@ -151,7 +165,7 @@ def set_bit(rv: memoryview, pool: Pool, s: int, col: int, bit: int) -> bool:
     wv[o2 + 1 + n] = pair
     wv[o2] = (n + 1) << 8 | (cls + 1)
     pool.free(o)
-    rv[s] = ROW_REF | o2
+    rv[s] = ref(o2, cls + 1)
     return False
 
 
@@ -168,7 +182,7 @@ def clear_bit(rv: memoryview, pool: Pool, s: int, col: int, bit: int) -> int:
             return 1
         rv[s] = 0
         return 2
-    o = r ^ ROW_REF
+    o = r & OFFSET
     wv = pool.wv
     head = wv[o]
     n = head >> 8
@@ -201,7 +215,7 @@ def expand_rows(rows: np.ndarray, pool: Pool) -> tuple[np.ndarray, np.ndarray]:
     at = np.flatnonzero(ref)
     if not len(at):
         return inline, rows[inline]
-    offs = (rows[at] ^ np.uint64(ROW_REF)).astype(np.intp)
+    offs = (rows[at] & np.uint64(OFFSET)).astype(np.intp)
     lens = (pool.words[offs] >> np.uint64(8)).astype(np.intp)
     starts = np.cumsum(lens) - lens
     total = int(lens.sum())

@@ -1,5 +1,5 @@
 /* A slot's holders as C reads and writes them: its rows word (0, an inline pair `col << 32 | bits`, or
- * ROW_REF | offset of a pool record `len << 8 | cls` + len pairs), the pool's blocks and free lists. The
+ * ROW_REF | cls << 56 | offset of a pool record `len << 8 | cls` + len pairs), the pool's blocks and free lists. The
  * twin of kvevents/consumers/holders.py: the same writes in the same order, so both leave identical
  * arrays. Records are checked against the pool before use (a bad one is a ValueError, never a stray read).
  * Shared by _apply.c and _walk.c. */
@@ -13,11 +13,11 @@
 
 /* The record of rows word r (r >= ROW_REF): its pairs, length and class; 0, or -1 with ValueError. */
 static HOT_INLINE int rec_open(const View *v, uint64_t r, uint64_t **pairs, Py_ssize_t *len, int *cls) {
-    uint64_t o = r ^ KV_ROW_REF;
+    uint64_t o = r & KV_ROW_OFFSET;
     if (UNLIKELY(o < 1 || o >= (uint64_t)v->npool)) return kv_bad_record();
     uint64_t h = v->pool[o];
     uint64_t c = h & KV_CLS, n = h >> 8;
-    if (UNLIKELY(c >= KV_POOL_CLASSES)) return kv_bad_record();
+    if (UNLIKELY(c >= KV_POOL_CLASSES || (int)c != KV_ROW_CLS(r))) return kv_bad_record();
     uint64_t size = (uint64_t)KV_POOL_MIN_WORDS << c;
     if (UNLIKELY(n + 1 > size || o + size > (uint64_t)v->npool)) return kv_bad_record();
     *pairs = v->pool + o + 1;
@@ -90,7 +90,7 @@ static HOT_INLINE int set_bit(View *v, Py_ssize_t s, uint64_t col, uint64_t bit,
         v->pool[o] = 2 << 8;
         v->pool[o + 1] = r;
         v->pool[o + 2] = pair;
-        v->rows[s] = KV_ROW_REF | o;
+        v->rows[s] = KV_ROW_REF | o; /* class 0 */
         return 0;
     }
     uint64_t *p = NULL;
@@ -103,7 +103,7 @@ static HOT_INLINE int set_bit(View *v, Py_ssize_t s, uint64_t col, uint64_t bit,
             else p[i] |= bit;
             return 0;
         }
-    uint64_t o = r ^ KV_ROW_REF;
+    uint64_t o = r & KV_ROW_OFFSET;
     if ((uint64_t)n + 1 < ((uint64_t)KV_POOL_MIN_WORDS << cls)) {
         p[n] = pair;
         v->pool[o] = (uint64_t)(n + 1) << 8 | (uint64_t)cls;
@@ -120,7 +120,7 @@ static HOT_INLINE int set_bit(View *v, Py_ssize_t s, uint64_t col, uint64_t bit,
     v->pool[o2 + 1 + n] = pair;
     v->pool[o2] = (uint64_t)(n + 1) << 8 | (uint64_t)(cls + 1);
     pool_free(v, o);
-    v->rows[s] = KV_ROW_REF | o2;
+    v->rows[s] = KV_ROW_REF | (uint64_t)(cls + 1) << KV_ROW_CLS_SHIFT | o2;
     return 0;
 }
 
@@ -139,7 +139,7 @@ static HOT_INLINE int clear_bit(View *v, Py_ssize_t s, uint64_t col, uint64_t bi
     Py_ssize_t n = 0;
     int cls = 0;
     if (rec_open(v, r, &p, &n, &cls) < 0) return -1;
-    uint64_t o = r ^ KV_ROW_REF;
+    uint64_t o = r & KV_ROW_OFFSET;
     for (Py_ssize_t i = 0; i < n; i++) {
         if ((p[i] >> 32) != col) continue;
         if (!(p[i] & bit)) return 0;

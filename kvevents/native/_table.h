@@ -17,6 +17,9 @@
 #define KV_WORD 32                                /* workers per column (a pair's low 32 bits) */
 #define KV_EXTRA_ROWS 1                           /* rows has one zero word past the last slot */
 #define KV_ROW_REF 0x8000000000000000ULL          /* a rows word naming a pool record */
+#define KV_ROW_CLS_SHIFT 56                       /* its class at bits 56..62, its offset below */
+#define KV_ROW_OFFSET ((1ULL << KV_ROW_CLS_SHIFT) - 1)
+#define KV_ROW_CLS(r) ((int)(((r) >> KV_ROW_CLS_SHIFT) & 0x7F))
 #define KV_POOL_CLASSES 26                        /* record sizes POOL_MIN_WORDS << 0..25 words */
 #define KV_POOL_MIN_WORDS 4                       /* the smallest record: a header and 3 pairs */
 enum { PM_TOP, PM_IN_USE, PM_FREE, PM_LEN = PM_FREE + KV_POOL_CLASSES }; /* pmeta's fields */

@@ -34,7 +34,8 @@ static HOT_INLINE int probe_block(Walk *W, Py_ssize_t lo) {
     return 0;
 }
 
-/* Read the rows words of pages [lo, lo + BLOCK) (probed a block ago), prefetching their records. */
+/* Read the rows words of pages [lo, lo + BLOCK) (probed a block ago), prefetching their records whole
+ * (up to 4 lines: the class in the rows word gives the size before the header arrives). */
 static HOT_INLINE void load_block(Walk *W, Py_ssize_t lo) {
     const Py_ssize_t n = W->n, nv = W->nv;
     size_t at = ring_at(W, lo);
@@ -45,7 +46,15 @@ static HOT_INLINE void load_block(Walk *W, Py_ssize_t lo) {
             Py_ssize_t s = part[v * BLOCK + (i - lo)];
             uint64_t r = s >= 0 ? W->views[v].rows[s] : 0;
             rw[v * BLOCK + (i - lo)] = r;
-            if (r >= KV_ROW_REF && (r ^ KV_ROW_REF) < (uint64_t)W->views[v].npool) PREFETCH(W->views[v].pool + (r ^ KV_ROW_REF));
+            uint64_t o = r & KV_ROW_OFFSET;
+            if (r >= KV_ROW_REF && o < (uint64_t)W->views[v].npool) {
+                const uint64_t *rec = W->views[v].pool + o;
+                Py_ssize_t words = (Py_ssize_t)KV_POOL_MIN_WORDS << KV_ROW_CLS(r), most = W->views[v].npool - (Py_ssize_t)o;
+                if (words > 32) words = 32;
+                if (words > most) words = most;
+                for (Py_ssize_t k = 0; k < words; k += 8) PREFETCH(rec + k);
+                if (words > 1) PREFETCH(rec + words - 1);
+            }
         }
 }
 

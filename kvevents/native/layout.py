@@ -8,8 +8,9 @@ view (`HashTable.cview()`).
 
 A slot's holders (consumers/holders.py): one uint64 `rows` word per slot, 0 (nobody), an inline
 pair `col << 32 | bits` (every holder in one column: one medium, one group of WORD workers), or
-`ROW_REF | offset` of a record in the table's uint64 `pool`: a header `len << 8 | cls`, then `len`
-pairs, in a block of `POOL_MIN_WORDS << cls` words. `pmeta` (int64): the pool's bump pointer, the
+`ROW_REF | cls << ROW_CLS_SHIFT | offset` of a record in the table's uint64 `pool`: a header
+`len << 8 | cls`, then `len` pairs, in a block of `POOL_MIN_WORDS << cls` words (the class in the
+rows word too, so a lookup can prefetch the whole record before its header arrives). `pmeta` (int64): the pool's bump pointer, the
 words its live records take, then one free-list head per class (0: none; word 0 is never a record).
 """
 
@@ -28,6 +29,7 @@ __all__ = [
     "WORD",
     "EXTRA_ROWS",
     "ROW_REF",
+    "ROW_CLS_SHIFT",
     "POOL_CLASSES",
     "POOL_MIN_WORDS",
     "PMETA_TOP",
@@ -44,7 +46,8 @@ MIX = 0x9E3779B97F4A7C15  # Fibonacci hashing: home bucket = (key * MIX mod 2**6
 LIVE_BYTES = int.from_bytes(bytes([LIVE]) * SLOTS, "little")  # the LIVE bit of each state byte of a bucket
 WORD = 32  # workers per column (worker w: column group w // 32, bit w % 32 of a pair's low half)
 EXTRA_ROWS = 1  # rows has one zero word past the last slot: an absent key's row
-ROW_REF = 1 << 63  # a rows word with this bit: the rest is the pool offset of the slot's record
+ROW_REF = 1 << 63  # a rows word with this bit names the slot's record: its class and pool offset
+ROW_CLS_SHIFT = 56  # the record's class sits at bits 56..62, its offset below
 POOL_CLASSES = 26  # record sizes POOL_MIN_WORDS << 0 .. << 25 words
 POOL_MIN_WORDS = 4  # the smallest record: a header and 3 pairs
 PMETA_TOP, PMETA_IN_USE, PMETA_FREE = 0, 1, 2  # pmeta[2 + cls]: the free list of class cls
@@ -63,6 +66,7 @@ TABLE_LAYOUT: Mapping[str, int | tuple[str, ...]] = {
     "WORD": WORD,
     "EXTRA_ROWS": EXTRA_ROWS,
     "ROW_REF": ROW_REF,
+    "ROW_CLS_SHIFT": ROW_CLS_SHIFT,
     "POOL_CLASSES": POOL_CLASSES,
     "POOL_MIN_WORDS": POOL_MIN_WORDS,
     "CVIEW": CVIEW,

@@ -85,7 +85,12 @@ def test_a_rows_word_naming_no_record_is_a_value_error():
     q = np.array([1, 2], np.int64)
     good = native.walk(q, [(t.cview(), None)], layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)
     assert good.workers[0].pages == 2 and good.workers[32].pages == 1
-    for bad in (ROW_REF | 0, ROW_REF | 10**9, ROW_REF | (len(t.pool.words) - 1)):
+    for bad in (
+        ROW_REF | 0,
+        ROW_REF | 10**9,
+        ROW_REF | (len(t.pool.words) - 1),
+        ROW_REF | 3 << 56 | (int(t.rows[s]) & 0xFFFF),
+    ):  # the last: a class its header does not have
         t.rows[s] = bad
         with pytest.raises(ValueError, match="pool record"):
             native.walk(q, [(t.cview(), None)], layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)

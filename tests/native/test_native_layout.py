@@ -123,8 +123,8 @@ def test_the_python_table_follows_the_layout():
         if k > 2:
             assert r == 1 << 32 | 0b100  # inline: column 1, the bits
         else:  # a record: header (length 2, class 0), then the pairs in the order they came
-            o = r ^ layout.ROW_REF
-            assert r & layout.ROW_REF and t.pool.words[o] == 2 << 8
+            o = r & ((1 << layout.ROW_CLS_SHIFT) - 1)
+            assert r >> layout.ROW_CLS_SHIFT == 1 << 7 | 0 and t.pool.words[o] == 2 << 8  # the ref bit, class 0
             assert t.pool.words[o + 1 : o + 3].tolist() == [1 << 32 | 0b100, 9 << 32 | 0b1]
     assert t.pool.meta[layout.PMETA_IN_USE] == 2 * layout.POOL_MIN_WORDS
     assert t.pool.meta[layout.PMETA_TOP] == 1 + 2 * layout.POOL_MIN_WORDS
