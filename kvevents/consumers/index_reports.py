@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterator
+from types import MappingProxyType
+from typing import Iterator, Mapping
 
 from kvevents.consumers.copies import WORD, Extra, iter_copies, set_bits, view_tally
 from kvevents.consumers.holders import LOW, row_pairs
@@ -58,6 +59,23 @@ class IndexReports:
     _media: list[str | None]
     _medium_ix: dict[str | None, int]
     _loras: list[str | None]
+    _layout_version: int  # bumped whenever the workers (or the layout) change
+    _keys: tuple[int, Mapping[int, WorkerKey]] | None
+    _labels: tuple[int, Mapping[int, str]] | None
+
+    def keys_by_index(self) -> Mapping[int, WorkerKey]:
+        """Worker index (what `prefix_match` results are keyed by) -> WorkerKey, for every known
+        worker: the one map between the C path's small ints and the keys. A read-only view,
+        rebuilt only when the workers change."""
+        if self._keys is None or self._keys[0] != self._layout_version:
+            self._keys = (self._layout_version, MappingProxyType({wi: w.key for wi, w in self._by_index.items()}))
+        return self._keys[1]
+
+    def labels(self) -> Mapping[int, str]:
+        """Worker index -> display label (`keys_by_index`, rendered; labels need not be unique)."""
+        if self._labels is None or self._labels[0] != self._layout_version:
+            self._labels = (self._layout_version, MappingProxyType({wi: w.label for wi, w in self._by_index.items()}))
+        return self._labels[1]
 
     def workers(self) -> list[str]:
         """Labels of every known worker, in registration order (for display: see `worker_keys`)."""
@@ -171,7 +189,7 @@ class IndexReports:
 
     def worker_adapter_counts(self) -> dict[WorkerKey, dict[str, int]]:
         """Per worker: adapter (lora_name; "" for the base model) -> copies held. O(index), for
-        status pages (one bit count per mask column and view)."""
+        status pages (one bit count per column and view)."""
         out: dict[WorkerKey, dict[str, int]] = {w.key: {} for w in self._workers.values()}
         for (vid, wi), n in view_tally(self._tables(), self._cols, self._extra).items():
             w = self._by_index.get(wi)

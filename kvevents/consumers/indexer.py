@@ -30,7 +30,6 @@ place: no copy is made, and a lookup never waits for more than the one batch bei
 from __future__ import annotations
 
 from collections import Counter
-from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -455,20 +454,6 @@ class BlockIndex(IndexBounds):
                 self._walkers.clear()
             self._walkers[key] = bound
         return bound(hashes)
-
-    def keys_by_index(self) -> Mapping[int, WorkerKey]:
-        """Worker index (what `prefix_match` results are keyed by) -> WorkerKey, for every known
-        worker: the one map between the C path's small ints and the keys. A read-only view,
-        rebuilt only when the workers change."""
-        if self._keys is None or self._keys[0] != self._layout_version:
-            self._keys = (self._layout_version, MappingProxyType({wi: w.key for wi, w in self._by_index.items()}))
-        return self._keys[1]
-
-    def labels(self) -> Mapping[int, str]:
-        """Worker index -> display label (`keys_by_index`, rendered; labels need not be unique)."""
-        if self._labels is None or self._labels[0] != self._layout_version:
-            self._labels = (self._layout_version, MappingProxyType({wi: w.label for wi, w in self._by_index.items()}))
-        return self._labels[1]
 
     def _layout(self, medium_weight: Callable[[str | None], float]) -> tuple[list[float], list[WordLayout]]:
         """Medium weights, and per worker word its columns best weight first; cached until the
