@@ -92,6 +92,9 @@ def _row(w: int, c: int, rep: dict) -> dict:
         "workers": w,
         "copies": c,
         "apply": (ours["apply_copies_per_s_median"], peer.get("apply_copies_per_s_median")),
+        "apply_cpu": (ours["apply_copies_per_cpu_s_median"], peer.get("apply_copies_per_cpu_s_median")),
+        "lookup_cpu_p50": (ours["lookup_cpu_p50_median_us"], peer.get("lookup_cpu_p50_median_us")),
+        "lookup_cpu_p99": (ours["lookup_cpu_p99_median_us"], peer.get("lookup_cpu_p99_median_us")),
         "lookup_p50": (ours["lookup_p50_median_us"], peer.get("lookup_p50_median_us")),
         "lookup_p99": (ours["lookup_p99_median_us"], peer.get("lookup_p99_median_us")),
         "full_p50": (ours["full_p50_median_us"], peer.get("full_p50_median_us")),
@@ -108,18 +111,26 @@ def _num(v, fmt: str) -> str:
 def table(rows: list[dict]) -> str:
     """The figures as a Markdown table (kvevents / Dynamo per cell)."""
     head = (
-        "| workers x copies | apply, copies/s | lookup p50 (us) | lookup p99 (us) | full request p50 (us) "
-        "| router's whole answer p50 (us) | bytes per held copy (traced, RSS / Dynamo RSS) | identical matches |\n"
-        "|---|---|---|---|---|---|---|---|\n"
+        "| workers x copies | apply, copies/s: wall | per CPU s | lookup p50 (us): wall | CPU "
+        "| lookup p99 (us): wall | CPU | full request p50 (us) | router's whole answer p50 (us) "
+        "| bytes per held copy (traced, RSS / Dynamo RSS) | identical matches |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in rows:
-        a, l50, l99, f50, b = r["apply"], r["lookup_p50"], r["lookup_p99"], r["full_p50"], r["bytes"]
-        lines.append(
-            f"| {r['workers']:,} x {r['copies'] / 1e6:g}M | {_num(a[0] / 1e3, '{:,.0f}')}k / {_num(a[1] and a[1] / 1e3, '{:,.0f}')}k "
-            f"| {l50[0]} / {_num(l50[1], '{}')} | {l99[0]} / {_num(l99[1], '{}')} | {f50[0]} / {_num(f50[1], '{}')} "
-            f"| {_num(r['answer_p50'], '{}')} | {b[0]:.1f}, {b[1]:.1f} / {_num(b[2], '{:.1f}')} | {r['identical'] or '-'} |"
-        )
+        cells = [f"{r['workers']:,} x {r['copies'] / 1e6:g}M"]
+        for key in ("apply", "apply_cpu"):
+            a = r[key]
+            cells.append(f"{a[0] / 1e3:,.0f}k / {_num(a[1] and a[1] / 1e3, '{:,.0f}')}k")
+        for key in ("lookup_p50", "lookup_cpu_p50", "lookup_p99", "lookup_cpu_p99", "full_p50"):
+            cells.append(f"{r[key][0]} / {_num(r[key][1], '{}')}")
+        b = r["bytes"]
+        cells += [
+            _num(r["answer_p50"], "{}"),
+            f"{b[0]:.1f}, {b[1]:.1f} / {_num(b[2], '{:.1f}')}",
+            r["identical"] or "-",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return head + "\n".join(lines) + "\n"
 
 
@@ -127,7 +138,9 @@ def plots(rows: list[dict], out: Path) -> list[str]:
     """One SVG per figure against the worker count (the 10M-copy point as a labelled ring)."""
     made = []
     figures = [
-        ("apply", "apply, copies/s", "copies/s", lambda r: r["apply"], False, None),
+        ("apply", "apply, copies/s (wall)", "copies/s", lambda r: r["apply"], False, None),
+        ("apply_cpu", "apply, copies per CPU second", "copies/s", lambda r: r["apply_cpu"], False, None),
+        ("lookup_cpu_p99", "lookup p99, process CPU time", "us", lambda r: r["lookup_cpu_p99"], True, None),
         ("lookup_p99", "lookup p99 (hashes given)", "us", lambda r: r["lookup_p99"], True, None),
         ("lookup_p50", "lookup p50 (hashes given)", "us", lambda r: r["lookup_p50"], True, None),
         ("bytes", "bytes per held copy", "bytes", lambda r: (r["bytes"][0], r["bytes"][2]), False, (40.0, "40 B target")),
