@@ -271,19 +271,29 @@ class BlockIndex(IndexBounds):
         if col is None or t is None or t.used + n > t.limit or (lora is not None and wi not in self._lora_sources):
             return False
         prev = ev.parent_block_hash
-        mine = self._worker_views.get(wi) if prev is not None else None
-        views = self._views
-        pviews = [views[v].cview() for v in mine] if mine else []  # type: ignore[union-attr]
-        got = native.store_event(t.cview(), hashes, col, 1 << (wi % WORD), prev, pviews, self._word_cols[wi // WORD])
+        mine = self._worker_views.get(wi)
+        bit = 1 << (wi % WORD)
+        if prev is None or not mine:
+            pviews = []
+        elif len(mine) == 1 and vid in mine:
+            pviews = [t.cview()]
+        else:
+            views = self._views
+            pviews = [views[v].cview() for v in mine]  # type: ignore[union-attr]
+        got = native.store_event(t.cview(), hashes, col, bit, prev, pviews, self._word_cols[wi // WORD])
         if got is None:
             return False
         if prev is not None and not got[5]:
             self.counters["unknown_parent"] += 1
-        dups = t.finish_store(got, hashes, col, 1 << (wi % WORD), prev)
-        extra = self._extra
-        for h in dups:
-            extra[(vid, mi, wi, h)] = extra.get((vid, mi, wi, h), 0) + 1
-        self._note_copies(w, vid, n)
+        dups = t.finish_store(got, hashes, col, bit, prev)
+        if dups:
+            extra = self._extra
+            for h in dups:
+                extra[(vid, mi, wi, h)] = extra.get((vid, mi, wi, h), 0) + 1
+        if vid or mine is None:
+            self._note_copies(w, vid, n)
+        else:  # no adapter: only the worker's own count (what _note_copies does for view 0)
+            mine[0] = mine.get(0, 0) + n
         self._counts[(wi, mi)] += n
         self._medium_copies[mi] += n
         if self._medium_copies[mi] == n:
