@@ -21,8 +21,9 @@ Point = tuple[float, float]
 
 
 def _nice_ticks(lo: float, hi: float, log: bool) -> list[float]:
-    if log:
-        return [10.0**e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)]
+    if log:  # 1, 2, 5 per decade (1 and 3 past three decades)
+        steps = (1, 2, 5) if math.log10(hi / lo) <= 3 else (1, 3)
+        return [m * 10.0**e for e in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1) for m in steps]
     step = 10 ** math.floor(math.log10((hi - lo) or 1))
     for mult in (1, 2, 5, 10):
         if (hi - lo) / (step * mult) <= 6:
