@@ -125,3 +125,34 @@ def test_records_free_back_inline_and_are_reused():
         t.set_bits_each([9], 0, 1, None)
         assert t.rows[s] == ROW_REF | 1 and t.pool.meta[2 + 1] == 5  # the freed class-0 block again; class 1's kept
         assert t.clear_bit(s, 4, 1) and t.clear_bit(s, 0, 1) and t.find1(9) == -1  # the slot goes with its last holder
+
+
+@needs_c
+def test_store_event_refuses_what_the_general_path_must_judge():
+    """None (nothing written) for a bool, a float, an int past int64, a non-int parent or the vacant
+    key; ValueError for malformed arguments; else set_bits_each's answer and the parent probe."""
+    t = HashTable()
+    t.reserve(8)
+    before = (t.keys.copy(), t.rows.copy())
+    for hashes, prev in (([1, True], None), ([1, 2.0], None), ([1, 2**63], None), ([1], 1.5), ([t.vacant], None)):
+        assert native.store_event(t.cview(), hashes, 0, 1, prev, [], [0]) is None
+    assert np.array_equal(t.keys, before[0]) and np.array_equal(t.rows, before[1])
+    got = native.store_event(t.cview(), [1, 2], 0, 1, None, [], [0])
+    assert got is not None and got[:4] == ([], 2, 2, -1) and got[5] is False
+    t.live, t.used = 2, 2
+    got = native.store_event(t.cview(), [3], 0, 2, 2, [t.cview()], [0])  # parent 2: held by bit 1, not bit 2
+    assert got is not None and got[5] is False
+    got = native.store_event(t.cview(), [4], 0, 1, 2, [t.cview()], [0])
+    assert got is not None and got[5] is True
+    for bad in (
+        lambda: native.store_event(t.cview(), [1], -1, 1, None, [], [0]),
+        lambda: native.store_event(t.cview(), [1], 0, 0, None, [], [0]),
+        lambda: native.store_event(t.cview(), [1], 0, 2**32, None, [], [0]),
+        lambda: native.store_event(t.cview(), [1], 0, 1, None, [], [-1]),
+        lambda: native.store_event(
+            t.cview(), [1], 0, 1, 2, [(1, 2)], [0]
+        ),  # parent views are read when there is a parent
+        lambda: native.store_event((1, 2), [1], 0, 1, None, [], [0]),
+    ):
+        with pytest.raises(ValueError):
+            bad()
