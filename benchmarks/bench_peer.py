@@ -2,6 +2,8 @@
 
     python3 benchmarks/bench_peer.py [--workers 64] [--copies 1000000] [--pages 512] [--requests 1000]
         [--rounds 3] [--cpu 1] [--peer-python /path/to/python-with-ai-dynamo-runtime] [--json]
+        [--record-log PATH]
+    python3 benchmarks/bench_peer.py --scale [--points 64x1M,256x1M,1024x1M,4096x1M,1024x10M] [--out DIR]
 
 One run, the same data for both: bench_consumers' shared profile (documents of `pages` 16-token
 pages cached by 1..16 of `workers` workers, 25% private chains, until `copies` copies), and
@@ -19,9 +21,12 @@ Figures: apply (stores of 16-page events, already decoded for kvevents; JSON eve
 peer's input form, for the peer), lookup with hashes given (kvevents `BlockIndex.prefix_match`,
 peer `find_matches`), full request (hash 8,192 tokens + that lookup), hashing alone, and memory
 per held copy (kvevents: tracemalloc of the index build plus its table arrays in huge-page
-mappings, which tracemalloc does not see; both: RSS growth). Each round applies everything into a
+mappings, which tracemalloc does not see; both: RSS growth), and (kvevents only) the router's
+whole answer (`PrefixRouter.score`: hash, look up, rank every worker). Each round applies everything into a
 fresh index and then times every request; the sides take turns round by round, so a busy machine
-slows them alike. p50/p99 per round; the machine is shared, so compare p50s and rounds.
+slows them alike. p50/p99 per round; the machine is shared, so compare p50s and rounds. Apply and
+the lookups are also timed in process CPU time (`*_cpu`: the peer's includes its tree's background
+thread), which a busy machine's descheduling does not inflate.
 `same_walk` (kvevents only) times one deep lookup again and again, as many times as there are
 requests: identical warm work, so its p99 over its p50 is the machine's own jitter in that round.
 
@@ -31,6 +36,9 @@ answer from a request's token list (hash 8,192 tokens + lookup + predictions + l
 `answer_routed` the same as routing decisions (each credits the pick with predicted pages, so the
 round's later requests find them); `answer_loaded` routed, with a scraped load for every worker
 (the cost vectors over the whole fleet); `answer_packed` from the packed ids the HTTP front decodes.
+`--scale` runs one such run per point of a scale curve (benchmarks/peer_scale.py: each point in a
+process of its own, the record-log cold start of the largest point, results.json and one SVG per
+figure against the worker count). `--record-log PATH` writes the point's batches as a record log.
 """
 
 from __future__ import annotations
@@ -64,7 +72,17 @@ from kvevents.consumers.worker_key import WorkerKey  # noqa: E402
 from kvevents.hashing import pack_tokens  # noqa: E402
 
 _U64 = (1 << 64) - 1
-PHASES = ("lookup", "full", "hash", "same_walk", "answer", "answer_routed", "answer_loaded", "answer_packed")
+PHASES = (
+    "lookup",
+    "lookup_cpu",
+    "full",
+    "hash",
+    "same_walk",
+    "answer",
+    "answer_routed",
+    "answer_loaded",
+    "answer_packed",
+)
 
 # The peer's side, run by an interpreter that has ai-dynamo-runtime (argv: data dir, cpu). It reads
 # one command a line on stdin ("apply", "round", "matches", "quit") and answers one JSON line, so
@@ -102,7 +120,8 @@ def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 tree = None
-pc = time.perf_counter
+pc, cpu = time.perf_counter, time.process_time  # process time: every thread of the tree's, never another process
+print(json.dumps("ready"), flush=True)  # loaded: from here on it only works when asked
 for line in sys.stdin:
     cmd = line.strip()
     if cmd == "apply":
@@ -110,21 +129,24 @@ for line in sys.stdin:
         gc.collect()
         before = rss()
         tree = RadixTree()
-        t0 = pc()
+        t0, c0 = pc(), cpu()
         for wid, ev in events:
             tree.apply_event(wid, ev)
         tree.find_matches([1])  # queued behind the applies: they are all done when it returns
-        out = {"apply_copies_per_s": copies / (pc() - t0), "rss_bytes_per_copy": (rss() - before) / copies}
+        out = {"apply_copies_per_s": copies / (pc() - t0), "apply_copies_per_cpu_s": copies / (cpu() - c0),
+               "rss_bytes_per_copy": (rss() - before) / copies}
         for t in reqs[:20]:
             tree.find_matches(compute_block_hash_for_seq(t, page))
     elif cmd == "round":
-        look, full, hsh = [], [], []
+        look, full, hsh, lcpu = [], [], [], []
         for hs in hashed:
             t0 = pc(); tree.find_matches(hs); look.append(pc() - t0)
+        for hs in hashed:
+            c0 = cpu(); tree.find_matches(hs); lcpu.append(cpu() - c0)
         for t in reqs:
             t0 = pc(); hs = compute_block_hash_for_seq(t, page); t1 = pc(); tree.find_matches(hs); t2 = pc()
             full.append(t2 - t0); hsh.append(t1 - t0)
-        out = {"lookup": look, "full": full, "hash": hsh}
+        out = {"lookup": look, "full": full, "hash": hsh, "lookup_cpu": lcpu}
     elif cmd == "matches":
         out = [{str(w): n for (w, _), n in tree.find_matches(hs).scores.items()} for hs in hashed[:100]]
     else:
@@ -190,10 +212,11 @@ class Ours:
         idx = svc.index
         apply = idx.apply
         gc.disable()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for src, b in self.batches:
             apply(src, b)
         rate = self.copies / (time.perf_counter() - t0)
+        cpu_rate = self.copies / (time.process_time() - c0)
         gc.enable()
         self.idx = idx
         self.svc = svc
@@ -201,7 +224,11 @@ class Ours:
         self.hashed = [self.router.hash_array(t) for t in self.reqs]
         for hs in self.hashed[:20]:
             idx.prefix_match(hs)
-        return {"apply_copies_per_s": rate, "rss_bytes_per_copy": (_rss() - before) / self.copies}
+        return {
+            "apply_copies_per_s": rate,
+            "apply_copies_per_cpu_s": cpu_rate,
+            "rss_bytes_per_copy": (_rss() - before) / self.copies,
+        }
 
     def memory(self) -> dict:
         """Bytes the index keeps per copy, as tracemalloc sees them (numpy arrays included)."""
@@ -243,7 +270,12 @@ class Ours:
             t2 = pc()
             full.append(t2 - t0)
             hsh.append(t1 - t0)
-        out = {"lookup": look, "full": full, "hash": hsh, "same_walk": noise}
+        lcpu, cpu = [], time.process_time
+        for hs in self.hashed:  # the same lookups in process time (a descheduled process is not charged)
+            c0 = cpu()
+            lookup(hs)
+            lcpu.append(cpu() - c0)
+        out = {"lookup": look, "full": full, "hash": hsh, "same_walk": noise, "lookup_cpu": lcpu}
         out.update(self.answers())
         return out
 
@@ -287,6 +319,18 @@ class Ours:
         ]
 
 
+def write_log(path: str, batches) -> None:
+    """The batches as a record log (one live record each, seq per source), for cold starts."""
+    from kvevents.events import encode_batch
+    from kvevents.recordlog.writer import RecordWriter
+
+    seqs: dict[str, int] = {}
+    with RecordWriter(path, durability="buffered") as w:
+        for src, b in batches:
+            seq = seqs[src] = seqs.get(src, -1) + 1
+            w.write(encode_batch(b), source=src, seq=seq, recv_time=0.0)
+
+
 def find_peer_python(given: str | None) -> str | None:
     """An interpreter that imports dynamo.llm.RadixTree: --peer-python, $KVEVENTS_PEER_PYTHON, or this one."""
     for cand in (given, os.environ.get("KVEVENTS_PEER_PYTHON"), sys.executable):
@@ -313,6 +357,11 @@ class Peer:
         self.proc = subprocess.Popen(
             [python, "-c", PEER, self.dir.name, str(cpu)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
+        # its loading (JSON events, its own hashes) runs on the pinned CPU too: wait until it is done,
+        # or it would be timed as part of kvevents' first apply
+        assert self.proc.stdout is not None
+        if json.loads(self.proc.stdout.readline() or "null") != "ready":
+            raise RuntimeError(f"peer failed to start (code {self.proc.wait()})")
 
     def ask(self, cmd: str):
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -339,6 +388,7 @@ def summarize(applies: list[dict], rounds: list[dict], extra: dict | None = None
         "apply_copies_per_s_best": max(rates),
         "apply_copies_per_s_median": statistics.median(rates),
         "apply_copies_per_s": [round(v) for v in rates],
+        "apply_copies_per_cpu_s_median": statistics.median(a["apply_copies_per_cpu_s"] for a in applies),
         "rss_bytes_per_copy": applies[0]["rss_bytes_per_copy"],
     }
     for phase in PHASES:
@@ -365,11 +415,20 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--peer-python", default=None)
     ap.add_argument("--no-fallback", action="store_true", help="skip the pure-Python measurement")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--record-log", default=None, help="also write the point's batches to this record log")
+    ap.add_argument("--scale", action="store_true", help="run the scale curve (benchmarks/peer_scale.py)")
+    ap.add_argument("--points", default=None, help="with --scale: WORKERSxCOPIES,... (e.g. 64x1M,1024x10M)")
+    ap.add_argument("--out", default=None, help="with --scale: where results.json and the SVGs go")
     return ap.parse_args()
 
 
 def main() -> None:
     args = _args()
+    if args.scale:
+        from peer_scale import run_scale
+
+        run_scale(args)
+        return
     if args.cpu >= 0:
         os.sched_setaffinity(0, {args.cpu})
     rnd = random.Random(0)
@@ -378,6 +437,8 @@ def main() -> None:
     reqs = make_requests(docs, args.pages, args.requests, rnd)
     gc.collect()
     gc.freeze()  # the benchmark's own millions of objects (docs, batches): no GC pass walks them mid-round
+    if args.record_log:
+        write_log(args.record_log, batches)
     report: dict = {"config": vars(args) | {"copies_held": copies, "speedups": native.describe()}}
     sides: dict = {}
     if native.active():
@@ -441,6 +502,7 @@ def _print_report(report: dict, args: argparse.Namespace, copies: int) -> None:
     rows = [
         ("apply copies/s (best)", "apply_copies_per_s_best", "{:,.0f}"),
         ("apply copies/s (median)", "apply_copies_per_s_median", "{:,.0f}"),
+        ("apply copies per CPU s (median)", "apply_copies_per_cpu_s_median", "{:,.0f}"),
     ]
     for phase in PHASES:
         rows.append((f"{phase} p50 us (rounds)", f"{phase}_p50_us", None))

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterator
-
-import numpy as np
+from types import MappingProxyType
+from typing import Iterator, Mapping
 
 from kvevents.consumers.copies import WORD, Extra, iter_copies, set_bits, view_tally
+from kvevents.consumers.holders import LOW, row_pairs
 from kvevents.consumers.table import HAS_PARENT, HashTable, as_hashes
 from kvevents.consumers.worker_key import WorkerKey, worker_label
 
@@ -52,13 +52,30 @@ class IndexReports:
 
     _workers: dict[tuple[str, int], WorkerEntry]  # every key is a WorkerKey (see BlockIndex.__init__)
     _by_index: dict[int, WorkerEntry]
-    _views: list[HashTable]
+    _views: list[HashTable | None]  # None: a freed adapter view
     _cols: dict[tuple[int, int], int]
     _extra: Extra
     _counts: Counter[tuple[int, int]]
     _media: list[str | None]
     _medium_ix: dict[str | None, int]
     _loras: list[str | None]
+    _layout_version: int  # bumped whenever the workers (or the layout) change
+    _keys: tuple[int, Mapping[int, WorkerKey]] | None
+    _labels: tuple[int, Mapping[int, str]] | None
+
+    def keys_by_index(self) -> Mapping[int, WorkerKey]:
+        """Worker index (what `prefix_match` results are keyed by) -> WorkerKey, for every known
+        worker: the one map between the C path's small ints and the keys. A read-only view,
+        rebuilt only when the workers change."""
+        if self._keys is None or self._keys[0] != self._layout_version:
+            self._keys = (self._layout_version, MappingProxyType({wi: w.key for wi, w in self._by_index.items()}))
+        return self._keys[1]
+
+    def labels(self) -> Mapping[int, str]:
+        """Worker index -> display label (`keys_by_index`, rendered; labels need not be unique)."""
+        if self._labels is None or self._labels[0] != self._layout_version:
+            self._labels = (self._layout_version, MappingProxyType({wi: w.label for wi, w in self._by_index.items()}))
+        return self._labels[1]
 
     def workers(self) -> list[str]:
         """Labels of every known worker, in registration order (for display: see `worker_keys`)."""
@@ -68,12 +85,22 @@ class IndexReports:
         """Every known worker, in registration order."""
         return [w.key for w in self._workers.values()]
 
-    def _rows(self, block_hash: int) -> list[np.ndarray]:
+    def _tables(self) -> list[tuple[int, HashTable]]:
+        """(view id, table) of every live view."""
+        return [(v, t) for v, t in enumerate(self._views) if t is not None]
+
+    def _pairs_of(self, block_hash: int) -> list[int]:
+        """The holder pairs (column, bits) of `block_hash` in every view."""
         try:
             q = as_hashes((block_hash,))
         except ValueError:
             return []
-        return [t.masks[int(t.find(q)[0])] for t in self._views]
+        out: list[int] = []
+        for _, t in self._tables():
+            s = int(t.find(q)[0])
+            if s >= 0:
+                out += row_pairs(int(t.rows[s]), t.pool)
+        return out
 
     def workers_for(self, block_hash: int, medium: str | None = None) -> set[str]:
         """Labels of the workers holding at least one copy of `block_hash` (on `medium` if given)."""
@@ -86,11 +113,12 @@ class IndexReports:
             mi = self._medium_ix.get(medium)
             if mi is None:
                 return set()
+        owner = {col: key for key, col in self._cols.items()}  # column -> (medium index, worker word)
         out: set[WorkerKey] = set()
-        for row in self._rows(block_hash):
-            for (m, word), col in self._cols.items():
-                if mi is None or m == mi:
-                    out.update(self._by_index[word * WORD + b].key for b in set_bits(int(row[col])))
+        for p in self._pairs_of(block_hash):
+            m, word = owner[p >> 32]
+            if mi is None or m == mi:
+                out.update(self._by_index[word * WORD + b].key for b in set_bits(p & LOW))
         return out
 
     def parent_of(self, block_hash: int) -> int | None:
@@ -99,19 +127,19 @@ class IndexReports:
             q = as_hashes((block_hash,))
         except ValueError:
             return None
-        for t in self._views:
+        for _, t in self._tables():
             s = int(t.find(q)[0])
             if s >= 0 and t.state[s] & HAS_PARENT:
                 return int(t.parent[s])
         return None
 
     def has(self, block_hash: int) -> bool:
-        return any(row.any() for row in self._rows(block_hash))
+        return bool(self._pairs_of(block_hash))
 
     def _iter_copies(self, wi: int | None = None, medium: str | None = None) -> Iterator[tuple[int, int, int]]:
         """Yield (worker index, hash, copies) for every held (worker, medium, lora, hash)."""
         mi_only = None if medium is None else self._medium_ix.get(medium, -1)
-        return iter_copies(self._views, self._cols, self._extra, wi, mi_only)
+        return iter_copies(self._tables(), self._cols, self._extra, wi, mi_only)
 
     def copies(self, source: str | None = None, medium: str | None = None, dp_rank: int | None = None) -> Counter[int]:
         """hash -> number of copies held (by one source, or by everyone), optionally on one medium.
@@ -161,9 +189,9 @@ class IndexReports:
 
     def worker_adapter_counts(self) -> dict[WorkerKey, dict[str, int]]:
         """Per worker: adapter (lora_name; "" for the base model) -> copies held. O(index), for
-        status pages (one bit count per mask column and view)."""
+        status pages (one bit count per column and view)."""
         out: dict[WorkerKey, dict[str, int]] = {w.key: {} for w in self._workers.values()}
-        for (vid, wi), n in view_tally(self._views, self._cols, self._extra).items():
+        for (vid, wi), n in view_tally(self._tables(), self._cols, self._extra).items():
             w = self._by_index.get(wi)
             if w is not None and n:
                 name = self._loras[vid] or ""
@@ -182,4 +210,4 @@ class IndexReports:
     @property
     def distinct_hashes(self) -> int:
         """Number of (lora_name, hash) entries: the table rows the index pays for."""
-        return sum(t.live for t in self._views)
+        return sum(t.live for t in self._views if t is not None)

@@ -1,84 +1,91 @@
 """BlockIndex: which worker holds which published block, reference-counted and memory-lean.
 
-Layout (why it is small and fast): one HashTable (kvevents.consumers.table: flat numpy arrays) per
-interned lora_name ("view") maps an int64 block hash to a row of uint64 bitmask columns, one
-column per (medium, group of 64 workers), one bit per worker. A copy is one bit, not an object;
-a second copy of the same (worker, dp_rank, medium, lora, hash) (the same tokens under two extra
-keys) is counted in a small side dict that is empty in the common case (kvevents.consumers.copies adds and
-drops copies). The parent link sits in the row beside the masks. The router gathers the rows of a request's pages in a few vectorised
-lookups. Read-only reports (who holds a hash, copies per source, medium and adapter) live in the
-base class, kvevents.consumers.index_reports.
+Layout (why it is small and fast at any fleet width): one HashTable (kvevents.consumers.table:
+flat numpy arrays) per live lora_name ("view") maps an int64 block hash to a row: the parent link
+and one `rows` word naming its holders (kvevents.consumers.holders). A holder is one bit, its
+worker's, in a column (one medium, one group of 32 workers); an entry whose holders share one
+column keeps them in the row word itself, others a record of (column, bits) pairs in the table's
+pool, sized by the holders it has: an entry's cost follows what holds it, not the fleet's width.
+A second copy of the same (worker, dp_rank, medium, lora, hash) (the same tokens under two extra
+keys) is counted in a small side dict that is empty in the common case (kvevents.consumers.copies
+adds and drops copies). Read-only reports (who holds a hash, copies per source, medium and
+adapter) live in the base class, kvevents.consumers.index_reports; the bounds on what a publisher
+may cost (ranks, media, adapters) in kvevents.consumers.index_bounds.
+
+Adapter names free themselves: a lora_name's view is dropped (and its name forgotten) when no copy
+references it any more, after removes, clears or drops; the number of live names is bounded
+globally (`max_adapters`) and per source (`max_adapters_per_source`), so one source cannot use up
+the names every other source needs; what a bound refuses is counted per source (`adapter_drops`).
+
+Concurrency: a BlockIndex has no lock of its own and is not thread-safe. Its owner holds one lock
+around each call (kvevents.consumers.service.core.RouterService.lock): the feed's thread holds it
+for one `apply` (one batch: its events' pages, plus, now and then, the growth of one view's
+arrays, or for AllBlocksCleared the scan of the views that worker holds copies in), HTTP threads
+for one lookup (`holds`, `prefix_match`: one request, hashed before the lock is taken) or one
+report. A reader therefore sees the index between two batches, never inside one: every batch is
+applied whole or, where it is refused (a bound), counted and skipped. Lookups read the arrays in
+place: no copy is made, and a lookup never waits for more than the one batch being applied.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from kvevents import native
-from kvevents.consumers.copies import (
-    WORD,
-    Extra,
-    clear_bits,
-    remove_each,
-    remove_many,
-    store_each,
-    store_many,
-)
-from kvevents.consumers.index_reports import IndexReports, WorkerEntry, WorkerKey, worker_label
+from kvevents.consumers.copies import WORD, Extra, clear_worker, remove_each, store_each
+from kvevents.consumers.index_bounds import IndexBounds
+from kvevents.consumers.index_reports import WorkerEntry, WorkerKey, worker_label
 from kvevents.consumers.lookup import PrefixMatch, WordLayout, bind_walk, make_plan, walk_plan
 from kvevents.consumers.table import HashTable, as_hashes
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, is_rank, rank_of
 
 __all__ = ["BlockIndex", "WorkerKey", "worker_label", "FIXED_MEDIA", "KNOWN_MEDIA"]
 
-#: Media listed first (GPU gets mask column 0; other columns are added when first used).
+#: Media listed first (GPU gets column 0; other columns are added when first used).
 FIXED_MEDIA: tuple[str, ...] = ("GPU", "CPU_PINNED", "STORAGE")
 #: Media that never count against `max_other_media` (SGLang's and vLLM's tiers; None: SGLang's device).
 KNOWN_MEDIA: frozenset[str | None] = frozenset({"GPU", "CPU", "CPU_PINNED", "DISK", "STORAGE", None})
 _HOT = ("batches", "stored_copies", "removed_copies")
-_SMALL = 24  # events with at most this many hashes use the scalar table ops (cheaper below it)
+_SMALL = 24  # events with at most this many hashes are checked for int64 in one C call, not numpy
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _PLANS_MAX = 256  # cached lookup plans (per request lora_name); the cache starts over past it
 _CACHED_NAME_MAX = 256  # longer lora names are planned per request, never kept
 
 
-class BlockIndex(IndexReports):
+class BlockIndex(IndexBounds):
     """Reference-counted map of published block copies per (source, dp_rank, medium, hash).
 
     `apply(source, batch)` never raises for content it cannot use: it counts the reason in
     `counters` (unknown_remove, unknown_parent, ambiguous_remove, ignored_event, bad_hash, ...).
-    Not thread-safe: callers that apply and query from different threads hold one lock.
+    Not thread-safe: callers that apply and query from different threads hold one lock (see the
+    module docstring).
     """
 
-    _small = _SMALL  # events up to this size take the scalar table ops (tests set 0 for vector paths)
+    _small = _SMALL  # events up to this size take the list check (tests set 0 for the numpy one)
 
-    def __init__(self, *, max_ranks_per_source: int = 64, max_other_media: int = 8, max_adapters: int = 1024) -> None:
-        """What a publisher can cost is bounded (each new medium, rank or adapter adds table columns,
+    def __init__(
+        self,
+        *,
+        max_ranks_per_source: int = 64,
+        max_other_media: int = 8,
+        max_adapters: int = 1024,
+        max_adapters_per_source: int = 256,
+    ) -> None:
+        """What a publisher can cost is bounded (each new medium, rank or adapter adds columns,
         workers or views): past `max_ranks_per_source` dp ranks of one source, `max_other_media`
-        media outside KNOWN_MEDIA, or `max_adapters` lora names, the batch or event is counted
-        (`dropped_rank`, `dropped_medium`, `dropped_adapter`) and dropped."""
-        for name, v in (
-            ("max_ranks_per_source", max_ranks_per_source),
-            ("max_other_media", max_other_media),
-            ("max_adapters", max_adapters),
-        ):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"BlockIndex: {name} must be a non-negative integer, got {v!r}")
-        self.max_ranks_per_source = max_ranks_per_source
-        self.max_other_media = max_other_media
-        self.max_adapters = max_adapters
-        self._ranks: Counter[str] = Counter()  # source -> dp ranks it has workers for
+        media outside KNOWN_MEDIA, or `max_adapters` live lora names (`max_adapters_per_source` of
+        one source), the batch or event is counted (`dropped_rank`, `dropped_medium`,
+        `dropped_adapter`) and dropped."""
+        super().__init__(max_ranks_per_source, max_other_media, max_adapters, max_adapters_per_source)
         self._media: list[str | None] = list(FIXED_MEDIA)
         self._medium_ix: dict[str | None, int] = {m: i for i, m in enumerate(self._media)}
-        self._loras: list[str | None] = [None]
-        self._lora_ix: dict[str | None, int] = {None: 0}
         self._cols: dict[tuple[int, int], int] = {(0, 0): 0}  # (medium index, worker word) -> column
+        self._word_cols: dict[int, list[int]] = {0: [0]}  # worker word -> its columns (one per medium)
         self._table_changes = [0]  # bumped by every view whose cview() changes (HashTable(changes=))
-        self._views: list[HashTable] = [HashTable(1, changes=self._table_changes)]
+        self._views: list[HashTable | None] = [HashTable(changes=self._table_changes)]  # None: freed
         self._extra: Extra = {}  # (view, medium, worker, hash) -> copies beyond the first
         # WorkerKey -> entry; typed by the plain tuple a WorkerKey equals, so apply looks up without building one
         self._workers: dict[tuple[str, int], WorkerEntry] = {}
@@ -114,10 +121,8 @@ class BlockIndex(IndexReports):
         """The worker's entry (its bit index), made on first use unless its source has too many ranks."""
         w = self._workers.get(key)
         if w is None:
-            source = key.source
-            if self._ranks[source] >= self.max_ranks_per_source:
+            if not self._admit_rank(key.source):
                 return None
-            self._ranks[source] += 1
             idx = min(self._free) if self._free else len(self._by_index)
             if self._free:
                 self._free.remove(idx)
@@ -140,32 +145,22 @@ class BlockIndex(IndexReports):
             self._changed()
         return mi
 
-    def _view_id(self, lora_name: str | None) -> int | None:
-        vid = self._lora_ix.get(lora_name)
-        if vid is None:
-            if len(self._loras) > self.max_adapters:  # view 0 is "no adapter"
-                return None
-            vid = len(self._loras)
-            self._loras.append(lora_name)
-            self._lora_ix[lora_name] = vid
-            self._views.append(HashTable(len(self._cols), changes=self._table_changes))
-            self._changed()
-        return vid
+    def _new_view(self) -> HashTable:
+        return HashTable(changes=self._table_changes)
 
     def _col(self, mi: int, word: int) -> int:
-        """The mask column of (medium, worker word), added to every view when first used."""
+        """The column of (medium, worker word), numbered when first used (tables need no change:
+        a column is only a number in their pairs)."""
         col = self._cols.get((mi, word))
         if col is None:
             col = self._cols[(mi, word)] = len(self._cols)
-            for t in self._views:
-                t.add_column()
+            self._word_cols.setdefault(word, []).append(col)
             self._changed()
         return col
 
     def _worker_cols(self, wi: int) -> list[int]:
         """Every column (one per medium) holding worker `wi`'s bit."""
-        word = wi // WORD
-        return [c for (_, w), c in self._cols.items() if w == word]
+        return self._word_cols.get(wi // WORD, [])
 
     def _word_columns(self) -> dict[int, list[tuple[int, int]]]:
         """Per worker word: (column, medium index) of the media holding any copy (router)."""
@@ -215,24 +210,20 @@ class BlockIndex(IndexReports):
         if not n:
             self.counters["empty_store"] += 1
             return
+        if type(hashes) is list and native.active() and self._store_fast(w, ev, hashes, n):
+            return
         prev = ev.parent_block_hash
-        if n > self._small or not _all_int64(hashes, prev):
-            try:
-                q = as_hashes(hashes)
-                if prev is not None:
-                    as_hashes((prev,))
-            except ValueError:
-                self.counters["bad_hash"] += 1
-                return
+        checked = self._checked_hashes(hashes, prev, n)
+        if checked is None:
+            self.counters["bad_hash"] += 1
+            return
+        hashes = checked
         wi = w.index
+        slots = self._store_slots(w, ev)
+        if slots is None:
+            return
+        mi, vid = slots
         lora = ev.lora_name
-        vid = self._lora_ix.get(lora)
-        mi = self._medium_ix.get(ev.medium)
-        if vid is None or mi is None:  # a new adapter or medium (or one past its cap: dropped, counted)
-            slots = self._new_slots(lora, ev.medium)
-            if slots is None:
-                return
-            vid, mi = slots
         if lora is not None and wi not in self._lora_sources:
             self._lora_sources.add(wi)
             self._changed()
@@ -242,12 +233,11 @@ class BlockIndex(IndexReports):
         if prev is not None and not self._holds(wi, prev):
             self.counters["unknown_parent"] += 1
         t = self._views[vid]
+        assert t is not None
         if t.used + n > t.limit:
             t.reserve(n)  # no rebuild below: slot numbers and memoryviews stay valid
-        if n <= self._small or len(set(hashes)) < n:  # small, or a hash repeated inside the event
-            dup = store_each(t, self._extra, vid, mi, col, wi, hashes, prev)
-        else:
-            dup = store_many(t, self._extra, vid, mi, col, wi, q, prev)
+        dup = store_each(t, self._extra, vid, mi, col, wi, hashes, prev)
+        self._note_copies(w, vid, n)
         self._counts[(wi, mi)] += n
         self._medium_copies[mi] += n
         if self._medium_copies[mi] == n:  # a medium holds copies again: routers re-read the layout
@@ -256,26 +246,93 @@ class BlockIndex(IndexReports):
         if dup:
             self.counters["duplicate_copies"] += dup
 
-    def _new_slots(self, lora: str | None, medium: str | None) -> tuple[int, int] | None:
-        """(view id, medium index) of a store, registering a new adapter or medium; None (counted)
-        when one is past its cap."""
-        vid = self._view_id(lora)
-        if vid is None:
-            self.counters["dropped_adapter"] += 1
+    def _checked_hashes(self, hashes: Any, prev: int | None, n: int) -> list[int] | None:
+        """The event's hashes as a list of int64 (the loops take a list); None when one is not."""
+        if n <= self._small and type(hashes) is list and _all_int64(hashes, prev):
+            return hashes
+        try:  # the numpy check (long events, other sequences)
+            out = as_hashes(hashes).tolist()
+            if prev is not None:
+                as_hashes((prev,))
+        except ValueError:
             return None
-        mi = self._medium(medium)
+        return out
+
+    def _store_slots(self, w: WorkerEntry, ev: BlockStored) -> tuple[int, int] | None:
+        """(medium index, view id) of a store, registering a new medium or adapter; None (counted)
+        when one is past its bound."""
+        mi = self._medium_ix.get(ev.medium)
         if mi is None:
-            self.counters["dropped_medium"] += 1
-            return None
-        return vid, mi
+            mi = self._medium(ev.medium)
+            if mi is None:
+                self.counters["dropped_medium"] += 1
+                return None
+        vid = self._lora_ix.get(ev.lora_name)
+        if vid is None or (vid and vid not in self._source_views[w.source]):
+            vid = self._admit_view(w.source, ev.lora_name)  # a name new to the index or to this source
+            if vid is None:
+                self.counters["dropped_adapter"] += 1
+                return None
+        return mi, vid
+
+    def _store_fast(self, w: WorkerEntry, ev: BlockStored, hashes: list[int], n: int) -> bool:
+        """The common store in one C call (checks, parent probe, store loop), when its medium, view
+        and column exist and the view has room; False (nothing changed) for the general path."""
+        wi = w.index
+        mi = self._medium_ix.get(ev.medium)
+        lora = ev.lora_name
+        vid = self._lora_ix.get(lora)
+        if mi is None or vid is None or (vid and vid not in self._source_views[w.source]):
+            return False
+        col = self._cols.get((mi, wi // WORD))
+        t = self._views[vid]
+        if col is None or t is None or t.used + n > t.limit or (lora is not None and wi not in self._lora_sources):
+            return False
+        prev = ev.parent_block_hash
+        mine = self._worker_views.get(wi)
+        bit = 1 << (wi % WORD)
+        if prev is None or not mine:
+            pviews = []
+        elif len(mine) == 1 and vid in mine:
+            pviews = [t.cview()]
+        else:
+            views = self._views
+            pviews = [views[v].cview() for v in mine]  # type: ignore[union-attr]
+        got = native.store_event(t.cview(), hashes, col, bit, prev, pviews, self._word_cols[wi // WORD])
+        if got is None:
+            return False
+        if prev is not None and not got[5]:
+            self.counters["unknown_parent"] += 1
+        dups = t.finish_store(got, hashes, col, bit, prev)
+        if dups:
+            extra = self._extra
+            for h in dups:
+                extra[(vid, mi, wi, h)] = extra.get((vid, mi, wi, h), 0) + 1
+        if vid or mine is None:
+            self._note_copies(w, vid, n)
+        else:  # no adapter: only the worker's own count (what _note_copies does for view 0)
+            mine[0] = mine.get(0, 0) + n
+        self._counts[(wi, mi)] += n
+        self._medium_copies[mi] += n
+        if self._medium_copies[mi] == n:
+            self._changed()
+        self._hot[1] += n
+        if dups:
+            self.counters["duplicate_copies"] += len(dups)
+        return True
 
     def _holds(self, wi: int, h: int) -> bool:
-        """True if worker `wi` holds a copy of `h` on any medium, under any lora_name."""
+        """True if worker `wi` holds a copy of `h` on any medium, under any lora_name (only the
+        views it holds copies in are looked at)."""
+        mine = self._worker_views.get(wi)
+        if not mine:
+            return False
         bit = 1 << (wi % WORD)
-        cols = self._worker_cols(wi)
+        cols = self._word_cols[wi // WORD]
         if native.active():
-            return native.holds_bit([t.cview() for t in self._views], h, cols, bit)
-        for t in self._views:
+            views = self._views
+            return native.holds_bit([views[v].cview() for v in mine], h, cols, bit)  # type: ignore[union-attr]
+        for _, t in self._worker_tables(wi):
             s = t.find1(h)
             if s >= 0 and any(t.bit_set(s, c, bit) for c in cols):
                 return True
@@ -299,31 +356,29 @@ class BlockIndex(IndexReports):
             self._lora_removers.add(wi)
         exact = wi in self._lora_removers
         prefer = self._lora_ix.get(lora)
-        if n <= self._small or len(set(hashes)) < n:  # small, or a hash removed twice: one copy at a time
-            if not _all_int64(hashes, None):
+        if n > self._small or type(hashes) is not list or not _all_int64(hashes, None):
+            try:  # the numpy check (long events, other sequences); the loops take a list
+                hashes = as_hashes(hashes).tolist()
+            except ValueError:
                 self.counters["bad_hash"] += 1
                 return
-            found = remove_each(self._views, self._extra, mi, col, wi, hashes, prefer, exact)
-            self._count_removal(wi, mi, *found)
-            return
-        try:
-            q = as_hashes(hashes)
-        except ValueError:
-            self.counters["bad_hash"] += 1
-            return
-        self._count_removal(wi, mi, *remove_many(self._views, self._extra, mi, col, wi, q, prefer, exact))  # type: ignore[arg-type]
-
-    def _count_removal(self, wi: int, mi: int, unknown: int, ambiguous: int, removed: int) -> None:
+        views = self._worker_tables(wi)
+        unknown, ambiguous, removed = remove_each(views, self._extra, mi, col, wi, hashes, prefer, exact)
         if unknown:
             self.counters["unknown_remove"] += unknown
         if ambiguous:
             self.counters["ambiguous_remove"] += ambiguous
-        if removed:
-            self._counts[(wi, mi)] -= removed
-            self._medium_copies[mi] -= removed
+        gone = 0
+        for (vid, _), r in zip(views, removed):
+            if r:
+                gone += r
+                self._note_copies(w, vid, -r)
+        if gone:
+            self._counts[(wi, mi)] -= gone
+            self._medium_copies[mi] -= gone
             if not self._medium_copies[mi]:
                 self._changed()
-            self._hot[2] += removed
+            self._hot[2] += gone
 
     def _clear_worker(self, w: WorkerEntry) -> int:
         """Drop every copy the worker holds, on every medium and lora; returns copies dropped."""
@@ -331,11 +386,11 @@ class BlockIndex(IndexReports):
         dropped = sum(n for (i, _), n in self._counts.items() if i == wi)
         if not dropped and not any(k[2] == wi for k in self._extra):
             return 0
-        bit = np.uint64(1 << (wi % WORD))
+        bit = 1 << (wi % WORD)
         cols = self._worker_cols(wi)
-        for t in self._views:
-            for col in cols:
-                clear_bits(t, np.flatnonzero(t.masks[:-1, col] & bit), col, bit)
+        for vid, t in self._worker_tables(wi):
+            clear_worker(t, cols, bit)
+            self._note_copies(w, vid, None)
         for ekey in [k for k in self._extra if k[2] == wi]:
             del self._extra[ekey]
         for ckey in [k for k in self._counts if k[0] == wi]:
@@ -357,7 +412,7 @@ class BlockIndex(IndexReports):
             dropped += self._clear_worker(w)
             if forget:
                 del self._workers[key]
-                self._ranks[source] -= 1
+                self._forget_rank(source)
                 del self._by_index[w.index]
                 self._word_bits[w.index // WORD] &= ~(1 << (w.index % WORD))
                 self._lora_sources.discard(w.index)
@@ -376,8 +431,9 @@ class BlockIndex(IndexReports):
             copies=len(self),
             entries=self.distinct_hashes,
             workers=len(self._workers),
-            table_bytes=sum(t.nbytes() for t in self._views),
-            table_paged_bytes=sum(t.paged_bytes() for t in self._views),
+            adapters=self.live_adapters,
+            table_bytes=sum(t.nbytes() for t in self._views if t is not None),
+            table_paged_bytes=sum(t.paged_bytes() for t in self._views if t is not None),
         )
         return out
 
@@ -420,26 +476,12 @@ class BlockIndex(IndexReports):
         weights, layout = self._layout(medium_weight)
         bound = bind_walk(plan, layout, self._media, weights)
         if bound is None:
-            return walk_plan(hashes, plan, layout, self._media, weights)
+            return walk_plan(hashes, plan, layout, self._media, weights, len(self._cols))
         if lora_name is None or len(lora_name) <= _CACHED_NAME_MAX:  # bounded like the plans
             if len(self._walkers) >= _PLANS_MAX:
                 self._walkers.clear()
             self._walkers[key] = bound
         return bound(hashes)
-
-    def keys_by_index(self) -> Mapping[int, WorkerKey]:
-        """Worker index (what `prefix_match` results are keyed by) -> WorkerKey, for every known
-        worker: the one map between the C path's small ints and the keys. A read-only view,
-        rebuilt only when the workers change."""
-        if self._keys is None or self._keys[0] != self._layout_version:
-            self._keys = (self._layout_version, MappingProxyType({wi: w.key for wi, w in self._by_index.items()}))
-        return self._keys[1]
-
-    def labels(self) -> Mapping[int, str]:
-        """Worker index -> display label (`keys_by_index`, rendered; labels need not be unique)."""
-        if self._labels is None or self._labels[0] != self._layout_version:
-            self._labels = (self._layout_version, MappingProxyType({wi: w.label for wi, w in self._by_index.items()}))
-        return self._labels[1]
 
     def _layout(self, medium_weight: Callable[[str | None], float]) -> tuple[list[float], list[WordLayout]]:
         """Medium weights, and per worker word its columns best weight first; cached until the

@@ -1,8 +1,10 @@
 """The index walk: per-worker consecutive prefix lengths of a request, by medium.
 
-Pure functions over the masks a `BlockIndex` reads for a request's pages ((pages, columns) uint64
-words, one bit per worker), so the walk has no access to the index's internals and another
-implementation (a compiled one) can replace it behind `BlockIndex.prefix_match`.
+Pure functions over the holders a `BlockIndex` reads for a request's pages (each page's pairs of
+(column, bits of WORD workers), spread here into a (pages, columns) matrix), so the walk has no
+access to the index's internals and another implementation (a compiled one, which reads the pairs
+page by page and follows only the words still matching) can replace it behind
+`BlockIndex.prefix_match`.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ from typing import Callable
 import numpy as np
 
 from kvevents import native
+from kvevents.consumers.holders import LOW, expand_rows
 from kvevents.consumers.table import HashTable
+from kvevents.native.layout import WORD
 
-__all__ = ["WORD", "WorkerMatch", "PrefixMatch", "WordLayout", "walk", "walk_plan", "bind_walk"]
-
-WORD = 64  # workers per mask word
+__all__ = ["WORD", "WorkerMatch", "PrefixMatch", "WordLayout", "walk", "walk_plan", "bind_walk", "page_masks"]
 
 
 @dataclass(slots=True)
@@ -40,7 +42,7 @@ class PrefixMatch:
 
 @dataclass(slots=True)
 class WordLayout:
-    """One word of 64 workers: its mask columns as (column, medium index) best weight first, and
+    """One word of WORD workers: its columns as (column, medium index) best weight first, and
     the bits of the workers that exist."""
 
     word: int
@@ -54,23 +56,33 @@ def walk_plan(
     layout: list[WordLayout],
     media: list[str | None],
     weights: list[float],
+    ncols: int,
 ) -> PrefixMatch:
-    """`walk` over the masks of `hashes` OR-ed across the plan's views (each row AND its filter).
+    """`walk` over the holders of `hashes` OR-ed across the plan's views (each AND its filter).
 
     The compiled path probes, ORs and walks page by page and stops at the first page no worker
-    holds; the Python path gathers every page's rows with `HashTable.rows`. Same result."""
+    holds; the Python path spreads every page's pairs into a matrix (`page_masks`). Same result."""
     if native.active():
         got = native.walk(hashes, [(t.cview(), f) for t, f in plan], layout, media, weights, PrefixMatch, WorkerMatch)
         if got is not NotImplemented:
             return got  # type: ignore[no-any-return]
-    masks: np.ndarray | None = None
+    masks = np.zeros((len(hashes), ncols), np.uint64)
     for t, filt in plan:  # (pages, columns) masks: OR over the plan's filtered views
-        m = t.rows(hashes)
+        m = page_masks(t, hashes, ncols)
         if filt is not None:
             m &= filt
-        masks = m if masks is None else (masks | m)
-    assert masks is not None
+        masks |= m
     return walk(masks, layout, media, weights)
+
+
+def page_masks(t: HashTable, hashes: np.ndarray, ncols: int) -> np.ndarray:
+    """(pages, columns) uint64: per page of `hashes`, the bits of each column holding it in `t`."""
+    m = np.zeros((len(hashes), ncols), np.uint64)
+    page, pairs = expand_rows(t.row_words(hashes), t.pool)
+    cols = (pairs >> np.uint64(32)).astype(np.intp)
+    ok = cols < ncols
+    m[page[ok], cols[ok]] = pairs[ok] & np.uint64(LOW)  # a page's pairs have distinct columns
+    return m
 
 
 def bind_walk(
@@ -167,7 +179,7 @@ def _bit_counts(words: np.ndarray) -> np.ndarray:
 
 
 def make_plan(
-    views: list[HashTable],
+    views: list[HashTable | None],
     vid: int | None,
     named: bool,
     blind: list[int],
@@ -178,16 +190,16 @@ def make_plan(
 
     Not strict: every view. Strict: the view of the request's lora name (`vid`), plus, for a named
     request, the no-adapter view filtered to `blind` workers (those that never published a
-    lora_name: their events cannot tell adapters apart).
+    lora_name: their events cannot tell adapters apart). Freed views (None) are skipped.
     """
     if not strict:
-        return [(t, None) for t in views]
+        return [(t, None) for t in views if t is not None]
     plan: list[tuple[HashTable, np.ndarray | None]] = []
-    if vid is not None:
-        plan.append((views[vid], None))
-    if named and blind:
+    if vid is not None and views[vid] is not None:
+        plan.append((views[vid], None))  # type: ignore[arg-type]
+    if named and blind and views[0] is not None:
         filt = np.zeros(len(cols), np.uint64)
         for (_, word), col in cols.items():
             filt[col] = sum(1 << (wi % WORD) for wi in blind if wi // WORD == word)
-        plan.append((views[0], filt))
+        plan.append((views[0], filt))  # type: ignore[arg-type]
     return plan

@@ -2,8 +2,10 @@
 
 Why arrays and not a dict: a dict entry with its int key and int value costs 100+ bytes, and each
 lookup is a chain of dependent pointer loads that the CPU cannot overlap. Here a key is 8 bytes
-in one array, its row (per-column worker bitmasks, parent link) sits beside it, and a 512-page
-lookup is a few vectorised gathers whose cache misses the CPU overlaps.
+in one array, its row (one `rows` word naming its holders, kvevents.consumers.holders, and the
+parent link) sits beside it, and a 512-page lookup is a few vectorised gathers whose cache misses
+the CPU overlaps. What a slot costs does not depend on the fleet's width: an entry held by the
+workers of one column keeps them in its `rows` word, others a record in the table's `pool`.
 
 Layout: buckets of 8 slots (one 64-byte line of keys) and a Fibonacci-hashed home bucket. Slots
 that hold no key hold the table's `vacant` key (never a live key), so a lookup compares keys
@@ -20,16 +22,17 @@ lookups measured ~1.3x slower at p50 and ~1.6x at p99: benchmarks/README.md).
 from __future__ import annotations
 
 import math
-import mmap
 
 import numpy as np
 
 from kvevents import native
-from kvevents.native.layout import EMPTY, HAS_PARENT, LIVE, LIVE_BYTES, MASK_EXTRA_ROWS, MIX, SLOTS, TOMB
+from kvevents.consumers import holders
+from kvevents.consumers.paged import is_paged, zeros_paged
+from kvevents.native.layout import EMPTY, EXTRA_ROWS, HAS_PARENT, LIVE, LIVE_BYTES, MIX, SLOTS, TOMB
 
 __all__ = ["HashTable", "EMPTY", "LIVE", "TOMB", "HAS_PARENT", "SLOTS", "as_hashes", "rebuild_buckets", "zeros_paged"]
 
-# EMPTY, LIVE, TOMB, HAS_PARENT (slot states), SLOTS (per bucket), MIX, LIVE_BYTES, MASK_EXTRA_ROWS: the
+# EMPTY, LIVE, TOMB, HAS_PARENT (slot states), SLOTS (per bucket), MIX, LIVE_BYTES, EXTRA_ROWS: the
 # layout the compiled twin shares, defined once in kvevents/native/layout.py (checked against the C at import)
 MAX_LOAD = 0.5  # used slots (live + tombstones) per slot before a rebuild
 REBUILD_LOAD = 0.3  # a rebuild picks the smallest size that keeps the live load at or below this
@@ -53,29 +56,6 @@ _FAR = 2**40  # a slot past any table's end
 _SLOT_OR_FAR = np.full(256, _FAR, np.intp)  # the same, with absent keys far above the end
 _SLOT_OR_FAR[1 << np.arange(8)] = np.arange(8)
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
-_HUGE = 1 << 21  # a transparent huge page (x86-64, most arm64 kernels)
-_MAP_PRIVATE_ANON = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
-_CAN_HUGE = bool(getattr(mmap, "MAP_ANONYMOUS", 0)) and hasattr(mmap, "MADV_HUGEPAGE")
-
-
-def zeros_paged(shape: int | tuple[int, ...], dtype: type) -> np.ndarray:
-    """np.zeros, but an array of 2 MiB or more starts on a huge-page boundary and asks the kernel for
-    transparent huge pages (madvise): a lookup's random probes then miss the TLB far less (its keys
-    and masks span megabytes; with 4 KiB pages each probe is a page walk, costly under a hypervisor).
-    Where the platform has no such mmap, or the kernel says no, it is plain np.zeros."""
-    dt = np.dtype(dtype)
-    count = math.prod(shape) if isinstance(shape, tuple) else shape
-    nbytes = count * dt.itemsize
-    if not _CAN_HUGE or nbytes < _HUGE:
-        return np.zeros(shape, dt)
-    try:
-        region = mmap.mmap(-1, nbytes + _HUGE, flags=_MAP_PRIVATE_ANON)  # anonymous: zero-filled
-        region.madvise(mmap.MADV_HUGEPAGE)
-    except (OSError, ValueError):
-        return np.zeros(shape, dt)
-    raw = np.frombuffer(region, np.uint8)  # keeps `region` mapped while any view of it lives
-    start = -raw.ctypes.data % _HUGE
-    return raw[start : start + nbytes].view(dt).reshape(shape)
 
 
 def as_hashes(values: object) -> np.ndarray:
@@ -102,39 +82,42 @@ def as_hashes(values: object) -> np.ndarray:
 
 
 class HashTable:
-    """Open-addressing table of unique int64 keys with a row per key: `masks[slot, col]`, `parent`.
+    """Open-addressing table of unique int64 keys with a row per key: `rows[slot]` (its holders,
+    kvevents.consumers.holders, records in `pool`) and `parent`.
 
-    `masks` has one more row than there are slots, always zero, so slot -1 (absent) reads as 0.
+    `rows` has one more word than there are slots, always zero, so slot -1 (absent) reads as 0.
     Slot numbers stay valid until the next `reserve`/`insert`/`insert1` that rebuilds; callers
     reserve first, then find and place. Not thread-safe.
     """
 
     __slots__ = (
-        "keys", "state", "parent", "masks", "overflow", "vacant", "live", "used", "spill", "limit", "nc",
-        "_bmask", "_shift", "_nshift", "_kv", "_sv", "_pv", "_mv", "_ov", "_cview", "_changes",
+        "keys", "state", "parent", "rows", "overflow", "vacant", "live", "used", "spill", "limit", "pool",
+        "_bmask", "_shift", "_nshift", "_kv", "_sv", "_pv", "_rv", "_ov", "_cview", "_changes",
     )  # fmt: skip
 
     _cview: tuple | None
 
-    def __init__(self, ncols: int = 1, buckets: int = _MIN_BUCKETS, *, changes: list[int] | None = None) -> None:
-        """`changes`: a one-int list bumped whenever `cview()` changes (rebuilt or grown arrays, a
-        moved vacant key, a new spill dict), which tables of one index may share: what caches a
-        view can check with one compare."""
+    def __init__(self, buckets: int = _MIN_BUCKETS, *, changes: list[int] | None = None) -> None:
+        """`changes`: a one-int list bumped whenever `cview()` changes (rebuilt arrays, a grown
+        pool, a moved vacant key, a new spill dict), which tables of one index may share: what
+        caches a view can check with one compare."""
         self._changes = changes
         self.live = 0  # slots holding a key
         self.used = 0  # live + tombstones (what fills buckets)
         self.vacant = VACANT
         self.spill: dict[int, int] = {}  # key -> slot, for the few keys not in their home bucket
-        self._alloc(max(_MIN_BUCKETS, _pow2(buckets)), ncols)
+        self._cview = None
+        self.pool = holders.Pool(self._view_changed)
+        self._alloc(max(_MIN_BUCKETS, _pow2(buckets)))
 
-    def _alloc(self, buckets: int, ncols: int) -> None:
+    def _alloc(self, buckets: int) -> None:
         n = buckets * SLOTS
         self.keys = zeros_paged(n, np.int64)
         self.keys.fill(self.vacant)
         self.state = np.zeros(n, np.uint8)
         self.parent = zeros_paged(n, np.int64)
-        # one extra all-zero row at index -1: `masks.take(find(q), axis=0)` gives 0 for absent keys
-        self.masks = zeros_paged((n + MASK_EXTRA_ROWS, ncols), np.uint64)
+        # one extra zero word at index -1: `rows.take(find(q))` gives 0 (nobody) for absent keys
+        self.rows = zeros_paged(n + EXTRA_ROWS, np.uint64)
         self.overflow = np.zeros(buckets, np.bool_)  # a key homed here lives in a later bucket
         self.limit = MAX_LOAD * n  # used slots past which the next reserve rebuilds
         self._bmask = buckets - 1
@@ -144,32 +127,24 @@ class HashTable:
 
     def _refresh(self) -> None:
         """Memoryviews for the scalar paths (plain ints in and out, no numpy scalar boxing)."""
-        self.nc = int(self.masks.shape[1])  # mask columns (row stride of `_mv`)
         self._kv = self.keys.data  # ndarray.data: the array's memoryview
         self._sv = self.state.data
         self._pv = self.parent.data
-        self._mv = self.masks.reshape(-1).data  # row-major: slot * ncols + col
+        self._rv = self.rows.data
         self._ov = self.overflow.view(np.uint8).data
         self._view_changed()
 
     def cview(self) -> tuple:
         """The arrays and bucket math as the compiled fast path reads them (kvevents.native):
-        (keys, state, parent, masks flat, overflow bytes, nshift, vacant, spill, ncols), in the order
-        of kvevents.native.layout.CVIEW, the arrays as
-        memoryviews (cheaper for C to open than numpy arrays). Valid until the next rebuild or added column."""
+        (keys, state, parent, rows, overflow bytes, nshift, vacant, spill, pool words, pool meta),
+        in the order of kvevents.native.layout.CVIEW, the arrays as memoryviews (cheaper for C to
+        open than numpy arrays). Valid until the next rebuild or pool growth."""
         c = self._cview
         if c is None:
+            p = self.pool
             c = self._cview = (
-                self._kv,
-                self._sv,
-                self._pv,
-                self._mv,
-                self._ov,
-                self._nshift,
-                self.vacant,
-                self.spill,
-                self.nc,
-            )
+                self._kv, self._sv, self._pv, self._rv, self._ov, self._nshift, self.vacant, self.spill, p.wv, p.mv,
+            )  # fmt: skip
         return c
 
     def _view_changed(self) -> None:
@@ -185,18 +160,6 @@ class HashTable:
     def capacity(self) -> int:
         return len(self.keys)
 
-    @property
-    def ncols(self) -> int:
-        return self.nc
-
-    def add_column(self) -> int:
-        """Append an all-zero mask column; returns its index."""
-        grown = zeros_paged((len(self.masks), self.ncols + 1), np.uint64)
-        grown[:, :-1] = self.masks
-        self.masks = grown
-        self._refresh()
-        return self.ncols - 1
-
     def _home(self, q: np.ndarray) -> np.ndarray:
         b = q.view(np.uint64) * _MIX
         b >>= self._shift
@@ -211,15 +174,15 @@ class HashTable:
             out[vacant] = -1
         return out
 
-    def rows(self, q: np.ndarray, *, exact: bool = True) -> np.ndarray:
-        """The mask rows of the keys of `q`, an all-zero row for an absent key (router lookups).
+    def row_words(self, q: np.ndarray, *, exact: bool = True) -> np.ndarray:
+        """The rows words of the keys of `q`, 0 for an absent key (router lookups).
 
         `find` without its vacant-key check: a vacant-key query can only reach an empty slot,
         whose row is zero too. Absent keys get a slot far past the end, which take's clip mode
-        turns into the zero last row (one numpy call fewer than mapping them to -1).
+        turns into the zero last word (one numpy call fewer than mapping them to -1).
         exact=False skips the spill: a key off its home bucket (one in `spill`) reads as absent.
         """
-        return self.masks.take(self._slots(q, _SLOT_OR_FAR, _FAR, exact), axis=0, mode="clip")
+        return self.rows.take(self._slots(q, _SLOT_OR_FAR, _FAR, exact), mode="clip")
 
     def _slots(self, q: np.ndarray, in_bucket: np.ndarray, absent: int, exact: bool = True) -> np.ndarray:
         """Slots of the keys of `q`; an absent key's is below 0 (`absent` < 0) or past the end."""
@@ -284,7 +247,7 @@ class HashTable:
             b = (b + 1) & self._bmask
 
     def delete1(self, s: int) -> None:
-        """`delete` for one live slot."""
+        """`delete` for one live slot (whose holders are gone)."""
         kv = self._kv
         if self.spill:
             k = kv[s]
@@ -292,16 +255,16 @@ class HashTable:
                 del self.spill[k]
         kv[s] = self.vacant
         self._sv[s] = TOMB
-        mv, nc = self._mv, self.nc
-        for i in range(s * nc, s * nc + nc):
-            mv[i] = 0
+        self._rv[s] = 0
         self.live -= 1
 
     def row_holds(self, s: int, filt: np.ndarray | None = None) -> bool:
-        """Does slot `s` have any bit set (any bit of `filt`, per column, when given)?"""
-        nc = self.nc
-        row = self._mv[s * nc : s * nc + nc].tolist()
-        return any(row) if filt is None else any(r & f for r, f in zip(row, filt.tolist()))
+        """Does slot `s` have any holder (any of `filt`'s bits, per column, when given)?"""
+        r = self._rv[s]
+        if filt is None or not r:
+            return bool(r)
+        f = filt.tolist()
+        return any(p >> 32 < len(f) and p & f[p >> 32] for p in holders.row_pairs(r, self.pool))
 
     def set_bits_each(self, hashes: list[int], col: int, bit: int, prev: int | None) -> list[int]:
         """Set `bit` in column `col` for each key (inserted when absent, into reserved room), in
@@ -310,40 +273,55 @@ class HashTable:
         if type(hashes) is list and native.active():
             got = native.set_bits_each(self.cview(), hashes, col, bit, prev)
             if got is not None:  # None: a key equals the vacant key, which the Python loop moves
-                self.live += got[1]
-                self.used += got[2]
-                return got[0]
-        find1, place1 = self.find1, self.place1
-        mv, pv, sv, nc = self._mv, self._pv, self._sv, self.nc
+                return self.finish_store(got, hashes, col, bit, prev)
+        find1, place1, set_bit, pool = self.find1, self.place1, holders.set_bit, self.pool
+        pv, sv = self._pv, self._sv
         dup: list[int] = []
         for h in hashes:
             s = find1(h)
             if s < 0:
                 s = place1(h)
-            i = s * nc + col
-            v = mv[i]
-            if v & bit:
+            if set_bit(self._rv, pool, s, col, bit):
                 dup.append(h)
-            else:
-                mv[i] = v | bit
             if prev is not None:
                 pv[s] = prev
                 sv[s] |= HAS_PARENT
             prev = h
         return dup
 
-    def bit_set(self, s: int, col: int, bit: int) -> bool:
-        """True if slot `s` has `bit` set in mask column `col`."""
-        return bool(self._mv[s * self.nc + col] & bit)
+    def finish_store(self, got: tuple, hashes: list[int], col: int, bit: int, prev: int | None) -> list[int]:
+        """Count what a compiled store loop (`native.set_bits_each`, `store_event`) placed; where it
+        stopped because a record did not fit the pool, grow the pool and go on from there, as often
+        as it takes (so both twins grow the pool at the same point). The duplicates."""
+        self.live += got[1]
+        self.used += got[2]
+        if got[3] < 0:
+            return got[0]  # type: ignore[no-any-return]
+        dups: list[int] = list(got[0])
+        start = 0
+        while got[3] >= 0:
+            start += got[3]
+            prev = hashes[start - 1] if start else prev
+            self.pool.grow(got[4])
+            again = native.set_bits_each(self.cview(), hashes[start:], col, bit, prev)
+            assert again is not None  # no vacant key: the first call would have said so
+            got = again
+            self.live += got[1]
+            self.used += got[2]
+            dups += got[0]
+        return dups
 
-    def clear_bit(self, s: int, col: int, bit: int) -> None:
-        """Clear `bit` of slot `s` in column `col`; a row left with no bit anywhere is deleted."""
-        mv, nc = self._mv, self.nc
-        i = s * nc + col
-        left = mv[i] & ~bit
-        mv[i] = left
-        if not left and (nc == 1 or not any(mv[s * nc : s * nc + nc].tolist())):
+    def bit_set(self, s: int, col: int, bit: int) -> bool:
+        """True if slot `s` has `bit` set in column `col`."""
+        return bool(holders.row_bits(self._rv[s], self.pool, col) & bit)
+
+    def clear_bit(self, s: int, col: int, bit: int) -> bool:
+        """Clear `bit` of slot `s` in column `col` (True if it was set); a slot left with no holder
+        is deleted."""
+        got = holders.clear_bit(self._rv, self.pool, s, col, bit)
+        if got == 2:
             self.delete1(s)
+        return got > 0
 
     def reserve(self, n: int) -> None:
         """Make room for `n` more keys (may rebuild: slot numbers change)."""
@@ -402,7 +380,7 @@ class HashTable:
         self._view_changed()
 
     def delete(self, slots: np.ndarray) -> None:
-        """Drop the keys at `slots` (distinct live slots): tombstones, rows zeroed."""
+        """Drop the keys at `slots` (distinct live slots, their holders gone): tombstones, rows zeroed."""
         if self.spill:
             keys = self.keys.take(slots)
             away = (slots // SLOTS) != self._home(keys)
@@ -410,7 +388,7 @@ class HashTable:
                 del self.spill[k]
         self.keys[slots] = self.vacant
         self.state[slots] = TOMB
-        self.masks[slots] = 0
+        self.rows[slots] = 0
         self.live -= len(slots)
 
     def live_slots(self) -> np.ndarray:
@@ -418,31 +396,24 @@ class HashTable:
 
     def _rebuild(self, buckets: int) -> None:
         live = self.live_slots()
-        keys, state, parent, masks = self.keys[live], self.state[live], self.parent[live], self.masks[live]
-        self._alloc(buckets, self.ncols)
+        keys, state, parent, rows = self.keys[live], self.state[live], self.parent[live], self.rows[live]
+        self._alloc(buckets)
         self.live = self.used = 0
         self.spill = {}
         self._view_changed()
         slots = self.place(keys)
         self.state[slots] = state
         self.parent[slots] = parent
-        self.masks[slots] = masks
+        self.rows[slots] = rows
 
     def nbytes(self) -> int:
-        arrays = (self.keys, self.state, self.parent, self.masks, self.overflow)
-        return sum(a.nbytes for a in arrays)
+        arrays = (self.keys, self.state, self.parent, self.rows, self.overflow)
+        return sum(a.nbytes for a in arrays) + self.pool.nbytes()
 
     def paged_bytes(self) -> int:
         """The part of `nbytes` in zeros_paged's own mappings (outside the Python allocator, so
         tracemalloc does not see it)."""
-        return sum(a.nbytes for a in (self.keys, self.parent, self.masks) if _is_paged(a))
-
-
-def _is_paged(a: np.ndarray) -> bool:
-    base = a.base
-    while isinstance(base, np.ndarray):
-        base = base.base
-    return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
+        return sum(a.nbytes for a in (self.keys, self.parent, self.rows) if is_paged(a)) + self.pool.paged_bytes()
 
 
 def rebuild_buckets(capacity: int, used: int, live: int, n: int) -> int:

@@ -17,9 +17,11 @@ Callers ask `active()` and call the functions below; nothing else imports the ex
 | `_chain.c`, `_sha256.h` | the contract's page chain: SHA-256 (SHA-NI or portable), token packing, int64 |
 | `_json.c` | the /score body's JSON token-id array read straight into packed uint32, and found in the body (split_json_tokens) |
 | `_table.h`, `_table.c` | a table view as C reads it, the probe of one key, the layout export |
+| `_holders.h` | a slot's holders: its rows word, pool records, set/clear one bit (twin of consumers/holders.py) |
 | `_walk.h`, `_walk_args.c` | the walk's state; its arguments parsed, checked and flattened |
+| `_walk_layout.c` | the walk's WordLayouts packed once into one buffer (a lookup reads no attribute) |
 | `_walk.c` | the index walk: pipelined probes, per-word AND, results (twin of lookup.py's walk_plan) |
-| `_apply.c` | the store/remove loops and one-key checks (twins in consumers/table.py, copies.py, indexer.py) |
+| `_apply.c` | the store/remove/clear loops and one-key checks (twins in consumers/table.py, copies.py, indexer.py) |
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ __all__ = [
     "chain_list",
     "portable_sha",
     "remove_each",
+    "clear_worker",
+    "store_event",
     "holds_bit",
     "sha_impl",
 ]
@@ -193,14 +197,15 @@ def walk(hashes: Any, plan: list, layout: list, media: list, weights: list, pref
     """The index walk over table views (see kvevents.consumers.lookup.walk_plan); NotImplemented when the
     weights are not all floats (the Python twin then runs, keeping its result types)."""
     extra = _walk_extra(prefix_cls, worker_cls)
-    return _c.walk(hashes, plan, layout, media, weights, prefix_cls, worker_cls, *extra)
+    return _c.walk(hashes, plan, _c.pack_layout(layout), media, weights, prefix_cls, worker_cls, *extra)
 
 
 def bind_walk(plan: list, layout: list, media: list, weights: list, prefix_cls: type, worker_cls: type) -> Any:
     """`walk` with everything but the request's hashes bound: a callable of the hashes alone, for
     callers that repeat a lookup shape (the walk's arguments are then parsed from one tuple)."""
     extra = _walk_extra(prefix_cls, worker_cls)
-    return functools.partial(_c.walk_with, (plan, layout, media, weights, prefix_cls, worker_cls, *extra))
+    packed = _c.pack_layout(layout)
+    return functools.partial(_c.walk_with, (plan, packed, media, weights, prefix_cls, worker_cls, *extra))
 
 
 def _walk_extra(prefix_cls: type, worker_cls: type) -> tuple:
@@ -216,16 +221,47 @@ def _walk_extra(prefix_cls: type, worker_cls: type) -> tuple:
 
 def set_bits_each(
     view: tuple, hashes: list[int], col: int, bit: int, prev: int | None
-) -> tuple[list[int], int, int] | None:
-    """The store loop over a table view: (duplicates, live added, used added), None to fall back."""
+) -> tuple[list[int], int, int, int, int] | None:
+    """The store loop over a table view: (duplicates, live added, used added, stop, need): stop -1
+    when every hash is stored, else the index of the first hash whose record did not fit the pool
+    (grow it by `need` words and go on from there); None to fall back (a hash is the vacant key)."""
     return _c.set_bits_each(view, hashes, col, bit, prev)
 
 
+def store_event(
+    view: tuple,
+    hashes: list[int],
+    col: int,
+    bit: int,
+    prev: int | None,
+    parent_views: list[tuple],
+    parent_cols: list[int],
+) -> tuple[list[int], int, int, int, int, bool] | None:
+    """One BlockStored in one call: (set_bits_each's answer, and whether `prev` was held in
+    `parent_views` before it), or None (a hash or `prev` not an exact int64, or the vacant key:
+    nothing written, the general path runs)."""
+    return _c.store_event(view, hashes, col, bit, prev, parent_views, parent_cols)
+
+
 def remove_each(
-    views: list[tuple], extra: dict, mi: int, col: int, wi: int, hashes: list[int], prefer: int | None, exact: bool
-) -> tuple[int, int, int, list[int]]:
-    """The remove loop over table views: (unknown, ambiguous, removed, rows deleted per view)."""
-    return _c.remove_each(views, extra, mi, col, wi, hashes, prefer, exact)
+    views: list[tuple],
+    vids: list[int],
+    extra: dict,
+    mi: int,
+    col: int,
+    wi: int,
+    hashes: list[int],
+    prefer: int | None,
+    exact: bool,
+) -> tuple[int, int, list[int], list[int]]:
+    """The remove loop over table views (view ids `vids`): (unknown, ambiguous, copies removed per
+    view, rows deleted per view)."""
+    return _c.remove_each(views, vids, extra, mi, col, wi, hashes, prefer, exact)
+
+
+def clear_worker(view: tuple, cols: list[int], bit: int) -> tuple[int, int]:
+    """Clear `bit` of each of `cols` in every slot of a table view: (bits cleared, rows deleted)."""
+    return _c.clear_worker(view, cols, bit)
 
 
 def holds_bit(views: list[tuple], h: int, cols: list[int], bit: int) -> bool:

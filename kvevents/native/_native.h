@@ -16,7 +16,9 @@
 #define COLD __attribute__((noinline, cold))
 #define CTZ64(x) __builtin_ctzll(x)
 #define KV_HIDDEN __attribute__((visibility("hidden")))
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
 #else
+#define UNLIKELY(x) (x)
 #define PREFETCH(p) ((void)0)
 #define HOT_INLINE inline
 #define COLD
@@ -47,15 +49,18 @@ KV_HIDDEN PyObject *kv_select_sha(PyObject *self, PyObject *arg);
 /* _table.c: the table layout, exported for the import-time check */
 KV_HIDDEN PyObject *kv_layout(PyObject *self, PyObject *noargs);
 
-/* _walk_args.c, _walk.c: the index walk */
+/* _walk_layout.c, _walk_args.c, _walk.c: the index walk */
 KV_HIDDEN int kv_walk_init(void);
 KV_HIDDEN PyObject *kv_walk(PyObject *self, PyObject *args);
 KV_HIDDEN PyObject *kv_walk_with(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+KV_HIDDEN PyObject *kv_pack_layout(PyObject *self, PyObject *layout); /* _walk_layout.c */
 
-/* _apply.c: the store and remove loops */
+/* _apply.c: the store, remove and clear loops */
 KV_HIDDEN PyObject *kv_all_int64(PyObject *self, PyObject *args);
 KV_HIDDEN PyObject *kv_set_bits_each(PyObject *self, PyObject *args);
 KV_HIDDEN PyObject *kv_remove_each(PyObject *self, PyObject *args);
+KV_HIDDEN PyObject *kv_clear_worker(PyObject *self, PyObject *args);
+KV_HIDDEN PyObject *kv_store_event(PyObject *self, PyObject *args);
 KV_HIDDEN PyObject *kv_holds_bit(PyObject *self, PyObject *args);
 
 #endif

@@ -56,11 +56,14 @@ static PyMethodDef methods[] = {
     {"select_sha", kv_select_sha, METH_O, "select_sha(allow_shani) -> the compression now in use"},
     /* the index walk and apply (_table.c, _walk_args.c, _walk.c, _apply.c) */
     {"layout", kv_layout, METH_NOARGS, "layout() -> the table layout constants this build assumes"},
+    {"pack_layout", kv_pack_layout, METH_O, "pack_layout(layout) -> the WordLayouts packed for walk"},
     {"walk", kv_walk, METH_VARARGS, "the index walk over a plan of table views"},
     {"walk_with", (PyCFunction)(void (*)(void))kv_walk_with, METH_FASTCALL, "walk with its other arguments bound"},
     {"all_int64", kv_all_int64, METH_VARARGS, "all_int64(hashes, prev) -> every value an exact int in int64 range"},
     {"set_bits_each", kv_set_bits_each, METH_VARARGS, "the store loop of HashTable.set_bits_each"},
     {"remove_each", kv_remove_each, METH_VARARGS, "the remove loop of consumers.copies.remove_each"},
+    {"store_event", kv_store_event, METH_VARARGS, "one BlockStored: checks, the parent probe and the store loop"},
+    {"clear_worker", kv_clear_worker, METH_VARARGS, "the clear loop of consumers.copies.clear_worker"},
     {"holds_bit", kv_holds_bit, METH_VARARGS, "does any view hold a key with a bit in the columns"},
     {NULL, NULL, 0, NULL},
 };

@@ -12,9 +12,9 @@ from typing_extensions import Buffer
 
 _P = TypeVar("_P")
 
-#: HashTable.cview(): keys int64, state uint8, parent int64, masks uint64 (row-major), overflow uint8,
-#: nshift, vacant key, spill {key: slot}, mask columns (field names: layout()["CVIEW"])
-_CView: TypeAlias = tuple[Buffer, Buffer, Buffer, Buffer, Buffer, int, int, dict[int, int], int]
+#: HashTable.cview(): keys int64, state uint8, parent int64, rows uint64, overflow uint8, nshift,
+#: vacant key, spill {key: slot}, pool words uint64, pool meta int64 (field names: layout()["CVIEW"])
+_CView: TypeAlias = tuple[Buffer, Buffer, Buffer, Buffer, Buffer, int, int, dict[int, int], Buffer, Buffer]
 _SlotDescriptors: TypeAlias = tuple[Any, ...]  # member descriptors of a slotted dataclass, in field order
 
 # the contract's page chain (_chain.c)
@@ -32,10 +32,11 @@ def select_sha(allow_shani: object, /) -> Literal["sha-ni", "portable"]: ...
 # the index walk and apply (_table.c, _walk.c, _apply.c)
 
 def layout() -> dict[str, int | tuple[str, ...]]: ...
+def pack_layout(layout: list[Any], /) -> bytes: ...
 def walk(
     hashes: Buffer,
     plan: list[tuple[_CView, Buffer | None]],
-    layout: list[Any],
+    layout: bytes,
     media: list[str | None],
     weights: list[float],
     prefix_cls: type[_P],
@@ -49,9 +50,10 @@ def walk_with(bound: tuple[Any, ...], hashes: Buffer, /) -> Any: ...
 def all_int64(hashes: list[int], prev: int | None, /) -> bool: ...
 def set_bits_each(
     view: _CView, hashes: list[int], col: int, bit: int, prev: int | None, /
-) -> tuple[list[int], int, int] | None: ...
+) -> tuple[list[int], int, int, int, int] | None: ...
 def remove_each(
     views: list[_CView],
+    vids: list[int],
     extra: dict[Any, int],
     mi: int,
     col: int,
@@ -60,5 +62,16 @@ def remove_each(
     prefer: int | None,
     exact: bool,
     /,
-) -> tuple[int, int, int, list[int]]: ...
+) -> tuple[int, int, list[int], list[int]]: ...
+def store_event(
+    view: _CView,
+    hashes: list[int],
+    col: int,
+    bit: int,
+    prev: int | None,
+    parent_views: list[_CView],
+    parent_cols: list[int],
+    /,
+) -> tuple[list[int], int, int, int, int, bool] | None: ...
+def clear_worker(view: _CView, cols: list[int], bit: int, /) -> tuple[int, int]: ...
 def holds_bit(views: list[_CView], h: int, cols: list[int], bit: int, /) -> bool: ...

@@ -1,7 +1,9 @@
 /* The index walk (the twin of consumers/lookup.py's walk_plan): probe a request's pages in the plan's
- * table views, OR their rows (each AND its filter), AND down the pages per word of 64 workers, credit
- * each worker's pages to media, and build the PrefixMatch of WorkerMatches. Software-pipelined by
- * blocks of BLOCK pages; stops at the first page no worker holds. Its arguments: _walk_args.c. */
+ * table views, spread each page's holder pairs (each AND its view's filter) into a row of columns, AND
+ * down the pages per word of 32 workers, credit each worker's pages to media, and build the PrefixMatch
+ * of WorkerMatches. A page costs its pairs plus the words still matching, not the fleet's width.
+ * Software-pipelined by blocks of BLOCK pages; stops at the first page no worker holds. Its arguments:
+ * _walk_args.c. */
 #include "_walk.h"
 
 /* ------------------------------------------------------------------ the pages */
@@ -14,40 +16,91 @@ static HOT_INLINE void prefetch_keys(const Walk *W, Py_ssize_t lo) {
         for (Py_ssize_t v = 0; v < nv; v++) PREFETCH(W->views[v].keys + home_of(&W->views[v], q[i]) * KV_SLOTS);
 }
 
-/* Probe pages [lo, lo + BLOCK) in every view into the block's half of `slots`, prefetching their rows. */
+static HOT_INLINE size_t ring_at(const Walk *W, Py_ssize_t lo) { return (size_t)((lo / BLOCK) % RING) * W->nv * BLOCK; }
+
+/* Probe pages [lo, lo + BLOCK) in every view into the block's part of `slots`, prefetching their rows words. */
 static HOT_INLINE int probe_block(Walk *W, Py_ssize_t lo) {
-    const Py_ssize_t n = W->n, nv = W->nv, nc = W->nc;
+    const Py_ssize_t n = W->n, nv = W->nv;
     const int64_t *q = W->q;
-    Py_ssize_t *half = W->slots + ((lo / BLOCK) & 1) * nv * BLOCK;
+    Py_ssize_t *part = W->slots + ring_at(W, lo);
     for (Py_ssize_t i = lo; i < lo + BLOCK && i < n; i++)
         for (Py_ssize_t v = 0; v < nv; v++) {
             const View *view = &W->views[v];
             Py_ssize_t s = probe(view, q[i], home_of(view, q[i]));
             if (s == -2) return -1;
-            half[v * BLOCK + (i - lo)] = s;
-            if (s >= 0) PREFETCH(view->masks + s * nc);
+            part[v * BLOCK + (i - lo)] = s;
+            if (s >= 0) PREFETCH(view->rows + s);
         }
     return 0;
 }
 
-/* Page k of a block's mask row: OR over the views of each held row AND its filter. One unfiltered view:
- * its row in place (an absent key: the zero row past the last slot). */
-static HOT_INLINE const uint64_t *page_row(const Walk *W, const Py_ssize_t *bslots, Py_ssize_t k) {
-    const Py_ssize_t nv = W->nv, nc = W->nc;
-    if (nv == 1 && !W->filt[0]) {
-        Py_ssize_t s = bslots[k];
-        return W->views[0].masks + (s >= 0 ? s : W->views[0].n) * nc;
+/* Read the rows words of pages [lo, lo + BLOCK) (probed a block ago), prefetching their records whole
+ * (up to 4 lines: the class in the rows word gives the size before the header arrives). */
+static HOT_INLINE void load_block(Walk *W, Py_ssize_t lo) {
+    const Py_ssize_t n = W->n, nv = W->nv;
+    size_t at = ring_at(W, lo);
+    const Py_ssize_t *part = W->slots + at;
+    uint64_t *rw = W->rw + at;
+    for (Py_ssize_t i = lo; i < lo + BLOCK && i < n; i++)
+        for (Py_ssize_t v = 0; v < nv; v++) {
+            Py_ssize_t s = part[v * BLOCK + (i - lo)];
+            uint64_t r = s >= 0 ? W->views[v].rows[s] : 0;
+            rw[v * BLOCK + (i - lo)] = r;
+            uint64_t o = r & KV_ROW_OFFSET;
+            if (r >= KV_ROW_REF && o < (uint64_t)W->views[v].npool) {
+                const uint64_t *rec = W->views[v].pool + o;
+                Py_ssize_t words = (Py_ssize_t)KV_POOL_MIN_WORDS << KV_ROW_CLS(r), most = W->views[v].npool - (Py_ssize_t)o;
+                if (words > 32) words = 32;
+                if (words > most) words = most;
+                for (Py_ssize_t k = 0; k < words; k += 8) PREFETCH(rec + k);
+                if (words > 1) PREFETCH(rec + words - 1);
+            }
+        }
+}
+
+/* One pair of a page: its bits (AND the view's filter) into the row, if its column's word still matches. */
+static HOT_INLINE void spread_pair(Walk *W, uint64_t p, const uint64_t *f) {
+    uint64_t col = p >> 32;
+    if (col >= (uint64_t)W->nc) return;
+    int32_t w = W->colword[col];
+    if (w < 0 || !W->acc[w]) return;
+    W->row[col] |= f ? (p & KV_LOW & f[col]) : (p & KV_LOW);
+}
+
+/* Page k of a block: every view's pairs spread into the row. 0, or -1 on a bad record. */
+static HOT_INLINE int spread_page(Walk *W, const uint64_t *rw, Py_ssize_t k) {
+    for (Py_ssize_t v = 0; v < W->nv; v++) {
+        uint64_t r = rw[v * BLOCK + k];
+        if (!r) continue;
+        const uint64_t *f = W->filt[v];
+        if (r < KV_ROW_REF) { spread_pair(W, r, f); continue; }
+        uint64_t *p = NULL;
+        Py_ssize_t len = 0;
+        int cls = 0;
+        if (rec_open(&W->views[v], r, &p, &len, &cls) < 0) return -1;
+        for (Py_ssize_t j = 0; j < len; j++) spread_pair(W, p[j], f);
     }
-    uint64_t *row = W->row;
-    for (Py_ssize_t c = 0; c < nc; c++) row[c] = 0; /* (no memset: its stores stall the loads) */
-    for (Py_ssize_t v = 0; v < nv; v++) {
-        Py_ssize_t s = bslots[v * BLOCK + k];
-        if (s < 0) continue;
-        const uint64_t *r = W->views[v].masks + s * nc, *f = W->filt[v];
-        if (f) for (Py_ssize_t c = 0; c < nc; c++) row[c] |= r[c] & f[c];
-        else for (Py_ssize_t c = 0; c < nc; c++) row[c] |= r[c];
+    return 0;
+}
+
+/* 1 when page k's holders are the previous page's in every view (the same rows word, or records with the
+ * same pairs in the same order): its step could change nothing, so it is skipped. Only for layouts
+ * without a word of several columns (whose pages are credited per medium one by one). */
+static HOT_INLINE int same_as_before(Walk *W, const uint64_t *rw, Py_ssize_t k) {
+    for (Py_ssize_t v = 0; v < W->nv; v++) {
+        uint64_t r = rw[v * BLOCK + k], p = W->prev[v];
+        if (r == p) continue;
+        if (r < KV_ROW_REF || p < KV_ROW_REF) return 0;
+        uint64_t *a = NULL, *b = NULL;
+        Py_ssize_t na = 0, nb = 0;
+        int cls;
+        if (rec_open(&W->views[v], r, &a, &na, &cls) < 0 || rec_open(&W->views[v], p, &b, &nb, &cls) < 0) {
+            PyErr_Clear(); /* a bad record: not the same; the spread says why */
+            return 0;
+        }
+        if (na != nb || memcmp(a, b, sizeof(uint64_t) * (size_t)na)) return 0;
     }
-    return row;
+    return 1;
 }
 
 /* Word w's bits in `ended` end their prefixes at page `at`, in this order. */
@@ -62,54 +115,68 @@ static HOT_INLINE void record_ends(Walk *W, Py_ssize_t w, uint64_t ended, Py_ssi
     }
 }
 
-/* One page for every word: AND its held bits into the running prefix, note the prefixes that end,
- * credit a word of several columns per medium (first column holding it wins). 1 while any matches. */
-static HOT_INLINE int step_words(Walk *W, const uint64_t *rowp, Py_ssize_t i) {
-    const Py_ssize_t nw = W->nw, nmedia = W->nmedia;
+/* One page for the words still matching: AND its held bits into the running prefix, note the prefixes
+ * that end, credit a word of several columns per medium (first column holding it wins), zero the row's
+ * columns read; words that stop matching leave the active list. 1 while any matches. */
+static HOT_INLINE int step_words(Walk *W, Py_ssize_t i) {
+    const Py_ssize_t nmedia = W->nmedia;
     const Py_ssize_t *wstart = W->wstart, *wcols = W->wcols, *wmi = W->wmi;
-    uint64_t *acc = W->acc;
+    uint64_t *acc = W->acc, *row = W->row;
+    Py_ssize_t *act = W->act;
     int32_t *credit = W->credit;
-    int going = 0;
-    for (Py_ssize_t w = 0; w < nw; w++) {
-        uint64_t a = acc[w];
-        if (!a) continue;
+    Py_ssize_t kept = 0;
+    for (Py_ssize_t k = 0, nact = W->nact; k < nact; k++) {
+        Py_ssize_t w = act[k];
+        uint64_t a = acc[w], now;
         const Py_ssize_t lo = wstart[w], hi = wstart[w + 1];
-        uint64_t held = 0;
-        for (Py_ssize_t c = lo; c < hi; c++) held |= rowp[wcols[c]];
-        uint64_t now = a & held;
-        if (now != a) {
-            if (i > 0) record_ends(W, w, a & ~now, i);
-            acc[w] = a = now;
-        }
-        if (!a) continue;
-        going = 1;
-        if (hi - lo > 1) {
-            uint64_t rest = a;
-            for (Py_ssize_t c = lo; c < hi && rest; c++) {
-                uint64_t got = rowp[wcols[c]] & rest;
+        if (hi - lo == 1) { /* one medium: the common case */
+            uint64_t *cell = row + wcols[lo];
+            now = a & *cell;
+            *cell = 0;
+        } else {
+            uint64_t held = 0;
+            for (Py_ssize_t c = lo; c < hi; c++) held |= row[wcols[c]];
+            now = a & held;
+            uint64_t rest = now;
+            for (Py_ssize_t c = lo; c < hi; c++) {
+                uint64_t got = row[wcols[c]] & rest;
+                row[wcols[c]] = 0;
                 rest &= ~got;
                 int32_t *cr = credit + ((size_t)w * nmedia + wmi[c]) * KV_WORD;
                 while (got) { cr[CTZ64(got)]++; got &= got - 1; }
             }
         }
+        if (now != a) {
+            if (i > 0) record_ends(W, w, a & ~now, i);
+            acc[w] = now;
+        }
+        if (now) act[kept++] = w;
     }
-    return going;
+    W->nact = kept;
+    return kept > 0;
 }
 
-/* The pipelined walk: the buckets of block j+2 are prefetched and block j+1 is probed (its mask rows
- * prefetched) before block j is walked. Workers still matching at the last page end there. */
+/* The pipelined walk: block b+3's buckets are prefetched, block b+2 probed (its rows words prefetched) and
+ * block b+1's rows words read (their records prefetched) before block b is walked. Workers still matching
+ * at the last page end there. */
 static int walk_pages(Walk *W) {
-    const Py_ssize_t n = W->n, nv = W->nv;
-    prefetch_keys(W, 0);
-    prefetch_keys(W, BLOCK);
-    if (probe_block(W, 0) < 0) return -1;
+    const Py_ssize_t n = W->n;
+    for (Py_ssize_t b = 0; b < 3; b++) prefetch_keys(W, b * BLOCK);
+    if (probe_block(W, 0) < 0 || probe_block(W, BLOCK) < 0) return -1;
+    load_block(W, 0);
     int going = 1;
     for (Py_ssize_t base = 0; base < n && going; base += BLOCK) {
         Py_ssize_t stop = base + BLOCK < n ? base + BLOCK : n;
-        prefetch_keys(W, base + 2 * BLOCK);
-        if (probe_block(W, base + BLOCK) < 0) return -1;
-        const Py_ssize_t *bslots = W->slots + ((base / BLOCK) & 1) * nv * BLOCK;
-        for (Py_ssize_t i = base; i < stop && going; i++) going = step_words(W, page_row(W, bslots, i - base), i);
+        prefetch_keys(W, base + 3 * BLOCK);
+        if (probe_block(W, base + 2 * BLOCK) < 0) return -1;
+        load_block(W, base + BLOCK);
+        const uint64_t *rw = W->rw + ring_at(W, base);
+        for (Py_ssize_t i = base; i < stop && going; i++) {
+            if (i > 0 && !W->credit && same_as_before(W, rw, i - base)) continue;
+            if (spread_page(W, rw, i - base) < 0) return -1;
+            going = step_words(W, i);
+            for (Py_ssize_t v = 0; v < W->nv; v++) W->prev[v] = rw[v * BLOCK + (i - base)];
+        }
     }
     for (Py_ssize_t w = 0; w < W->nw; w++) record_ends(W, w, W->acc[w], n);
     return 0;
@@ -234,8 +301,9 @@ static int walk_run(Walk *W) {
 
 /* walk(hashes, plan, layout, media, weights, PrefixMatch, WorkerMatch, builtin sum[, wm_fields, pm_fields])
  * -> PrefixMatch, or NotImplemented when the weights are not all floats.
- * plan: list of (cview, filter uint64[nc] or None); layout: list of WordLayout (word, cols, alive).
- * The twin of: masks = OR over the plan of t.rows(hashes) & filter; consumers.lookup.walk(masks, ...). */
+ * plan: list of (cview, filter uint64[columns] or None); layout: list of WordLayout (word, cols, alive).
+ * The twin of consumers.lookup.walk_plan: masks = OR over the plan of page_masks(t, hashes) & filter,
+ * then consumers.lookup.walk(masks, ...). */
 PyObject *kv_walk(PyObject *self, PyObject *args) {
     Walk W;
     kv_walk_zero(&W);

@@ -1,5 +1,5 @@
 /* The index walk's arguments (see _walk.c): parsed and checked, the PrefixMatch to fill made, the plan's
- * views opened, the weights read, and the WordLayouts flattened into arrays, all in one Walk. */
+ * views opened, the weights read, and the packed layout (_walk_layout.c) copied into arrays, all in one Walk. */
 #include "_walk.h"
 #ifndef Py_T_OBJECT_EX /* before 3.12 the member kinds live in structmember.h */
 #include <structmember.h>
@@ -8,22 +8,24 @@
 #endif
 
 /* attribute names, interned once (a C-string attribute lookup builds a str per call) */
-static PyObject *s_cols, *s_word, *s_alive, *s_workers;
+static PyObject *s_workers;
 
 int kv_walk_init(void) {
-    return (s_cols = PyUnicode_InternFromString("cols")) && (s_word = PyUnicode_InternFromString("word")) &&
-                   (s_alive = PyUnicode_InternFromString("alive")) &&
-                   (s_workers = PyUnicode_InternFromString("workers"))
-               ? 0
-               : -1;
+    return (s_workers = PyUnicode_InternFromString("workers")) && kv_layout_init() == 0 ? 0 : -1;
 }
 
-/* Only the scalars and pointers: never the view arrays (~37 KB), so a walk starts without a memset. */
+/* Only the scalars and pointers (the per-view arrays are allocated for the plan). */
 void kv_walk_zero(Walk *W) {
     W->wm_fields = W->pm_fields = NULL;
     W->wm_off[0] = W->wm_off[1] = W->wm_off[2] = 0;
     W->hb_held = W->nloaded = 0;
-    W->wcols = W->wmi = W->wstart = W->slots = NULL;
+    W->views = NULL;
+    W->fb = NULL;
+    W->filt = NULL;
+    W->wcols = W->wmi = W->wstart = W->slots = W->act = NULL;
+    W->nact = 0;
+    W->rw = W->prev = NULL;
+    W->colword = NULL;
     W->wword = NULL;
     W->walive = W->acc = W->row = NULL;
     W->ends = W->credit = W->nend = NULL;
@@ -44,6 +46,7 @@ void kv_walk_free(Walk *W) {
         if (W->filt[i]) PyBuffer_Release(&W->fb[i]);
     }
     if (W->hb_held) PyBuffer_Release(&W->hb);
+    PyMem_Free(W->views); PyMem_Free(W->fb); PyMem_Free(W->filt);
     PyMem_Free(W->wcols); PyMem_Free(W->wmi); PyMem_Free(W->scratch); PyMem_Free(W->credit); PyMem_Free(W->wts);
 }
 
@@ -80,7 +83,7 @@ static int check_wm_fields(PyObject *cls, PyObject *fields, Py_ssize_t off[3]) {
 
 int kv_walk_parse(Walk *W, PyObject *args) {
     PyObject *hashes;
-    if (!PyArg_ParseTuple(args, "OO!O!O!O!OOO|OO", &hashes, &PyList_Type, &W->plan, &PyList_Type, &W->layout,
+    if (!PyArg_ParseTuple(args, "OO!O!O!O!OOO|OO", &hashes, &PyList_Type, &W->plan, &PyBytes_Type, &W->layout,
                           &PyList_Type, &W->media, &PyList_Type, &W->weights, &W->pm_cls, &W->wm_cls, &W->sum_fn,
                           &W->wm_fields, &W->pm_fields))
         return -1;
@@ -93,7 +96,7 @@ int kv_walk_parse(Walk *W, PyObject *args) {
     W->q = W->hb.buf;
     W->n = W->hb.len / 8;
     W->nv = PyList_GET_SIZE(W->plan);
-    W->nw = PyList_GET_SIZE(W->layout);
+    if ((W->nw = kv_layout_words(W->layout)) < 0) return -1;
     W->nmedia = PyList_GET_SIZE(W->media);
     return 0;
 }
@@ -120,9 +123,13 @@ int kv_walk_result(Walk *W) {
     return 0;
 }
 
-/* The plan's (view, filter) pairs, all with the same mask columns. */
+/* The plan's (view, filter) pairs; every filter of the same length (nc: the columns; -1 when none). */
 int kv_walk_plan(Walk *W) {
     W->nc = -1;
+    W->views = PyMem_Calloc((size_t)W->nv, sizeof(View));
+    W->fb = PyMem_Calloc((size_t)W->nv, sizeof(Py_buffer));
+    W->filt = PyMem_Calloc((size_t)W->nv, sizeof(uint64_t *));
+    if (!W->views || !W->fb || !W->filt) { PyErr_NoMemory(); return -1; }
     for (Py_ssize_t i = 0; i < W->nv; i++) {
         PyObject *e = PyList_GET_ITEM(W->plan, i);
         if (!PyTuple_Check(e) || PyTuple_GET_SIZE(e) != 2) {
@@ -132,19 +139,16 @@ int kv_walk_plan(Walk *W) {
         W->filt[i] = NULL;
         if (kv_view_load(PyTuple_GET_ITEM(e, 0), &W->views[i], 0) < 0) return -1;
         W->nloaded++;
-        if (W->nc >= 0 && W->views[i].nc != W->nc) {
-            PyErr_SetString(PyExc_ValueError, "views differ in mask columns");
-            return -1;
-        }
-        W->nc = W->views[i].nc;
         PyObject *f = PyTuple_GET_ITEM(e, 1);
         if (f == Py_None) continue;
         if (kv_get_buf(f, &W->fb[i], 8, "QL", 0, "filter") < 0) return -1;
         W->filt[i] = W->fb[i].buf;
-        if (W->fb[i].len / 8 != W->nc) {
-            PyErr_SetString(PyExc_ValueError, "filter length differs from the mask columns");
+        Py_ssize_t len = W->fb[i].len / 8;
+        if ((W->nc >= 0 && len != W->nc) || len < 1 || len > MAX_WALK_COLUMNS) {
+            PyErr_SetString(PyExc_ValueError, "filters must be of one length (the index's columns)");
             return -1;
         }
+        W->nc = len;
     }
     return 0;
 }
@@ -164,86 +168,74 @@ int kv_walk_weights(Walk *W) {
 
 /* ------------------------------------------------------------------ the layout, flattened */
 
-/* One scratch block, 8-byte parts first: wstart, wword, walive, acc, row, slots, nend, ends, endorder
- * (only nend must start at zero; `ends` is written before it is read). */
+/* One scratch block, 8-byte parts first: wstart, wword, walive, acc, row, act, slots, rw, prev, nend, ends,
+ * colword, endorder (nend must start at zero, colword at -1; `ends` is written before it is read; row
+ * starts at zero and every word zeroes the columns it reads). */
 static int alloc_scratch(Walk *W) {
     Py_ssize_t nw = W->nw;
-    size_t n8 = (size_t)(nw + 1) + 3 * (size_t)nw + (size_t)W->nc + (size_t)W->nv * 2 * BLOCK;
-    W->scratch = PyMem_Malloc(n8 * 8 + (size_t)nw * 4 + (size_t)nw * KV_WORD * 4 + (size_t)nw * KV_WORD + 8);
+    size_t ring = (size_t)W->nv * RING * BLOCK;
+    size_t n8 = (size_t)(nw + 1) + 3 * (size_t)nw + (size_t)W->nc + (size_t)nw + 2 * ring + (size_t)W->nv;
+    size_t n4 = (size_t)nw + (size_t)nw * KV_WORD + (size_t)W->nc;
+    W->scratch = PyMem_Malloc(n8 * 8 + n4 * 4 + (size_t)nw * KV_WORD + 8);
     if (!W->scratch) { PyErr_NoMemory(); return -1; }
     W->wstart = (Py_ssize_t *)W->scratch;
     W->wword = (int64_t *)(W->wstart + nw + 1);
     W->walive = (uint64_t *)(W->wword + nw);
     W->acc = W->walive + nw;
     W->row = W->acc + nw;
-    W->slots = (Py_ssize_t *)(W->row + W->nc);
-    W->nend = (int32_t *)(W->slots + (size_t)W->nv * 2 * BLOCK);
+    W->act = (Py_ssize_t *)(W->row + W->nc);
+    W->slots = W->act + nw;
+    W->rw = (uint64_t *)(W->slots + ring);
+    W->prev = W->rw + ring;
+    W->nend = (int32_t *)(W->prev + W->nv);
     W->ends = W->nend + nw;
-    W->endorder = (uint8_t *)(W->ends + (size_t)nw * KV_WORD);
+    W->colword = W->ends + (size_t)nw * KV_WORD;
+    W->endorder = (uint8_t *)(W->colword + W->nc);
     memset(W->nend, 0, (size_t)nw * sizeof(int32_t));
+    memset(W->row, 0, (size_t)W->nc * sizeof(uint64_t));
+    for (Py_ssize_t c = 0; c < W->nc; c++) W->colword[c] = -1;
     return 0;
 }
 
-/* Columns over all WordLayouts (each must have at least one). */
-static int count_columns(const Walk *W, Py_ssize_t *total) {
-    *total = 0;
-    for (Py_ssize_t w = 0; w < W->nw; w++) {
-        PyObject *cols = PyObject_GetAttr(PyList_GET_ITEM(W->layout, w), s_cols);
-        if (!cols) return -1;
-        int ok = PyList_Check(cols) && PyList_GET_SIZE(cols) >= 1;
-        if (ok) *total += PyList_GET_SIZE(cols);
-        Py_DECREF(cols);
-        if (!ok) { PyErr_SetString(PyExc_ValueError, "WordLayout.cols must be a non-empty list"); return -1; }
+/* The packed layout (kv_pack_layout, _walk_layout.c) copied into the walk's arrays and checked against
+ * this walk's columns and media; the credit table when a word has several columns. */
+int kv_walk_layout(Walk *W) {
+    const int64_t *L = (const int64_t *)PyBytes_AS_STRING(W->layout);
+    Py_ssize_t nw = W->nw, ntot = (Py_ssize_t)L[LAY_NTOT];
+    const int64_t *words = L + LAY_HEAD, *alive = words + nw, *start = alive + nw, *cols = start + nw + 1,
+                  *mis = cols + ntot;
+    int64_t maxcol = -1;
+    for (Py_ssize_t c = 0; c < ntot; c++) if (cols[c] > maxcol) maxcol = cols[c];
+    if (W->nc < 0) W->nc = maxcol + 1;
+    if (maxcol >= W->nc || W->nc < 1 || W->nc > MAX_WALK_COLUMNS) {
+        PyErr_SetString(PyExc_ValueError, "layout column or medium index out of range");
+        return -1;
     }
-    return 0;
-}
-
-/* Word w's word number, alive bits and (column, medium index) pairs from its WordLayout, at *at on. */
-static int load_word(Walk *W, Py_ssize_t w, Py_ssize_t *at) {
-    PyObject *lay = PyList_GET_ITEM(W->layout, w);
-    PyObject *cols = PyObject_GetAttr(lay, s_cols), *word = PyObject_GetAttr(lay, s_word);
-    PyObject *alive = PyObject_GetAttr(lay, s_alive);
-    int bad = !cols || !word || !alive;
-    if (!bad) {
-        if (kv_as_i64(word, &W->wword[w], "WordLayout.word") < 0 || W->wword[w] < 0 || W->wword[w] > ((int64_t)1 << 40)) bad = 1;
-        else {
-            W->walive[w] = PyLong_AsUnsignedLongLong(alive);
-            if (PyErr_Occurred()) { PyErr_Clear(); PyErr_SetString(PyExc_ValueError, "WordLayout.alive must be a 64-bit mask"); bad = 1; }
+    if (alloc_scratch(W) < 0) return -1;
+    W->wcols = PyMem_Calloc(ntot + 1, sizeof(Py_ssize_t));
+    W->wmi = PyMem_Calloc(ntot + 1, sizeof(Py_ssize_t));
+    if (!W->wcols || !W->wmi) { PyErr_NoMemory(); return -1; }
+    int anymulti = 0;
+    for (Py_ssize_t w = 0; w < nw; w++) {
+        W->wword[w] = words[w];
+        W->walive[w] = W->acc[w] = (uint64_t)alive[w];
+        W->wstart[w] = (Py_ssize_t)start[w];
+        W->act[w] = w;
+        if (start[w + 1] - start[w] > 1) anymulti = 1;
+        for (int64_t c = start[w]; c < start[w + 1]; c++) {
+            int64_t col = cols[c], mi = mis[c];
+            if (col < 0 || mi < 0 || mi >= W->nmedia) { PyErr_SetString(PyExc_ValueError, "layout column or medium index out of range"); return -1; }
+            if (W->colword[col] >= 0 && W->colword[col] != (int32_t)w) { PyErr_SetString(PyExc_ValueError, "a column in two words of the layout"); return -1; }
+            W->colword[col] = (int32_t)w;
+            W->wcols[c] = (Py_ssize_t)col;
+            W->wmi[c] = (Py_ssize_t)mi;
         }
     }
-    W->wstart[w] = *at;
-    for (Py_ssize_t c = 0; !bad && c < PyList_GET_SIZE(cols); c++) {
-        PyObject *pair = PyList_GET_ITEM(cols, c);
-        int64_t col, mi;
-        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || kv_as_i64(PyTuple_GET_ITEM(pair, 0), &col, "column") < 0 ||
-            kv_as_i64(PyTuple_GET_ITEM(pair, 1), &mi, "medium index") < 0) { if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "WordLayout.cols entries must be (column, medium index)"); bad = 1; break; }
-        if (col < 0 || col >= W->nc || mi < 0 || mi >= W->nmedia) { PyErr_SetString(PyExc_ValueError, "layout column or medium index out of range"); bad = 1; break; }
-        W->wcols[*at] = (Py_ssize_t)col; W->wmi[*at] = (Py_ssize_t)mi; (*at)++;
-    }
-    Py_XDECREF(cols); Py_XDECREF(word); Py_XDECREF(alive);
-    if (bad) return -1;
-    W->acc[w] = W->walive[w];
-    return 0;
-}
-
-/* The layout's words flattened into arrays, and the credit table when a word has several columns. */
-int kv_walk_layout(Walk *W) {
-    Py_ssize_t ncolsall;
-    if (alloc_scratch(W) < 0 || count_columns(W, &ncolsall) < 0) return -1;
-    W->wcols = PyMem_Calloc(ncolsall + 1, sizeof(Py_ssize_t));
-    W->wmi = PyMem_Calloc(ncolsall + 1, sizeof(Py_ssize_t));
-    if (!W->wcols || !W->wmi) { PyErr_NoMemory(); return -1; }
-    Py_ssize_t at = 0;
-    int anymulti = 0;
-    for (Py_ssize_t w = 0; w < W->nw; w++) {
-        if (load_word(W, w, &at) < 0) return -1;
-        if (at - W->wstart[w] > 1) anymulti = 1;
-    }
-    W->wstart[W->nw] = at;
+    W->wstart[nw] = ntot;
+    W->nact = nw;
     if (anymulti) {
-        W->credit = PyMem_Calloc((size_t)W->nw * W->nmedia * KV_WORD, sizeof(int32_t));
+        W->credit = PyMem_Calloc((size_t)nw * W->nmedia * KV_WORD, sizeof(int32_t));
         if (!W->credit) { PyErr_NoMemory(); return -1; }
     }
     return 0;
 }
-

@@ -464,7 +464,7 @@ def test_lookup_over_crowded_tables_equals_a_model(data):
         medium, lora = data.draw(st.sampled_from(["GPU", "CPU_PINNED"])), data.draw(st.sampled_from([None, "a"]))
         idx.apply(f"w{i % 4}", KVEventBatch(0.0, [BlockStored(held, None, [], PAGE, None, medium, lora)]))
         holdings.append((f"w{i % 4}", held, medium, lora))
-    assert len(idx._views[0].spill) == 24
+    assert len(idx._views[0].spill) >= 24  # a third or more (page by page: 40)
     for strict in (True, False):
         r = PrefixRouter(idx, PAGE, lora_strict=strict, seed=1)
         for lora in (None, "a"):

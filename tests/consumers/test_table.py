@@ -28,8 +28,8 @@ def check(t: HashTable, model: dict[int, int]) -> None:
     slots = t.find(keys)
     assert (slots >= 0).all()
     assert (t.keys[slots] == keys).all()
-    assert t.masks[slots, 0].tolist() == [model[k] for k in keys.tolist()]
-    assert t.rows(keys)[:, 0].tolist() == [model[k] for k in keys.tolist()]  # the router's path
+    assert t.rows[slots].tolist() == [model[k] for k in keys.tolist()]
+    assert t.row_words(keys).tolist() == [model[k] for k in keys.tolist()]  # the router's path
     assert t.live == len(model) == len(t.live_slots())
     assert sorted(t.keys[t.live_slots()].tolist()) == keys.tolist()
     for k, s in t.spill.items():  # the spill dict names exactly the keys living off their home bucket
@@ -44,19 +44,19 @@ OPS = st.lists(st.tuples(st.sampled_from(["put", "put", "del", "put1", "del1"]),
 @settings(max_examples=120)
 @given(OPS)
 def test_table_matches_a_dict_under_random_puts_and_deletes(ops):
-    t = HashTable(1)
+    t = HashTable()
     model: dict[int, int] = {}
     for step, (op, keys) in enumerate(ops, 1):
         if op == "put":
             slots = upsert(t, keys)
-            t.masks[slots, 0] = np.uint64(step)
+            t.rows[slots] = np.uint64(step)
             model.update(dict.fromkeys(keys, step))
         elif op == "put1":  # the scalar paths
             for k in keys:
                 s = t.find1(k)
                 if s < 0:
                     s = t.insert1(k)
-                t.masks[s, 0] = np.uint64(step)
+                t.rows[s] = np.uint64(step)
                 model[k] = step
         elif op == "del1":
             for k in keys:
@@ -74,13 +74,13 @@ def test_table_matches_a_dict_under_random_puts_and_deletes(ops):
         check(t, model)
     absent = np.array([k for k in [*range(-60, 60), t.vacant] if k not in model], np.int64)
     assert (t.find(absent) == -1).all() and all(t.find1(k) == -1 for k in absent.tolist())
-    assert (t.masks.take(t.find(absent), axis=0) == 0).all()  # slot -1 reads the all-zero row
-    assert (t.rows(absent) == 0).all()
+    assert (t.rows.take(t.find(absent)) == 0).all()  # slot -1 reads the zero word past the end
+    assert (t.row_words(absent) == 0).all()
 
 
 def test_crowded_buckets_spill_and_stay_findable():
     """Keys chosen to share one home bucket overflow it; lookups still find every one."""
-    t = HashTable(1, buckets=1 << 12)
+    t = HashTable(buckets=1 << 12)
     cand = np.arange(200_000, dtype=np.int64)
     homes = t._home(cand)
     crowd = cand[homes == homes[0]][: 3 * SLOTS]  # three buckets' worth for one home bucket
@@ -88,19 +88,19 @@ def test_crowded_buckets_spill_and_stay_findable():
     slots = upsert(t, crowd.tolist())
     assert len(t.spill) == 2 * SLOTS and t.overflow[int(homes[0])]
     assert (t.find(crowd) == slots).all()
-    t.masks[slots, 0] = np.arange(1, len(crowd) + 1, dtype=np.uint64)
+    t.rows[slots] = np.arange(1, len(crowd) + 1, dtype=np.uint64)
     mixed = np.concatenate([crowd, cand[homes == homes[0]][3 * SLOTS : 3 * SLOTS + 3]])  # + absent, same home
-    assert t.rows(mixed)[:, 0].tolist() == list(range(1, len(crowd) + 1)) + [0, 0, 0]
+    assert t.row_words(mixed).tolist() == list(range(1, len(crowd) + 1)) + [0, 0, 0]
     t.delete(t.find(crowd[:4]))  # deleting spilled and home keys keeps the rest findable
     assert (t.find(crowd[:4]) == -1).all() and (t.find(crowd[4:]) >= 0).all()
     assert all(k not in t.spill for k in crowd[:4].tolist())
 
 
 def test_growth_rebuild_keeps_rows_and_drops_tombstones():
-    t = HashTable(2)
+    t = HashTable()
     keys = np.arange(1, 5001, dtype=np.int64) * 7919
     slots = upsert(t, keys.tolist())
-    t.masks[slots, 1] = keys.view(np.uint64)
+    t.rows[slots] = keys.view(np.uint64)
     t.parent[slots] = keys - 1
     t.state[slots] |= HAS_PARENT
     t.delete(t.find(keys[::2]))
@@ -108,13 +108,13 @@ def test_growth_rebuild_keeps_rows_and_drops_tombstones():
     t.reserve(int(t.capacity * 0.7))  # forces a rebuild
     assert t.used == t.live == 2500 < used_before
     s = t.find(keys[1::2])
-    assert (t.masks[s, 1] == keys[1::2].view(np.uint64)).all()
+    assert (t.rows[s] == keys[1::2].view(np.uint64)).all()
     assert (t.parent[s] == keys[1::2] - 1).all() and (t.state[s] & (LIVE | HAS_PARENT) == LIVE | HAS_PARENT).all()
     assert (t.find(keys[::2]) == -1).all()
 
 
 def test_a_real_key_equal_to_the_vacant_key_moves_it():
-    t = HashTable(1)
+    t = HashTable()
     upsert(t, [1, 2, 3])
     assert t.find1(VACANT) == -1 and t.find(np.array([VACANT]))[0] == -1
     s = t.insert1(VACANT)
@@ -125,11 +125,7 @@ def test_a_real_key_equal_to_the_vacant_key_moves_it():
     assert t.find1(VACANT) == -1 and (t.find(np.array([1, 2, 3])) >= 0).all()
 
 
-def test_add_column_and_bad_hashes():
-    t = HashTable(1)
-    upsert(t, [1, 2, 3])
-    assert t.add_column() == 1 and t.masks.shape == (t.capacity + 1, 2)
-    assert (t.masks[:, 1] == 0).all()
+def test_bad_hashes():
     for bad in ([2**63], [-(2**63) - 1], ["x"], [1.5], [True], [1, 2.0], [None]):
         with pytest.raises(ValueError, match="int64"):
             as_hashes(bad)
@@ -152,26 +148,25 @@ def test_zeros_paged_is_zeros_and_huge_page_aligned_when_big() -> None:
 
 
 def test_a_grown_table_keeps_every_row_in_paged_arrays() -> None:
-    """Rebuilds and added columns allocate through zeros_paged and keep keys, parents and masks."""
-    t = HashTable(ncols=1)
+    """Rebuilds and a grown pool allocate through zeros_paged and keep keys, parents, rows and records."""
+    t = HashTable()
     keys = list(range(1, 300_001))
     slots = upsert(t, keys)
-    t.masks[slots, 0] = np.arange(1, len(keys) + 1, dtype=np.uint64)
-    col = t.add_column()
-    assert col == 1
+    t.rows[slots] = np.arange(1, len(keys) + 1, dtype=np.uint64)
+    t.pool.grow(300_000)
     if hasattr(mmap, "MADV_HUGEPAGE"):
-        assert t.masks.ctypes.data % (1 << 21) == 0
-        # what tracemalloc cannot see is still counted: keys, parents and masks, not the small arrays
-        assert t.paged_bytes() == t.keys.nbytes + t.parent.nbytes + t.masks.nbytes < t.nbytes()
+        assert t.rows.ctypes.data % (1 << 21) == 0 and t.pool.words.ctypes.data % (1 << 21) == 0
+        # what tracemalloc cannot see is still counted: keys, parents, rows and the pool, not the small arrays
+        paged = t.keys.nbytes + t.parent.nbytes + t.rows.nbytes + t.pool.words.nbytes
+        assert t.paged_bytes() == paged < t.nbytes()
     again = t.find(as_hashes(keys))
-    assert (t.masks[again, 0] == np.arange(1, len(keys) + 1, dtype=np.uint64)).all()
-    assert not t.masks[again, 1].any() and not t.masks[-1].any()
+    assert (t.rows[again] == np.arange(1, len(keys) + 1, dtype=np.uint64)).all() and not t.rows[-1]
 
 
 def test_cview_follows_every_change_of_its_parts() -> None:
     """The compiled paths read the table through `cview()`, which is cached: moving the vacant key,
     a rebuild (new arrays, new spill dict) and an added column must each give a fresh one."""
-    t = HashTable(ncols=1)
+    t = HashTable()
     first = t.cview()
     assert t.cview() is first
     upsert(t, [VACANT])  # a real key equal to the vacant one moves the vacant key
@@ -181,5 +176,5 @@ def test_cview_follows_every_change_of_its_parts() -> None:
     grown = t.cview()
     buckets = len(t.keys) // SLOTS
     assert grown[0].obj is t.keys and grown[7] is t.spill and grown[5] == 64 - (buckets.bit_length() - 1)
-    t.add_column()
-    assert t.cview()[8] == 2 and t.cview()[3].obj.base is t.masks
+    t.pool.grow(1_000)
+    assert t.cview()[8].obj is t.pool.words and t.cview() is not grown

@@ -40,8 +40,8 @@ def test_a_deliberately_wrong_constant_is_named_in_one_line():
     msg = native.refusal(wrong)
     assert msg is not None and "\n" not in msg
     assert msg.startswith("kvevents: the C extension was built for another table layout (")
-    assert "SLOTS: C 16, Python 8" in msg and "WORD: C 'missing', Python 64" in msg
-    assert "EXTRA: C 1, Python 'missing'" in msg and "CVIEW: C ('nc'," in msg
+    assert "SLOTS: C 16, Python 8" in msg and "WORD: C 'missing', Python 32" in msg
+    assert "EXTRA: C 1, Python 'missing'" in msg and "CVIEW: C ('pmeta'," in msg
     assert "MIX" not in msg and "TOMB" not in msg  # only what differs
     assert msg.endswith("the pure-Python fallback is in use (rebuild it: python3 setup.py build_ext --inplace)")
     assert native.refusal(dict(layout.TABLE_LAYOUT)) is None
@@ -101,23 +101,34 @@ def test_an_extension_built_for_another_layout_is_refused_and_the_python_twins_r
 
 
 def test_the_python_table_follows_the_layout():
-    t = HashTable(2)
+    t = HashTable()
     t.reserve(40)
     keys = list(range(1, 41))
     t.set_bits_each(keys, 1, 0b100, 7)
+    t.set_bits_each(keys[:2], 9, 0b1, None)  # keys 1 and 2: a second column, so a pool record
     view = dict(zip(layout.CVIEW, t.cview()))
     assert len(t.cview()) == len(layout.CVIEW)
-    assert view["nc"] == t.nc == 2 and view["vacant"] == t.vacant == VACANT and view["spill"] is t.spill
+    assert view["vacant"] == t.vacant == VACANT and view["spill"] is t.spill
     assert view["keys"].obj is t.keys and view["state"].obj is t.state and view["parent"].obj is t.parent
+    assert view["pool"].obj is t.pool.words and view["pmeta"].obj is t.pool.meta
     assert view["overflow"].nbytes == t.capacity // layout.SLOTS
     assert view["nshift"] == 64 - (t.capacity // layout.SLOTS).bit_length() + 1
-    assert len(t.masks) == t.capacity + layout.MASK_EXTRA_ROWS and not t.masks[t.capacity :].any()
-    assert view["masks"].nbytes == (t.capacity + layout.MASK_EXTRA_ROWS) * t.nc * 8
+    assert len(t.rows) == t.capacity + layout.EXTRA_ROWS and not t.rows[t.capacity :].any()
+    assert view["rows"].nbytes == (t.capacity + layout.EXTRA_ROWS) * 8
     for k in keys:
         s = t.find1(k)
         home = ((k * layout.MIX) % 2**64) >> view["nshift"]
         assert s // layout.SLOTS == home or t.spill.get(k) == s  # in its home bucket, or noted as spilled
-        assert t.state[s] == layout.LIVE | layout.HAS_PARENT and t.masks[s, 1] == 0b100
+        assert t.state[s] == layout.LIVE | layout.HAS_PARENT
+        r = int(t.rows[s])
+        if k > 2:
+            assert r == 1 << 32 | 0b100  # inline: column 1, the bits
+        else:  # a record: header (length 2, class 0), then the pairs in the order they came
+            o = r & ((1 << layout.ROW_CLS_SHIFT) - 1)
+            assert r >> layout.ROW_CLS_SHIFT == 1 << 7 | 0 and t.pool.words[o] == 2 << 8  # the ref bit, class 0
+            assert t.pool.words[o + 1 : o + 3].tolist() == [1 << 32 | 0b100, 9 << 32 | 0b1]
+    assert t.pool.meta[layout.PMETA_IN_USE] == 2 * layout.POOL_MIN_WORDS
+    assert t.pool.meta[layout.PMETA_TOP] == 1 + 2 * layout.POOL_MIN_WORDS
     assert t.state[t.keys == VACANT].tolist() == [layout.EMPTY] * int((t.keys == VACANT).sum())
     t.clear_bit(t.find1(5), 1, 0b100)
     assert t.state[t.keys == VACANT].tolist().count(layout.TOMB) == 1

@@ -1,9 +1,10 @@
 """The compiled index walk and apply loops against the pure-Python ones (kvevents.native).
 
 Random indexes (stores and removes of chains on several workers, media and lora names, repeated
-and crowded hashes that spill past their home bucket, the vacant key) are applied twice, once per
-path; the tables, refcounts, counters and every lookup must come out identical. Malformed views
-raise ValueError. Skipped where the extension is not built.
+and crowded hashes that spill past their home bucket, the vacant key, entries held by hundreds of
+workers whose holder records grow, shrink and move) are applied twice, once per path; the tables
+(slot arrays and holder pools), refcounts, counters and every lookup must come out identical.
+Malformed views and records raise ValueError. Skipped where the extension is not built.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvevents import native
-from kvevents.consumers.copies import remove_each, store_each
+from kvevents.consumers.copies import clear_worker, remove_each, store_each
 from kvevents.consumers.indexer import BlockIndex
 from kvevents.consumers.lookup import PrefixMatch, WorkerMatch
 from kvevents.consumers.table import VACANT, HashTable
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from kvevents.native.layout import CVIEW
 
 pytestmark = pytest.mark.skipif(
     not native.active(), reason="kvevents.native._speedups not built, or KVEVENTS_PURE_PYTHON set"
@@ -111,33 +113,42 @@ def test_apply_and_walk_equal_the_python_paths(ops, many, requests):
 
 
 def _tables_equal(a: HashTable, b: HashTable) -> None:
-    for name in ("keys", "state", "parent", "masks"):
+    for name in ("keys", "state", "parent", "rows"):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert np.array_equal(a.pool.words, b.pool.words) and np.array_equal(a.pool.meta, b.pool.meta)
     assert a.spill == b.spill and a.live == b.live and a.used == b.used and a.vacant == b.vacant
 
 
-CHAINS = st.lists(st.tuples(st.lists(KEYS, min_size=1, max_size=40), st.integers(0, 127), st.booleans()), max_size=25)
+CHAINS = st.lists(
+    st.tuples(
+        st.lists(KEYS, min_size=1, max_size=40), st.integers(0, 255), st.sampled_from(["store", "remove", "clear"])
+    ),
+    max_size=25,
+)
 
 
 @settings(max_examples=60, derandomize=True, deadline=None)
 @given(CHAINS)
 def test_table_store_and_remove_loops_equal_the_python_ones(chains):
-    """Raw tables (two views, two columns): the same arrays, spill dict, counts and extras."""
+    """Raw tables (two views, eight columns): the same arrays, holder pools, spill dict, counts, extras."""
 
     def run():
-        views, extra = [HashTable(2), HashTable(2)], {}
+        tables, extra = [HashTable(), HashTable()], {}
+        views = list(enumerate(tables))
         results = []
-        for i, (hs, wi, remove) in enumerate(chains):
-            col = (wi // 64) % 2
-            if remove:
+        for i, (hs, wi, op) in enumerate(chains):
+            col = (wi // 32) % 8
+            if op == "remove":
                 results.append(
                     remove_each(views, extra, 0, col, wi, list(hs), i % 3 - 1 if i % 3 else None, i % 2 == 0)
                 )
+            elif op == "clear":
+                results.append(clear_worker(tables[i % 2], [col, (col + 1) % 8], 1 << (wi % 32)))
             else:
-                t = views[i % 2]
+                t = tables[i % 2]
                 t.reserve(len(hs))
                 results.append(store_each(t, extra, i % 2, 0, col, wi, list(hs), hs[0] if i % 4 == 0 else None))
-        return views, extra, results
+        return tables, extra, results
 
     fv, fe, fr = run()
     with native.python_only():
@@ -159,13 +170,13 @@ def test_fast_walk_stops_at_the_first_page_nobody_holds():
 
 
 def _view(**change):
-    t = HashTable(2)
+    t = HashTable()
     t.reserve(5)
     t.set_bits_each([1, 2, 3], 0, 1, None)
+    t.set_bits_each([1, 2], 1, 1, None)  # two columns: 1 and 2 have records in the pool
     v = list(t.cview())
-    names = ["keys", "state", "parent", "masks", "overflow", "nshift", "vacant", "spill", "nc"]
     for k, val in change.items():
-        v[names.index(k)] = val
+        v[CVIEW.index(k)] = val
     return tuple(v)
 
 
@@ -177,17 +188,19 @@ BAD_VIEWS = [
     {"keys": np.zeros(8, np.int64)},
     {"state": np.zeros(3, np.uint8)},
     {"parent": np.zeros(3, np.int64)},
-    {"masks": np.zeros(5, np.uint64)},
-    {"masks": np.zeros(200, np.float64)},
+    {"rows": np.zeros(64, np.uint64)},
+    {"rows": np.zeros(200, np.float64)},
     {"overflow": np.zeros(1, np.uint8)},
     {"nshift": 0},
     {"nshift": 200},
     {"nshift": 2**70},
     {"nshift": "61"},
     {"spill": []},
-    {"nc": 0},
-    {"nc": 10**9},
-    {"nc": 40},
+    {"pool": np.zeros(0, np.uint64)},
+    {"pool": np.zeros(64, np.int32)},
+    {"pmeta": np.zeros(5, np.int64)},
+    {"pmeta": np.zeros(28, np.int64)},  # a bump pointer of 0: word 0 is never a record
+    {"pmeta": np.array([10**6] + [0] * 27, np.int64)},  # past the pool's end
     {"keys": "not an array"},
     {"keys": np.zeros(128, np.int64)[::2]},
 ]
@@ -203,9 +216,11 @@ def test_malformed_views_raise_value_error(change):
     with pytest.raises(ValueError):
         native.set_bits_each(v, [1, 2], 0, 1, None)
     with pytest.raises(ValueError):
-        native.remove_each([v], {}, 0, 0, 0, [1], None, False)
+        native.remove_each([v], [0], {}, 0, 0, 0, [1], None, False)
     with pytest.raises(ValueError):
         native.holds_bit([v], 1, [0], 1)
+    with pytest.raises(ValueError):
+        native.clear_worker(v, [0], 1)
 
 
 def test_malformed_arguments_raise_value_error():
@@ -217,28 +232,56 @@ def test_malformed_arguments_raise_value_error():
     bad_calls = [
         lambda: native.walk(np.array([1.0]), [(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
         lambda: native.walk(np.array([1], np.int32), [(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
-        lambda: native.walk(q, [(v, np.zeros(1, np.uint64))], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: native.walk(
+            q, [(v, np.zeros(1, np.uint64))], [WordLayout(0, [(1, 0)], 1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch
+        ),
+        lambda: native.walk(
+            q,
+            [(v, np.zeros(1, np.uint64)), (v, np.zeros(2, np.uint64))],
+            ok_layout,
+            ["GPU"],
+            [1.0],
+            PrefixMatch,
+            WorkerMatch,
+        ),
+        lambda: native.walk(
+            q,
+            [(v, None)],
+            [WordLayout(0, [(0, 0)], 1), WordLayout(1, [(0, 0)], 1)],
+            ["GPU"],
+            [1.0],
+            PrefixMatch,
+            WorkerMatch,
+        ),
+        lambda: native.walk(q, [(v, None)], [WordLayout(0, [(2**40, 0)], 1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch),
         lambda: native.walk(q, [(v, np.zeros(2, np.int8))], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
         lambda: native.walk(q, [(v,)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
-        lambda: native.walk(q, [(v, None)], [WordLayout(0, [(5, 0)], 1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: native.walk(q, [(v, None)], [WordLayout(0, [(-1, 0)], 1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch),
         lambda: native.walk(q, [(v, None)], [WordLayout(0, [(0, 3)], 1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch),
         lambda: native.walk(q, [(v, None)], [WordLayout(0, [], 1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch),
         lambda: native.walk(q, [(v, None)], [WordLayout(0, [(0, 0)], -1)], ["GPU"], [1.0], PrefixMatch, WorkerMatch),
         lambda: native.walk(q, [(v, None)], ok_layout, ["GPU"], [1.0, 2.0], PrefixMatch, WorkerMatch),
-        lambda: native.walk(q, [(v, None)] * 65, ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
+        lambda: native.walk(q, [(v, None)] * 4097, ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch),
         lambda: native.set_bits_each(v, [1, 2**64], 0, 1, None),
         lambda: native.set_bits_each(v, [1, 1.5], 0, 1, None),
         lambda: native.set_bits_each(v, (i for i in range(3)), 0, 1, None),
-        lambda: native.set_bits_each(v, [1], 2, 1, None),
+        lambda: native.set_bits_each(v, [1], -1, 1, None),
+        lambda: native.set_bits_each(v, [1], 2**31, 1, None),
         lambda: native.set_bits_each(v, [1], 0, 0, None),
+        lambda: native.set_bits_each(v, [1], 0, 2**32, None),
         lambda: native.set_bits_each(v, [1], 0, 2**64, None),
         lambda: native.set_bits_each(v, [1], 0, 1, 2**63),
-        lambda: native.remove_each([v], {}, 0, 5, 0, [1], None, False),
-        lambda: native.remove_each([v], {}, 0, 0, -1, [1], None, False),
-        lambda: native.remove_each([], {}, 0, 0, 0, [1], None, False),
-        lambda: native.remove_each([v], {}, 0, 0, 0, [2**63], None, False),
+        lambda: native.remove_each([v], [0], {}, 0, -5, 0, [1], None, False),
+        lambda: native.remove_each([v], [0], {}, 0, 0, -1, [1], None, False),
+        lambda: native.remove_each([], [], {}, 0, 0, 0, [1], None, False),
+        lambda: native.remove_each([v], [], {}, 0, 0, 0, [1], None, False),
+        lambda: native.remove_each([v], ["0"], {}, 0, 0, 0, [1], None, False),
+        lambda: native.remove_each([v], [0], {}, 0, 0, 0, [2**63], None, False),
         lambda: native.holds_bit([v], 2**64, [0], 1),
-        lambda: native.holds_bit([v], 1, [9], 1),
+        lambda: native.holds_bit([v], 1, [-1], 1),
+        lambda: native.holds_bit([v], 1, list(range(300)), 1),
+        lambda: native.clear_worker(v, [0], 0),
+        lambda: native.clear_worker(v, [2**31], 1),
         lambda: native.bind_walk([(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)(np.array([1.0])),
         lambda: native.bind_walk([(v,)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)(q),
         lambda: native.bind_walk([(v, None)], ok_layout, ["GPU"], [1.0, 2.0], PrefixMatch, WorkerMatch)(q),
@@ -254,7 +297,7 @@ def test_malformed_arguments_raise_value_error():
 
 
 def test_a_full_table_raises_instead_of_looping():
-    t = HashTable(1)
+    t = HashTable()
     view = t.cview()
     with pytest.raises(ValueError, match="reserve"):
         native.set_bits_each(view, list(range(1, 200)), 0, 1, None)
@@ -295,7 +338,7 @@ def test_results_of_a_class_with_its_own_init_are_built_by_calling_it():
             self.score = -self.score
 
     assert native._slots_of(Checked) is None and native._slots_of(WorkerMatch) is not None
-    t = HashTable(1)
+    t = HashTable()
     t.reserve(3)
     t.set_bits_each([5, 6], 0, 0b11, None)
     got = native.walk(
