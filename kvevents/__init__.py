@@ -1,4 +1,18 @@
-"""kvevents: the KV-event contract (hashing, wire schema), a reference cache, transport and tools."""
+"""kvevents: the KV-event contract (hashing, wire schema), a reference cache, transport and tools.
+
+| file | what it owns |
+|---|---|
+| `__main__.py` |  |
+| `_chain.py` | The page chain's speed plumbing behind kvevents.hashing (private: hashing.py states the contract). |
+| `errors.py` | The few named error types of kvevents; library code raises them, the CLI turns them into exit codes. |
+| `events.py` | Event structs, the wire encoder and a tolerant decoder (schemas/README.md, "Wire format"). |
+| `feed.py` | What any transport hands a consumer: Delivery and Reset in per-(source, dp_rank) seq order, per-source status, |
+| `hashing.py` | The page-hash contract (schemas/README.md, sections "Namespace" to "The published integer"): namespaces, stora |
+| `publisher.py` | Deprecated path, kept for one release: the publisher lives in `kvevents.zeromq.publisher`. |
+| `relay.py` | `kvevents relay`: kvevents' publisher beside an engine that cannot load it (vLLM 0.33, or any engine speaking  |
+| `subscriber.py` | Deprecated path, kept for one release: the subscriber lives in `kvevents.zeromq.subscriber`. |
+| folders | one job each, listed with their module maps in README.md, "Layout and docs" |
+"""
 
 from kvevents.errors import DecodeError, KVEventsError
 from kvevents.events import (

@@ -5,6 +5,14 @@ backends it loads by module and class name.
 reads (declared in pyproject.toml). `STORAGE_BACKENDS` maps each engine to the storage backend it can
 load by name (SGLang's `--hicache-storage-backend dynamic`, no entry point). A plug-in module imports
 nothing of its engine at module import time: kvevents stays importable without any engine installed.
+
+
+| file | what it owns |
+|---|---|
+| `hicache.py` | kvevents' page store as an SGLang HiCache storage ("L3") backend (SGLang >= 0.5.20). |
+| `hicache_metrics.py` | Prometheus metrics of the HiCache page store: names defined once here, read from `stats()` at scrape. |
+| `hicache_store.py` | The page store under kvevents' SGLang HiCache backend: one engine rank's L3 pages, no SGLang needed. |
+| `sglang.py` | kvevents' Publisher as SGLang's KV-event publisher "kvevents" (SGLang >= 0.5.20 plug-in). |
 """
 
 from __future__ import annotations
