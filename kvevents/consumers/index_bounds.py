@@ -10,6 +10,7 @@ else; every refusal is counted under the source that caused it (`adapter_drops`)
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import Counter, defaultdict
 
 from kvevents.consumers.index_reports import IndexReports, WorkerEntry
@@ -18,7 +19,7 @@ from kvevents.consumers.table import HashTable
 __all__ = ["IndexBounds"]
 
 
-class IndexBounds(IndexReports):
+class IndexBounds(IndexReports, ABC):
     """Rank and adapter bookkeeping of BlockIndex (which provides `_new_view` and `_changed`)."""
 
     def __init__(self, max_ranks: int, max_other_media: int, max_adapters: int, max_per_source: int) -> None:
@@ -44,11 +45,13 @@ class IndexBounds(IndexReports):
         self._source_views: defaultdict[str, dict[int, int]] = defaultdict(dict)  # source -> {named view: copies}
         self._adapter_drops: Counter[str] = Counter()
 
+    @abstractmethod
     def _new_view(self) -> HashTable:
-        raise NotImplementedError
+        """An empty view table (the index's own sizing and change counter)."""
 
+    @abstractmethod
     def _changed(self) -> None:
-        raise NotImplementedError
+        """The index layout changed: bound walks and routers re-read it."""
 
     # ---------------------------------------------------------------- ranks
 
