@@ -49,9 +49,10 @@ class LoadVectors:
         table = np.zeros((5, n))
         table[2] = np.nan
         table[3] = -np.inf
-        self._bind(table, False)
+        self.rebind(table, False)
 
-    def _bind(self, table: np.ndarray, any_: bool) -> None:
+    def rebind(self, table: np.ndarray, any_: bool) -> None:
+        """Take `table` (rows: prefill, decode, queue, at, source) as these vectors."""
         self.table = table
         self.prefill, self.decode, self.queue, self.at, self.source = table
         self.any = any_  # a load is set for some worker (else every load term is 0)
@@ -63,7 +64,7 @@ class LoadVectors:
 
     def copy(self) -> LoadVectors:
         out = LoadVectors.__new__(LoadVectors)
-        out._bind(self.table.copy(), self.any)
+        out.rebind(self.table.copy(), self.any)
         return out
 
     def with_loads(self, loads: Iterable[tuple[int, WorkerLoad]]) -> LoadVectors:
