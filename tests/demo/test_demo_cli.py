@@ -55,12 +55,12 @@ def test_demo_waits_for_a_router_that_joins_late(monkeypatch):
     start = RouterService.start
 
     def late_start(self):
-        timer = threading.Timer(0.8, start, args=(self,))
+        timer = threading.Timer(1.6, start, args=(self,))  # past the restart time of a 2 s run
         timer.start()
         return self
 
     monkeypatch.setattr(RouterService, "start", late_start)
-    out = run_demo(DemoConfig(workers=2, duration=1.0, seed=4))
+    out = run_demo(DemoConfig(workers=2, duration=2.0, seed=4))  # 2 s: enough traffic for every check on a loaded box
     assert out["checks"]["injected_faults_observed"], out["transport"]
     assert out["transport"]["restarts_detected"] == 1
     assert out["ok"], out["checks"]
