@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import http.client
 import json
-import queue
 import socket
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
+
+from kvevents.testing.fleet import KvProc
 
 pytestmark = pytest.mark.subprocess  # kvevents route and serve run as the user runs them
 
@@ -26,52 +25,6 @@ CMD = [sys.executable, "-m", "kvevents"]
 BUDGET_S = 0.2  # ten requests; the Nagle stall alone cost 9 x 40 ms
 ATTEMPTS = 3  # the best of three fresh connections (a busy shared machine may slow one)
 TOKENS = list(range(1000, 1000 + 2048))
-
-
-class _Proc:
-    """A kvevents subprocess whose stdout and stderr lines are read on threads (no blocking reads)."""
-
-    def __init__(self, args: list[str]) -> None:
-        self.proc = subprocess.Popen([*CMD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.seen: list[str] = []
-        self._readers = [threading.Thread(target=self._read, args=(p,), daemon=True) for p in self._pipes()]
-        for t in self._readers:
-            t.start()
-
-    def _pipes(self) -> list:
-        return [p for p in (self.proc.stdout, self.proc.stderr) if p is not None]
-
-    def _read(self, pipe) -> None:
-        for line in pipe:
-            self.lines.put(line)
-
-    def wait_line(self, want: Callable[[str], bool], timeout: float = 30.0) -> str:
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self.lines.get(timeout=min(left, 0.5))
-            except queue.Empty:
-                if self.proc.poll() is not None:
-                    break
-                continue
-            self.seen.append(line)
-            if want(line):
-                return line
-        raise AssertionError(f"{self.proc.args[3]}: no expected line; saw: {''.join(self.seen)[-2000:]}")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        for t in self._readers:
-            t.join(5)
-        for p in self._pipes():
-            p.close()
 
 
 def _address(url: str) -> tuple[str, int]:
@@ -82,9 +35,9 @@ def _address(url: str) -> tuple[str, int]:
 @pytest.fixture(scope="module")
 def servers() -> Iterator[dict[str, tuple[str, int]]]:
     """`kvevents serve --http` and a `kvevents route` subscribed to it: their HTTP addresses."""
-    started: list[_Proc] = []
+    started: list[KvProc] = []
     try:
-        serve = _Proc(
+        serve = KvProc(
             [
                 "serve",
                 *("--endpoint", "tcp://127.0.0.1:*", "--replay-endpoint", "tcp://127.0.0.1:*"),
@@ -95,7 +48,7 @@ def servers() -> Iterator[dict[str, tuple[str, int]]]:
         banner = serve.wait_line(lambda s: s.startswith("kvevents serve: worker w0")).split()
         live, replay = banner[banner.index("live") + 1], banner[banner.index("replay") + 1]
         completions = serve.wait_line(lambda s: s.startswith("kvevents serve: http ")).split()[3]
-        route = _Proc(["route", "--publisher", f"w0={live},{replay}", "--http", "127.0.0.1:0", "--seed", "0"])
+        route = KvProc(["route", "--publisher", f"w0={live},{replay}", "--http", "127.0.0.1:0", "--seed", "0"])
         started.append(route)
         line = route.wait_line(lambda s: s.startswith("kvevents route:") and "http://" in s)
         yield {"route": _address("http://" + line.split("http://", 1)[1].split()[0]), "serve": _address(completions)}
