@@ -4,13 +4,18 @@ to write, CURVE keys (kvevents.zeromq.security) and NATS options (kvevents.jetst
 Publishers (serve, replay) take `--curve-secret FILE [--curve-allow DIR]`; consumers take
 `--curve-server-key FILE [--curve-client-cert FILE]` (tail, doctor, fetch: one publisher) or
 `--curve-server-key [NAME=]FILE ...` (route, record, bridge: FILE for every --publisher, NAME=FILE for one).
+Every `--nats` command (route, record, bridge, fetch, doctor) takes the same connection flags
+(`@nats_flags`: --creds, --tls-ca, --tls-cert, --tls-key, --give-up-after, as one `NatsFlags`).
 A bad value is one `user_error` line (exit 2).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
-from typing import Any, Iterable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
 
 import typer
 
@@ -35,7 +40,7 @@ CREDS_HELP = "NATS credentials file (JWT + NKey seed, decentralized auth)."
 TLS_CA_HELP = "PEM file of the CA that signed the NATS server's certificate."
 TLS_CERT_HELP = "PEM client certificate (mutual TLS)."
 TLS_KEY_HELP = "PEM key of --tls-cert."
-GIVE_UP_HELP = "Exit 2 if NATS is still unreachable after S seconds (default: retry forever)."
+GIVE_UP_HELP = "With --nats: exit 2 if NATS is still unreachable after S seconds (default: retry forever)."
 
 # option declarations reused as defaults (typer copies them per command)
 CURVE_SERVER_KEY = typer.Option(None, "--curve-server-key", help=SERVER_KEY_HELP)
@@ -188,12 +193,70 @@ def nats_options(
     return opts
 
 
-def jetstream_feed(url: str, stream: str, prog: str, **options: object) -> Any:  # JetStreamFeed
+@dataclass(frozen=True)
+class NatsFlags:
+    """The NATS connection flags of one command line (each None when not given)."""
+
+    creds: Optional[str] = None
+    tls_ca: Optional[str] = None
+    tls_cert: Optional[str] = None
+    tls_key: Optional[str] = None
+    give_up_after: Optional[float] = None
+
+    def given(self) -> list[str]:
+        flags = ("--creds", "--tls-ca", "--tls-cert", "--tls-key", "--give-up-after")
+        values = (self.creds, self.tls_ca, self.tls_cert, self.tls_key, self.give_up_after)
+        return [f for f, v in zip(flags, values) if v is not None]
+
+    def check(self, nats_url: Optional[str]) -> None:
+        """Flags without --nats, or a give-up time <= 0: one line, exit 2."""
+        if nats_url is None and self.given():
+            given = self.given()
+            verb = "applies" if len(given) == 1 else "apply"
+            user_error(f"{', '.join(given)} {verb} to --nats URL (NATS JetStream): add --nats or leave it out")
+        if self.give_up_after is not None and not self.give_up_after > 0:
+            user_error(f"--give-up-after must be > 0 seconds, got {self.give_up_after:g}")
+
+    def options(self, url: str, prog: str) -> Any:  # NatsOptions
+        """NatsOptions for `kvevents PROG --nats URL` with these flags (nats_options: checked)."""
+        self.check(url)
+        return nats_options(url, self.creds, self.tls_ca, self.tls_cert, self.tls_key, name=f"kvevents-{prog}")
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+_NATS_FLAGS = (
+    ("creds", Optional[str], typer.Option(None, "--creds", metavar="FILE", help=CREDS_HELP)),
+    ("tls_ca", Optional[str], typer.Option(None, "--tls-ca", metavar="FILE", help=TLS_CA_HELP)),
+    ("tls_cert", Optional[str], typer.Option(None, "--tls-cert", metavar="FILE", help=TLS_CERT_HELP)),
+    ("tls_key", Optional[str], typer.Option(None, "--tls-key", metavar="FILE", help=TLS_KEY_HELP)),
+    ("give_up_after", Optional[float], typer.Option(None, "--give-up-after", metavar="S", help=GIVE_UP_HELP)),
+)
+
+
+def nats_flags(fn: F) -> F:
+    """Give a command the NATS connection flags; it receives them as `nats_flags: NatsFlags`."""
+    sig = inspect.signature(fn, eval_str=True)
+    kept = [p for p in sig.parameters.values() if p.name != "nats_flags"]
+    extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=o, annotation=a) for n, a, o in _NATS_FLAGS]
+    names = [n for n, _, _ in _NATS_FLAGS]
+
+    @functools.wraps(fn)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        flags = NatsFlags(*(kwargs.pop(n, None) for n in names))
+        return fn(*args, nats_flags=flags, **kwargs)
+
+    command.__signature__ = sig.replace(parameters=[*kept, *extra])  # type: ignore[attr-defined]
+    return command  # type: ignore[return-value]
+
+
+def jetstream_feed(url: str, stream: str, prog: str, flags: NatsFlags, **options: object) -> Any:  # JetStreamFeed
     """A JetStreamFeed for `route --nats` / `record --nats` / `fetch --nats` (one-line notice while
-    NATS is unreachable)."""
+    NATS is unreachable; with --give-up-after, exit 2 once it has been for that long)."""
     from kvevents.jetstream.feed import JetStreamFeed
 
-    opts = nats_options(url, name=f"kvevents-{prog}")
+    opts = flags.options(url, prog)
+    if flags.give_up_after is not None:
+        options["give_up_after_s"] = flags.give_up_after
     log_to_stderr()
     try:
         return JetStreamFeed(opts, stream, on_unreachable=lambda m: say(prog, m), **options)  # type: ignore[arg-type]

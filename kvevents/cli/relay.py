@@ -1,4 +1,5 @@
-"""`kvevents relay`: republish an engine's stream through kvevents' publisher (kvevents.relay)."""
+"""`kvevents relay`: republish an engine's stream through kvevents' publisher (kvevents.relay), with
+a line per engine rank saying what it publishes or what its sockets saw wrong (kvevents.published)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any, Optional
 import typer
 
 from kvevents.cli.app import user_error
+from kvevents.cli.config import takes_config
 from kvevents.cli.options import (
     CLIENT_CERT_HELP,
     CURVE_ALLOW,
@@ -66,6 +68,7 @@ def _build(
         user_error(f"relay: cannot open {config.endpoint}: {exc}")
 
 
+@takes_config
 def relay(
     source: str = typer.Option(
         ...,
@@ -129,7 +132,11 @@ def relay(
 
 
 def _run(r: Any, duration: Optional[float]) -> bool:
-    """Relay until --duration, SIGTERM or Ctrl-C; True when interrupted by Ctrl-C."""
+    """Relay until --duration, SIGTERM or Ctrl-C (True when interrupted by Ctrl-C); a line per
+    engine rank once what it publishes is known, or when its sockets show a misconfiguration."""
+    from kvevents.published import SourceNotes
+
+    notes = SourceNotes()
     stop = {"flag": False}
 
     def _on_term(signum: int, frame: Any) -> None:
@@ -141,6 +148,8 @@ def _run(r: Any, duration: Optional[float]) -> bool:
     try:
         while not stop["flag"] and (deadline is None or time.monotonic() < deadline):
             time.sleep(0.1)
+            for line in notes.lines(r.subscriber.status()):
+                out_line(f"{_TAG} {line}")
     except KeyboardInterrupt:
         return True
     finally:

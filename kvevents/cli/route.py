@@ -1,29 +1,38 @@
 """`kvevents route`: the HTTP router service (kvevents.consumers.service.core.RouterService) over
-ZeroMQ publishers or a JetStream stream; stale / heard-again lines on stderr until Ctrl-C."""
+ZeroMQ publishers or a JetStream stream; on stderr until Ctrl-C (then a summary, exit 130): what
+each source publishes against --page-size and --key-mode, a likely misconfiguration its sockets
+saw (kvevents.published.SourceNotes), stale / heard-again lines."""
 
 from __future__ import annotations
 
 import logging
 import signal
 import threading
+import time
 from typing import Any, Optional
 
 import typer
 
 from kvevents.cli.app import user_error
+from kvevents.cli.config import takes_config
 from kvevents.cli.options import (
     CURVE_CLIENT_CERT,
     CURVE_SERVER_KEYS,
     NATS_STREAM,
+    NatsFlags,
     host_port,
     jetstream_feed,
+    nats_flags,
     with_curve,
 )
 from kvevents.cli.output import err_line
 
 ENDPOINTS = "(status page at /, POST /score, GET /workers, GET /metrics, GET /openapi.json)"
+_TAG = "kvevents route:"
 
 
+@takes_config
+@nats_flags
 def route_cmd(
     publisher: list[str] = typer.Option(
         [], "--publisher", help="NAME=ENDPOINT[,REPLAY_ENDPOINT]; repeat for every publisher."
@@ -68,6 +77,7 @@ def route_cmd(
         help="A Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json with its chat "
         "template): /score then takes prompt (text) or messages (chat) as the engine tokenizes them.",
     ),
+    nats_flags: NatsFlags = NatsFlags(),
 ) -> None:
     """Subscribe to publishers, keep a block index, and rank workers for requests over HTTP.
 
@@ -77,10 +87,12 @@ def route_cmd(
     It answers the workers best first (worker, dp_rank, matched_pages, stale, ...).
 
     Request and response schemas: GET /openapi.json (README: "The router's HTTP API").
+    Ctrl-C prints a summary and exits 130.
     """
     from kvevents.consumers.service.http_api import HttpLimits
 
     _check_numbers(page_size, stale_after, max_connections)
+    nats_flags.check(nats_url)
     sources = _sources(publisher, nats_url, curve_server_key, curve_client_cert)
     default_mode, modes = _key_modes(key_mode, sources)
     host, port = host_port("--http", http)
@@ -95,7 +107,8 @@ def route_cmd(
     )
     # this command prints its own stale / back lines (below): the subscriber's warning would repeat them
     logging.getLogger("kvevents.zeromq.subscriber").setLevel(logging.ERROR)
-    service = _service(sources, nats_url, stream, stale_after, settings)
+    service = _service(sources, nats_url, stream, stale_after, settings, nats_flags)
+    t0 = time.monotonic()
     try:
         try:
             service.start()
@@ -103,10 +116,13 @@ def route_cmd(
         except ValueError as exc:
             user_error(str(exc))
         feeds = f"stream {stream}" if nats_url else f"{len(sources)} publisher(s)"
-        err_line(f"kvevents route: {feeds}; http://{bound[0]}:{bound[1]} {ENDPOINTS}; Ctrl-C to stop")
-        _report_staleness(service, stale_after)
+        err_line(f"{_TAG} {feeds}; http://{bound[0]}:{bound[1]} {ENDPOINTS}; Ctrl-C to stop")
+        interrupted = _report(service, stale_after, page_size)
     finally:
         service.stop()
+    err_line(f"{_TAG} stopped after {time.monotonic() - t0:.1f}s: {_summary(service)}")
+    if interrupted:
+        raise typer.Exit(130)
 
 
 def _check_numbers(page_size: int, stale_after: float, max_connections: int) -> None:
@@ -166,24 +182,54 @@ def _renderer(directory: Optional[str]) -> Any:
 
 
 def _service(
-    sources: list[Any], nats_url: Optional[str], stream: str, stale_after: float, settings: dict[str, Any]
+    sources: list[Any],
+    nats_url: Optional[str],
+    stream: str,
+    stale_after: float,
+    settings: dict[str, Any],
+    flags: NatsFlags,
 ) -> Any:  # RouterService
     """The router service over the sources, or over the JetStream feed (one line while NATS is unreachable)."""
     from kvevents.consumers.service.core import RouterService
 
     if nats_url is not None:
-        return RouterService(feed=jetstream_feed(nats_url, stream, "route", stale_after_s=stale_after), **settings)
+        feed = jetstream_feed(nats_url, stream, "route", flags, stale_after_s=stale_after)
+        return RouterService(feed=feed, **settings)
     return RouterService(sources, stale_after_s=stale_after, **settings)
 
 
-def _report_staleness(service: Any, stale_after: float) -> None:
-    """Until SIGINT / SIGTERM: a line each time a source goes stale or is heard again."""
+def _report(service: Any, stale_after: float, page_size: int) -> bool:
+    """Until SIGINT / SIGTERM (True for SIGINT) or the feed's end: per source what it publishes
+    (once learned) or why it cannot be indexed, a likely misconfiguration, stale and heard-again."""
+    from kvevents.published import SourceNotes
+
     stop = threading.Event()
+    got: list[int] = []
+
+    def _on_signal(signum: int, _frame: Any) -> None:
+        got.append(signum)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, _on_signal)
+    notes = SourceNotes(page_size, service.keyer.mode)
     while not stop.wait(0.5):
+        for line in notes.lines(service.feed.status()):
+            err_line(f"{_TAG} {line}")
         for name, stale in service.stale_changes():
             if stale:
-                err_line(f"kvevents route: {name}: nothing heard for {stale_after:g} s (stale; /score says so)")
+                err_line(f"{_TAG} {name}: nothing heard for {stale_after:g} s (stale; /score says so)")
             else:
-                err_line(f"kvevents route: {name}: heard again (no longer stale)")
+                err_line(f"{_TAG} {name}: heard again (no longer stale)")
+        error = getattr(service.feed, "error", None)
+        if error is not None:  # the JetStream feed gave up (--give-up-after): one line, exit 2
+            raise error
+    return signal.SIGINT in got
+
+
+def _summary(service: Any) -> str:
+    """What the router did: batches applied by kind, resets, index copies."""
+    s = service.stats()
+    kinds = ", ".join(f"{k} {v}" for k, v in sorted(s["batches"].items())) or "none"
+    resets = sum(s["resets"].values())
+    return f"applied batches {kinds}; resets {resets}; {s['copies']} block copies indexed"

@@ -10,12 +10,14 @@ from typing import Any, Optional
 import typer
 
 from kvevents.cli.app import user_error
+from kvevents.cli.config import takes_config
 from kvevents.cli.options import CURVE_ALLOW, CURVE_SECRET, check_endpoint, curve_server
 from kvevents.cli.output import out_line, show_plain_bind_once
 
 STARTED = "kvevents serve:"
 
 
+@takes_config
 def serve(
     endpoint: str = typer.Option("tcp://127.0.0.1:5557", help="Live PUB endpoint of worker 0 (worker i: port + i)."),
     replay_endpoint: Optional[str] = typer.Option(

@@ -1,7 +1,7 @@
 """Looking at a kvevents JetStream stream from outside (what `kvevents doctor --nats` checks).
 
-One-shot synchronous calls (each opens and closes its own connection): message counts per
-subject, and a per-source report (batches stored, newest seq, newest snapshot and its age).
+One-shot synchronous calls (each opens and closes its own connection): every stream's last
+sequence, message counts per subject, and a per-source report (batches stored, newest seq, newest snapshot and its age).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from kvevents.jetstream.link import (
     stream_filter,
 )
 
-__all__ = ["SourceReport", "StreamReport", "stream_report", "subject_counts"]
+__all__ = ["SourceReport", "StreamReport", "stream_positions", "stream_report", "subject_counts"]
 
 
 @dataclass
@@ -85,6 +85,19 @@ def subject_counts(nats: NatsOptions, stream: str, *, timeout: float = 5.0) -> d
         except NotFoundError:
             return {}
         return dict(info.state.subjects or {})
+
+    try:
+        return _run(_with_js(nats, timeout, fn), timeout + 1.0)
+    except asyncio.TimeoutError:
+        raise NatsUnavailable(f"NATS at {nats.redacted()} did not answer within {timeout:g}s") from None
+
+
+def stream_positions(nats: NatsOptions, *, timeout: float = 5.0) -> dict[str, int]:
+    """Every stream on the server: name -> its last sequence now (NatsUnavailable if NATS does not
+    answer), for a one-shot reader to check its stream's name and say how far it will read."""
+
+    async def fn(js: Any) -> dict[str, int]:
+        return {str(si.config.name): int(si.state.last_seq or 0) for si in await js.streams_info()}
 
     try:
         return _run(_with_js(nats, timeout, fn), timeout + 1.0)

@@ -45,6 +45,7 @@ from kvevents.jetstream.order import (
     SnapshotAssembler,
     StreamOrder,
 )
+from kvevents.published import PublishedWatch
 
 __all__ = ["JetStreamFeed", "JetStreamSource", "pick_snapshots", "positions_from_records"]
 
@@ -140,6 +141,8 @@ class JetStreamFeed:
         self._started_at = clock()
         self._counters_extra: dict[str, int] = {"messages": 0, "bad_messages": 0}
         self.cold_start_s: float | None = None
+        self.read_to = 0  # the newest stream seq read so far (progress against the stream's last seq)
+        self._published = PublishedWatch()
 
     # ------------------------------------------------------------------ Subscriber interface
     def start(self) -> JetStreamFeed:
@@ -195,7 +198,9 @@ class JetStreamFeed:
             if got >= 5000:
                 break
         self.order.tick()
-        return self.order.take()
+        out = self.order.take()
+        self._published.observe_all(out)  # each source's page size and hash chain, for status()
+        return out
 
     def status(self) -> dict[str, SourceStatus]:
         now = self.clock()
@@ -214,7 +219,7 @@ class JetStreamFeed:
                 )
             s.ranks[rank] = st.next_seq
             s.busy = s.busy or st.next_seq is None
-        return out
+        return {name: self._published.fill(s) for name, s in out.items()}
 
     def counters(self) -> dict[str, int]:
         out = dict(self._counters_extra)
@@ -256,6 +261,7 @@ class JetStreamFeed:
     def _take_message(self, msg: StoredMsg) -> None:
         sseq = msg.stream_seq
         self._counters_extra["messages"] += 1
+        self.read_to = max(self.read_to, sseq)
         if msg.ack is not None:
             self._handled.append((sseq, msg.ack))
         try:

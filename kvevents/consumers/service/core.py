@@ -36,6 +36,7 @@ from kvevents.consumers.service.status import StatusBoard
 from kvevents.consumers.worker_key import WorkerKey
 from kvevents.events import rank_of
 from kvevents.feed import Delivery, EventFeed, FeedLoop, Reset, dispatch
+from kvevents.published import mismatch
 from kvevents.zeromq.subscriber import Source, Subscriber, parse_source
 
 __all__ = [
@@ -352,7 +353,8 @@ class RouterService:
 
     def workers_view(self) -> dict[str, Any]:
         """GET /workers: per worker (source name + dp rank) blocks by medium, last seq, epoch, lag, stale,
-        and the replay framing its publisher answers in ("4-frame" | "3-frame", null: none seen yet)."""
+        the replay framing its publisher answers in ("4-frame" | "3-frame", null: none seen yet), what
+        it publishes (page size, hash chain, a mismatch with this router) and a likely misconfiguration."""
         status = self.feed.status()
         now = time.time()
         with self.lock:
@@ -379,6 +381,13 @@ class RouterService:
                             "key_mode": self.keyer.mode(name),  # contract | tokens | auto (still detecting)
                             # the form of its replay replies (kvevents.zeromq.framing), null until one came
                             "replay_framing": sst.replay_framing,
+                            # what it publishes (kvevents.published) and why this router cannot use it
+                            "published": {
+                                "page_size": sst.page_size,
+                                "hash_chain": sst.hash_chain,
+                                "mismatch": mismatch(sst, self.router.page_size, self.keyer.mode(name)),
+                            },
+                            "problem": sst.problem,  # a likely misconfiguration its sockets saw
                         }
                     )
             return {"workers": out, "index": self.index.stats()}
