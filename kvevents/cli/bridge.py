@@ -129,6 +129,8 @@ def _watch(bridge: Any, started: str, duration: Optional[float], status_every: f
                 break
     finally:
         bridge.stop()
+    for line in notes.lines(bridge.source_status()):  # what was learned since the last turn
+        say("bridge", line)
     interrupted = signal.SIGINT in got
     if interrupted:
         say("bridge", f"stopped after {time.monotonic() - t0:.1f}s: {_status(bridge.counters())}")
