@@ -224,6 +224,8 @@ def _report(service: Any, stale_after: float, page_size: int) -> bool:
         error = getattr(service.feed, "error", None)
         if error is not None:  # the JetStream feed gave up (--give-up-after): one line, exit 2
             raise error
+    for line in notes.lines(service.feed.status()):  # what was learned since the last turn
+        err_line(f"{_TAG} {line}")
     return signal.SIGINT in got
 
 
