@@ -79,7 +79,8 @@ class Reset:
 
 @dataclass(slots=True)
 class SourceStatus:
-    """Where one source stands: its first rank's next seq and epoch, last heard, stale, per-rank seqs."""
+    """Where one source stands: its first rank's next seq and epoch, last heard, stale, per-rank seqs;
+    what it publishes, as far as seen; and a likely misconfiguration."""
 
     name: str
     endpoint: str
@@ -90,6 +91,9 @@ class SourceStatus:
     ranks: dict[int | None, int | None] = field(default_factory=dict)  # dp_rank -> next_seq
     busy: bool = False  # a replay or snapshot is in flight
     replay_framing: str | None = None  # "4-frame" | "3-frame" (zeromq/framing.py) once a reply was seen
+    page_size: int | None = None  # its first BlockStored's block_size (kvevents.published)
+    hash_chain: str | None = None  # contract | vllm-sha256 | vllm-sha256_cbor | other, from its first chain head
+    problem: str | None = None  # a likely misconfiguration its sockets saw, one line (kvevents.zeromq.handshake)
 
 
 Output = Union[Delivery, Reset]

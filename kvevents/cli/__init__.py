@@ -7,6 +7,7 @@ render). This module registers them on the app, under the headings and in the or
 | `app.py` | the typer app, `--version`, the help's headings, the one place errors become exit codes (0, 1 check failed, 2 user error) |
 | `helpfmt.py` | how `--help` reads: placeholders (FILE, TOKENS...), the type column, docstrings as paragraphs, option panels |
 | `options.py` | flags several commands share: endpoints, HOST:PORT, a log file to write, CURVE keys, NATS options |
+| `config.py` | `--config FILE.toml` / `--print-config` of route, bridge, relay and serve |
 | `output.py` | consoles, one-line stdout/stderr messages and warnings, library logs on stderr, the check table |
 | `route.py` | `route`: the HTTP router service over publishers or a JetStream stream |
 | `demo.py` | `demo`: the whole system on loopback (kvevents.demo), as tables, JSON or HTML |

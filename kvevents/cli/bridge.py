@@ -1,5 +1,6 @@
 """`kvevents bridge`: engines' ZeroMQ streams into a NATS JetStream stream (kvevents.jetstream.bridge),
-with a status line on stderr every --status-every seconds."""
+with a status line on stderr every --status-every seconds and a line per engine saying what it
+publishes or what its sockets saw wrong (kvevents.published); Ctrl-C: a last status line, exit 130."""
 
 from __future__ import annotations
 
@@ -11,21 +12,21 @@ from typing import Any, Optional
 import typer
 
 from kvevents.cli.app import publisher_option, user_error
+from kvevents.cli.config import takes_config
 from kvevents.cli.nats_trust import BRIDGE_INSECURE_HELP, SIGN_KEY_HELP, bus_trust
 from kvevents.cli.options import (
-    CREDS_HELP,
     CURVE_CLIENT_CERT,
     CURVE_SERVER_KEYS,
-    GIVE_UP_HELP,
-    TLS_CA_HELP,
-    TLS_CERT_HELP,
-    TLS_KEY_HELP,
-    nats_options,
+    NATS_PANEL,
+    NatsFlags,
+    nats_flags,
     with_curve,
 )
 from kvevents.cli.output import log_to_stderr, say
 
 
+@takes_config
+@nats_flags
 def bridge_cmd(
     publisher: list[str] = publisher_option(..., "engine"),
     nats_url: str = typer.Option("nats://127.0.0.1:4222", "--nats", help="NATS server URL(s), comma-separated."),
@@ -38,22 +39,19 @@ def bridge_cmd(
     replicas: int = typer.Option(1, "--replicas", help="Stream replicas in a NATS cluster (when creating it)."),
     storage: str = typer.Option("file", "--storage", help="file or memory (when creating the stream)."),
     create: bool = typer.Option(True, "--create/--no-create", help="Create the stream if it is missing."),
-    creds: Optional[str] = typer.Option(None, "--creds", help=CREDS_HELP),
-    tls_ca: Optional[str] = typer.Option(None, "--tls-ca", help=TLS_CA_HELP),
-    tls_cert: Optional[str] = typer.Option(None, "--tls-cert", help=TLS_CERT_HELP),
-    tls_key: Optional[str] = typer.Option(None, "--tls-key", help=TLS_KEY_HELP),
-    give_up_after: Optional[float] = typer.Option(None, "--give-up-after", help=GIVE_UP_HELP),
     duration: Optional[float] = typer.Option(None, "--duration", help="Stop after S seconds (default: until Ctrl-C)."),
     status_every: float = typer.Option(5.0, "--status-every", help="Seconds between status lines on stderr (0: none)."),
     curve_server_key: list[str] = CURVE_SERVER_KEYS,
     curve_client_cert: Optional[str] = CURVE_CLIENT_CERT,
-    sign_key: Optional[str] = typer.Option(None, "--sign-key", help=SIGN_KEY_HELP),
-    insecure: bool = typer.Option(False, "--insecure", help=BRIDGE_INSECURE_HELP),
+    sign_key: Optional[str] = typer.Option(None, "--sign-key", help=SIGN_KEY_HELP, rich_help_panel=NATS_PANEL),
+    insecure: bool = typer.Option(False, "--insecure", help=BRIDGE_INSECURE_HELP, rich_help_panel=NATS_PANEL),
+    nats_flags: NatsFlags = NatsFlags(),
 ) -> None:
     """Forward engines' KV events (gap-repaired) into NATS JetStream, with periodic snapshots.
 
     Run two bridges for one engine for high availability: JetStream stores each batch once.
-    Exit 0 on Ctrl-C or --duration, 2 on a usage error or NATS unreachable past --give-up-after.
+    Exit 0 on --duration or SIGTERM, 130 on Ctrl-C (after a last status line), 2 on a usage error
+    or NATS unreachable past --give-up-after.
     """
     from kvevents.jetstream.bridge import Bridge
     from kvevents.jetstream.link import StreamOptions
@@ -62,7 +60,7 @@ def bridge_cmd(
     _check_stream_flags(snapshot_every, max_age, storage, replicas)
     sources = [parse_source(spec, require_name=True) for spec in publisher]
     with_curve(sources, curve_server_key, curve_client_cert)  # engines' CURVE keys (live, replay, snapshots)
-    opts = nats_options(nats_url, creds, tls_ca, tls_cert, tls_key, name="kvevents-bridge")
+    opts = nats_flags.options(nats_url, "bridge")
     key = bus_trust("bridge", sign_key, insecure)
     log_to_stderr()
     bridge = Bridge(
@@ -73,13 +71,15 @@ def bridge_cmd(
         stream_options=StreamOptions(max_age, max_bytes, replicas, storage),
         create_stream=create,
         on_unreachable=lambda m: say("bridge", m),
-        give_up_after_s=give_up_after,
+        give_up_after_s=nats_flags.give_up_after,
         sign_key=key,
     )
     started = f"{len(sources)} engine(s) -> {opts.redacted()} stream {stream} (snapshots every {snapshot_every:g}s)"
-    _watch(bridge, started, duration, status_every)
+    interrupted = _watch(bridge, started, duration, status_every)
     if bridge.error is not None:
         raise bridge.error  # NatsUnavailable / ValueError: one line, exit 2
+    if interrupted:
+        raise typer.Exit(130)
 
 
 def _check_stream_flags(snapshot_every: float, max_age: float, storage: str, replicas: int) -> None:
@@ -96,15 +96,25 @@ def _check_stream_flags(snapshot_every: float, max_age: float, storage: str, rep
         user_error(f"--replicas must be >= 1, got {replicas}")
 
 
-def _watch(bridge: Any, started: str, duration: Optional[float], status_every: float) -> None:
+def _watch(bridge: Any, started: str, duration: Optional[float], status_every: float) -> bool:
     """Run the bridge until SIGINT / SIGTERM, --duration or its end; say when it is connected, then
-    a status line every `status_every` s."""
+    a status line every `status_every` s, and per engine what it publishes or what is wrong. After
+    SIGINT a last status line; returns whether SIGINT ended it."""
+    from kvevents.published import SourceNotes
+
     stop = threading.Event()
+    got: list[int] = []
+
+    def _on_signal(signum: int, _frame: Any) -> None:
+        got.append(signum)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, _on_signal)
     t0 = time.monotonic()
     announced = False
     next_status = t0 + status_every
+    notes = SourceNotes()
     try:
         bridge.start()
         while not stop.wait(0.1):
@@ -114,6 +124,8 @@ def _watch(bridge: Any, started: str, duration: Optional[float], status_every: f
             if not announced and bridge.wait_connected(0):
                 announced = True
                 say("bridge", f"{started}; Ctrl-C to stop")
+            for line in notes.lines(bridge.source_status()):
+                say("bridge", line)
             if status_every > 0 and now >= next_status and announced:
                 next_status = now + status_every
                 say("bridge", _status(bridge.counters()))
@@ -121,6 +133,12 @@ def _watch(bridge: Any, started: str, duration: Optional[float], status_every: f
                 break
     finally:
         bridge.stop()
+    for line in notes.lines(bridge.source_status()):  # what was learned since the last turn
+        say("bridge", line)
+    interrupted = signal.SIGINT in got
+    if interrupted:
+        say("bridge", f"stopped after {time.monotonic() - t0:.1f}s: {_status(bridge.counters())}")
+    return interrupted
 
 
 def _status(c: dict[str, int]) -> str:

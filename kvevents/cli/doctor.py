@@ -17,13 +17,20 @@ from kvevents.cli.options import (
     INSECURE,
     NATS_STREAM,
     SIGN_KEY,
+    NatsFlags,
     check_endpoint,
     curve_client,
-    nats_options,
+    nats_flags,
 )
 from kvevents.cli.output import print_checks
 
+PROFILE_HELP = (
+    "Recompute published hashes as: contract, or a vLLM 0.33 stream's vllm (structure, links), "
+    "vllm-sha256 | vllm-sha256_cbor (hashes too; PYTHONHASHSEED if set). Default: detected from the stream."
+)
 
+
+@nats_flags
 def doctor_cmd(
     endpoint: Optional[str] = typer.Argument(None, help="The publisher's live endpoint, e.g. tcp://127.0.0.1:5557."),
     nats_url: Optional[str] = typer.Option(
@@ -37,37 +44,53 @@ def doctor_cmd(
     topic: Optional[str] = typer.Option(None, "--topic", help="The topic your consumer subscribes to."),
     timeout: float = typer.Option(3.0, "--timeout", help="Seconds to listen (and to wait for each answer)."),
     salt: list[str] = typer.Option([], "--salt", help="A tenant cache_salt chain heads may be seeded with."),
+    profile: Optional[str] = typer.Option(None, "--profile", help=PROFILE_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     curve_server_key: Optional[str] = CURVE_SERVER_KEY,
     curve_client_cert: Optional[str] = CURVE_CLIENT_CERT,
     sign_key: Optional[str] = SIGN_KEY,
     insecure: bool = INSECURE,
+    nats_flags: NatsFlags = NatsFlags(),
 ) -> None:
-    """Check that the address answers, the topic matches, batches arrive and decode, seqs are
-    continuous, heartbeats come, replay and describe answer, and published hashes recompute.
+    """Check that the address answers, a PUB and a ROUTER sit at the endpoints with CURVE keys that
+    fit, the topic matches, batches arrive and decode, seqs are continuous, heartbeats come, replay
+    and describe answer, and published hashes recompute (under --profile, or the one detected).
     Exit 1 if any check fails."""
+    from kvevents.doctor.hashes import PROFILES
     from kvevents.doctor.zeromq import run_doctor
     from kvevents.zeromq.security import client_context
 
+    nats_flags.check(nats_url)
+    if profile is not None and profile not in PROFILES:
+        user_error(f"--profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    if nats_url is not None and profile is not None:
+        user_error("--profile applies to an ENDPOINT (a ZeroMQ publisher), not to --nats")
     if nats_url is not None:  # stream, sources, snapshot ages, lag
-        return _doctor_nats(nats_url, stream, timeout, as_json, sign_key, insecure)
+        return _doctor_nats(nats_url, stream, timeout, as_json, nats_flags, bus_trust("doctor", sign_key, insecure))
     if endpoint is None:
         user_error("missing ENDPOINT (or --nats URL --stream NAME)")
     check_endpoint("ENDPOINT", endpoint)  # a malformed address is a usage error (2), not a failed check
     check_endpoint("--replay", replay)
     ctx = client_context(curve_client(curve_server_key, curve_client_cert))  # CURVE: every probe socket a client
     rep = run_doctor(
-        endpoint, replay=replay, page_size=page_size, topic=topic, timeout=timeout, salts=salt, context=ctx
+        endpoint,
+        replay=replay,
+        page_size=page_size,
+        topic=topic,
+        timeout=timeout,
+        salts=salt,
+        context=ctx,
+        profile=profile,
     )
     _report(rep, f"kvevents doctor {endpoint}" + (f" (replay {replay})" if replay else ""), as_json)
 
 
-def _doctor_nats(url: str, stream: str, timeout: float, as_json: bool, sign_key: Optional[str], insecure: bool) -> None:
-    """`doctor --nats`: the JetStream checklist (kvevents.doctor.nats.nats_doctor)."""
+def _doctor_nats(url: str, stream: str, timeout: float, as_json: bool, flags: NatsFlags, sign_key: Any) -> None:
+    """`doctor --nats`: the JetStream checklist (kvevents.doctor.nats.nats_doctor); --give-up-after
+    is how long NATS may stay unreachable (default: --timeout)."""
     from kvevents.doctor.nats import nats_doctor
 
-    opts = nats_options(url, name="kvevents-doctor")
-    rep = nats_doctor(opts, stream, timeout=timeout, sign_key=bus_trust("doctor", sign_key, insecure))
+    rep = nats_doctor(flags.options(url, "doctor"), stream, timeout=flags.give_up_after or timeout, sign_key=sign_key)
     _report(rep, f"kvevents doctor {rep.endpoint}", as_json)
 
 

@@ -1,5 +1,7 @@
 """`kvevents fetch`: a publisher's replay buffer (ENDPOINT, from seq --since) or what a JetStream
-stream holds (--nats) into a record log or a block index (kvevents.recordlog.live)."""
+stream holds (--nats) into a record log or a block index (kvevents.recordlog.live). With --nats a
+misspelled stream is one line naming the streams there; a long read says how far it goes (the
+stream's last seq at start) and shows its progress on stderr."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any, Optional
 import typer
 
 from kvevents.cli.app import user_error
+from kvevents.cli.nats_trust import bus_trust
 from kvevents.cli.options import (
     CURVE_CLIENT_CERT,
     CURVE_SERVER_KEY,
@@ -18,15 +21,20 @@ from kvevents.cli.options import (
     MAX_SOURCES,
     NATS_STREAM,
     SIGN_KEY,
+    NatsFlags,
     check_log_target,
     curve_client,
     jetstream_feed,
+    nats_flags,
 )
-from kvevents.cli.output import out_console, warn
+from kvevents.cli.output import err_console, out_console, say, warn
 
 NATS_READ_TIMEOUT_S = 30.0  # --nats: the stream must be read (caught up) within this
+NATS_ANSWER_S = 5.0  # --nats: how long NATS may take to list its streams (--give-up-after sets it)
+PROGRESS_EVERY_S = 5.0  # --nats, not on a terminal: a progress line this often while reading
 
 
+@nats_flags
 def fetch_cmd(
     endpoint: Optional[str] = typer.Argument(
         None, help="A publisher's replay endpoint (its ROUTER), e.g. tcp://127.0.0.1:5558."
@@ -58,9 +66,11 @@ def fetch_cmd(
     sign_key: Optional[str] = SIGN_KEY,
     insecure: bool = INSECURE,
     max_sources: int = MAX_SOURCES,
+    nats_flags: NatsFlags = NatsFlags(),
 ) -> None:
     """Pull a publisher's replay buffer (ENDPOINT, from seq --since) or what a JetStream stream holds
     (--nats URL --stream NAME) into a record log."""
+    nats_flags.check(nats_url)
     if nats_url is not None:  # as a cold router reads it (or --back N seconds of batches)
         if endpoint is not None:
             user_error("give ENDPOINT or --nats URL, not both")
@@ -69,7 +79,7 @@ def fetch_cmd(
         if output is not None:
             check_log_target(output, force)
         trust = {"sign_key": sign_key, "insecure": insecure, "max_sources": max_sources}
-        return _from_nats(nats_url, stream, back, output, into_index, as_json, trust)
+        return _from_nats(nats_url, stream, back, output, into_index, as_json, nats_flags, trust)
     if endpoint is None:
         user_error("missing ENDPOINT (a replay endpoint) or --nats URL")
     if into_index or back is not None:
@@ -105,6 +115,7 @@ def _from_nats(
     output: Optional[str],
     into_index: bool,
     as_json: bool,
+    flags: NatsFlags,
     trust: dict[str, Any],
     timeout: float = NATS_READ_TIMEOUT_S,
 ) -> None:
@@ -116,12 +127,16 @@ def _from_nats(
         user_error("fetch --nats needs -o FILE (a record log) or --into-index")
     if back_s is not None and back_s <= 0:
         user_error(f"--back (seconds) must be > 0, got {back_s:g}")
+    flags.options(url, "fetch")  # a bad URL or a missing file: exit 2 first, then a missing key
+    bus_trust("fetch", trust["sign_key"], trust["insecure"])
+    last = _last_seq(url, stream, flags)
     start_time = None if back_s is None else time.time() - back_s
-    src = jetstream_feed(url, stream, "fetch", start_time=start_time, give_up_after_s=timeout, **trust)
+    src = jetstream_feed(url, stream, "fetch", flags, start_time=start_time, give_up_after_s=timeout, **trust)
     sink = _Sink(output, into_index)  # (after the feed: a refused --sign-key leaves no file behind)
     t0 = time.monotonic()
     try:
-        res = drain_feed(src, sink.on_delivery, sink.on_reset, timeout)
+        with _Progress(src, stream, last) as progress:
+            res = drain_feed(src, sink.on_delivery, sink.on_reset, timeout, on_tick=progress.tick)
     finally:
         src.stop()
         sink.close()
@@ -130,6 +145,50 @@ def _from_nats(
     summary: dict[str, Any] = {"stream": stream, "batches": res.batches, "resets": res.resets}
     summary["seconds"] = round(time.monotonic() - t0, 3)
     _print_summary(summary, sink, output, as_json)
+
+
+def _last_seq(url: str, stream: str, flags: NatsFlags) -> int:
+    """The stream's last seq now; a stream that is not there is one line naming those that are."""
+    from kvevents.jetstream.admin import stream_positions
+
+    streams = stream_positions(flags.options(url, "fetch"), timeout=flags.give_up_after or NATS_ANSWER_S)
+    if stream not in streams:
+        there = ", ".join(sorted(streams)) or "none (a kvevents bridge creates its stream)"
+        user_error(f"no stream {stream!r} on {url}; streams there: {there}")
+    return streams[stream]
+
+
+class _Progress:
+    """How far `fetch --nats` has read against the stream's last seq at start: a bar on a terminal,
+    else a line every PROGRESS_EVERY_S (nothing for a read shorter than that)."""
+
+    def __init__(self, feed: Any, stream: str, last: int, clock: Any = time.monotonic) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.feed, self.last, self.clock = feed, last, clock
+        console = err_console()
+        say("fetch", f"reading stream {stream} up to seq {last} (its last at start)")
+        columns = (TextColumn(f"stream {stream}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        self.bar = Progress(*columns, console=console, transient=True) if console.is_terminal else None
+        self.task = self.bar.add_task("read", total=max(last, 1)) if self.bar is not None else None
+        self.next_line = clock() + PROGRESS_EVERY_S
+
+    def __enter__(self) -> _Progress:
+        if self.bar is not None:
+            self.bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+    def tick(self) -> None:
+        at = min(self.feed.read_to, self.last)
+        if self.bar is not None and self.task is not None:
+            self.bar.update(self.task, completed=at)
+        elif self.clock() >= self.next_line:
+            self.next_line = self.clock() + PROGRESS_EVERY_S
+            say("fetch", f"read to seq {at} of {self.last} ({100 * at // max(self.last, 1)}%)")
 
 
 class _Sink:

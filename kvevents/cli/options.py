@@ -4,13 +4,18 @@ to write, CURVE keys (kvevents.zeromq.security) and NATS options (kvevents.jetst
 Publishers (serve, replay) take `--curve-secret FILE [--curve-allow DIR]`; consumers take
 `--curve-server-key FILE [--curve-client-cert FILE]` (tail, doctor, fetch: one publisher) or
 `--curve-server-key [NAME=]FILE ...` (route, record, bridge: FILE for every --publisher, NAME=FILE for one).
+Every `--nats` command (route, record, bridge, fetch, doctor) takes the same connection flags
+(`@nats_flags`: --creds, --tls-ca, --tls-cert, --tls-key, --give-up-after, as one `NatsFlags`).
 A bad value is one `user_error` line (exit 2).
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
-from typing import Any, Iterable, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
 
 import typer
 
@@ -36,7 +41,7 @@ CREDS_HELP = "NATS credentials file (JWT + NKey seed, decentralized auth)."
 TLS_CA_HELP = "PEM file of the CA that signed the NATS server's certificate."
 TLS_CERT_HELP = "PEM client certificate (mutual TLS)."
 TLS_KEY_HELP = "PEM key of --tls-cert."
-GIVE_UP_HELP = "Exit 2 if NATS is still unreachable after S seconds (default: retry forever)."
+GIVE_UP_HELP = "With --nats: exit 2 if NATS is still unreachable after S seconds (default: retry forever)."
 
 # option declarations reused as defaults (typer copies them per command)
 CURVE_SERVER_KEY = typer.Option(None, "--curve-server-key", help=SERVER_KEY_HELP)
@@ -164,8 +169,10 @@ def nats_options(
     tls_cert: Optional[str] = None,
     tls_key: Optional[str] = None,
     name: str = "kvevents",
+    tls_flag: str = "--tls-",
 ) -> Any:  # NatsOptions
-    """NatsOptions from the command line; a malformed URL or a missing file is a user error (exit 2).
+    """NatsOptions from the command line; a malformed URL or a missing file is a user error (exit 2),
+    the TLS flags named as this command spells them (`tls_flag`).
 
     Credentials and TLS files not given as flags come from KVEVENTS_NATS_CREDS, KVEVENTS_NATS_TLS_CA,
     KVEVENTS_NATS_TLS_CERT and KVEVENTS_NATS_TLS_KEY (so route/record/fetch/doctor take them too).
@@ -176,11 +183,12 @@ def nats_options(
     tls_ca = tls_ca or os.environ.get("KVEVENTS_NATS_TLS_CA") or None
     tls_cert = tls_cert or os.environ.get("KVEVENTS_NATS_TLS_CERT") or None
     tls_key = tls_key or os.environ.get("KVEVENTS_NATS_TLS_KEY") or None
-    for flag, path in (("--creds", creds), ("--tls-ca", tls_ca), ("--tls-cert", tls_cert), ("--tls-key", tls_key)):
+    t = tls_flag
+    for flag, path in (("--creds", creds), (f"{t}ca", tls_ca), (f"{t}cert", tls_cert), (f"{t}key", tls_key)):
         if path is not None and not os.path.isfile(path):
             user_error(f"{flag} {path!r}: no such file")
     if tls_key and not tls_cert:
-        user_error("--tls-key needs --tls-cert")
+        user_error(f"{t}key needs {t}cert")
     opts = NatsOptions(url, creds=creds, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, name=name)
     try:
         opts.servers()
@@ -189,20 +197,99 @@ def nats_options(
     return opts
 
 
-SIGN_KEY = typer.Option(None, "--sign-key", help="With --nats: " + SIGN_KEY_HELP)
-INSECURE = typer.Option(False, "--insecure", help="With --nats: " + INSECURE_HELP)
-MAX_SOURCES = typer.Option(4096, "--max-sources", help="With --nats: " + MAX_SOURCES_HELP)
+NATS_PANEL = "NATS connection"  # where --help shows the flags that apply to --nats only
+SIGN_KEY = typer.Option(None, "--sign-key", help="With --nats: " + SIGN_KEY_HELP, rich_help_panel=NATS_PANEL)
+INSECURE = typer.Option(False, "--insecure", help="With --nats: " + INSECURE_HELP, rich_help_panel=NATS_PANEL)
+MAX_SOURCES = typer.Option(4096, "--max-sources", help="With --nats: " + MAX_SOURCES_HELP, rich_help_panel=NATS_PANEL)
+
+
+@dataclass(frozen=True)
+class NatsFlags:
+    """The NATS connection flags of one command line (each None when not given); `tls_flag` is how
+    this command spells its TLS flags (`--tls-` where free, `--nats-tls-` where `--tls-*` serve HTTPS)."""
+
+    creds: Optional[str] = None
+    tls_ca: Optional[str] = None
+    tls_cert: Optional[str] = None
+    tls_key: Optional[str] = None
+    give_up_after: Optional[float] = None
+    tls_flag: str = "--tls-"
+
+    def given(self) -> list[str]:
+        t = self.tls_flag
+        flags = ("--creds", f"{t}ca", f"{t}cert", f"{t}key", "--give-up-after")
+        values = (self.creds, self.tls_ca, self.tls_cert, self.tls_key, self.give_up_after)
+        return [f for f, v in zip(flags, values) if v is not None]
+
+    def check(self, nats_url: Optional[str]) -> None:
+        """Flags without --nats, or a give-up time <= 0: one line, exit 2."""
+        if nats_url is None and self.given():
+            given = self.given()
+            verb = "applies" if len(given) == 1 else "apply"
+            user_error(f"{', '.join(given)} {verb} to --nats URL (NATS JetStream): add --nats or leave it out")
+        if self.give_up_after is not None and not self.give_up_after > 0:
+            user_error(f"--give-up-after must be > 0 seconds, got {self.give_up_after:g}")
+
+    def options(self, url: str, prog: str) -> Any:  # NatsOptions
+        """NatsOptions for `kvevents PROG --nats URL` with these flags (nats_options: checked)."""
+        self.check(url)
+        name = f"kvevents-{prog}"
+        return nats_options(url, self.creds, self.tls_ca, self.tls_cert, self.tls_key, name, self.tls_flag)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+_NATS_TLS = (("ca", TLS_CA_HELP), ("cert", TLS_CERT_HELP), ("key", TLS_KEY_HELP))
+
+
+def _nats_flag_params(tls_flag: str) -> list[tuple[str, Any, Any]]:
+    """(parameter, annotation, typer.Option) of each NATS connection flag, TLS spelled `tls_flag`."""
+    opt = functools.partial(typer.Option, rich_help_panel=NATS_PANEL)
+    tls = [(f"nats_tls_{n}", Optional[str], opt(None, f"{tls_flag}{n}", metavar="FILE", help=h)) for n, h in _NATS_TLS]
+    return [
+        ("nats_creds", Optional[str], opt(None, "--creds", metavar="FILE", help=CREDS_HELP)),
+        *tls,
+        ("nats_give_up_after", Optional[float], opt(None, "--give-up-after", metavar="S", help=GIVE_UP_HELP)),
+    ]
+
+
+def nats_flags(fn: F) -> F:
+    """Give a command the NATS connection flags; it receives them as `nats_flags: NatsFlags`. A
+    command whose own `--tls-cert` serves HTTPS (route) gets them as `--nats-tls-ca/-cert/-key`."""
+    sig = inspect.signature(fn, eval_str=True)
+    kept = [p for p in sig.parameters.values() if p.name != "nats_flags"]
+    tls_flag = "--nats-tls-" if "tls_cert" in sig.parameters else "--tls-"
+    params = _nats_flag_params(tls_flag)
+    extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=o, annotation=a) for n, a, o in params]
+    names = [n for n, _, _ in params]
+
+    @functools.wraps(fn)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        creds, ca, cert, key, give_up = (kwargs.pop(n, None) for n in names)
+        flags = NatsFlags(creds, ca, cert, key, give_up, tls_flag)
+        return fn(*args, nats_flags=flags, **kwargs)
+
+    command.__signature__ = sig.replace(parameters=[*kept, *extra])  # type: ignore[attr-defined]
+    return command  # type: ignore[return-value]
 
 
 def jetstream_feed(
-    url: str, stream: str, prog: str, sign_key: Optional[str] = None, insecure: bool = False, **options: object
+    url: str,
+    stream: str,
+    prog: str,
+    flags: NatsFlags,
+    sign_key: Optional[str] = None,
+    insecure: bool = False,
+    **options: object,
 ) -> Any:  # JetStreamFeed
     """A JetStreamFeed for `route --nats` / `record --nats` / `fetch --nats` (one-line notice while
-    NATS is unreachable; no --sign-key and no --insecure: exit 2)."""
+    NATS is unreachable; with --give-up-after, exit 2 once it has been for that long; no --sign-key
+    and no --insecure: exit 2)."""
     from kvevents.jetstream.feed import JetStreamFeed
 
-    opts = nats_options(url, name=f"kvevents-{prog}")
+    opts = flags.options(url, prog)
     key = bus_trust(prog, sign_key, insecure)
+    if flags.give_up_after is not None:
+        options["give_up_after_s"] = flags.give_up_after
     log_to_stderr()
     try:
         return JetStreamFeed(opts, stream, on_unreachable=lambda m: say(prog, m), sign_key=key, **options)  # type: ignore[arg-type]

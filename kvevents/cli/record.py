@@ -1,5 +1,7 @@
 """`kvevents record`: live batches of ZeroMQ publishers (a gap-repairing Subscriber) or of a JetStream
-stream into a record log (kvevents.recordlog.live.LiveRecording); a progress bar on a terminal."""
+stream into a record log (kvevents.recordlog.live.LiveRecording); a progress bar on a terminal, a
+line per source saying what it publishes or what its sockets saw wrong (kvevents.published);
+Ctrl-C prints the summary and exits 130."""
 
 from __future__ import annotations
 
@@ -19,16 +21,19 @@ from kvevents.cli.options import (
     MAX_SOURCES,
     NATS_STREAM,
     SIGN_KEY,
+    NatsFlags,
     check_log_target,
     jetstream_feed,
+    nats_flags,
     with_curve,
 )
-from kvevents.cli.output import err_console, log_to_stderr, note, out_console, warn, warn_damage
+from kvevents.cli.output import err_console, err_line, log_to_stderr, note, out_console, warn, warn_damage
 from kvevents.recordlog import START_MODES, Recorder, RecordWriter
 
 SILENCE_HINT_S = 3.0  # nothing received for this long: print what to check
 
 
+@nats_flags
 def record_cmd(
     publisher: list[str] = publisher_option([], "publisher"),
     output: str = typer.Option(..., "--output", "-o", help="Record log file to write."),
@@ -60,15 +65,18 @@ def record_cmd(
     sign_key: Optional[str] = SIGN_KEY,
     insecure: bool = INSECURE,
     max_sources: int = MAX_SOURCES,
+    nats_flags: NatsFlags = NatsFlags(),
 ) -> None:
     """Capture live batches, with the subscriber's gap repair, into a record log.
 
     Replayed batches are written in seq order; a resync is written as a reset marker followed by
-    the snapshot batches. Stops at --count, --duration or Ctrl-C; exit 1 if nothing was received.
+    the snapshot batches. Stops at --count, --duration or Ctrl-C (then exit 130, after the
+    summary); exit 1 if nothing was received.
     """
     from kvevents.recordlog.live import LiveRecording
 
     _check_flags(start, count, duration, nats_url, publisher)
+    nats_flags.check(nats_url)
     sources = _sources(publisher, curve_server_key, curve_client_cert)
     trust = {"sign_key": sign_key, "insecure": insecure, "max_sources": max_sources}
     if nats_url is not None:
@@ -76,7 +84,7 @@ def record_cmd(
     check_log_target(output, append or force)
     writer = RecordWriter(output, append=append, durability="fsync" if fsync else "flush", on_damage=warn_damage)
     rec = Recorder(writer, count=count, start=start)  # type: ignore[arg-type]
-    feed = _feed(rec, sources, topic, nats_url, stream, durable, output if append else None, trust)
+    feed = _feed(rec, sources, topic, nats_url, stream, durable, output if append else None, nats_flags, trust)
     session = LiveRecording(
         feed,
         rec,
@@ -91,7 +99,13 @@ def record_cmd(
         raise rec.error  # one line, exit 2 (the log keeps what was written before)
     _print_summary(session, sources, output, start, nats_url is None, interrupted)
     if session.nothing_received():
-        raise CheckFailed(f"nothing received in {session.elapsed():.1f}s; {_silence_hint(sources, topic)}")
+        hint = f"nothing received in {session.elapsed():.1f}s; {_silence_hint(sources, topic, feed)}"
+        if interrupted:
+            warn(hint)
+            raise typer.Exit(130)
+        raise CheckFailed(hint)
+    if interrupted:
+        raise typer.Exit(130)
     if count is not None and rec.batches < count and not interrupted:
         warn(f"stopped after {duration}s with {rec.batches} of {count} batches")
 
@@ -138,6 +152,7 @@ def _feed(
     stream: str,
     durable: Optional[str],
     appended: Optional[str],
+    flags: NatsFlags,
     trust: dict[str, Any],
 ) -> Any:
     """The Subscriber of the sources, or with --nats the JetStream feed (resuming at the positions
@@ -152,6 +167,7 @@ def _feed(
             nats_url,
             stream,
             "record",
+            flags,
             on_delivery=rec.on_delivery,
             on_reset=rec.on_reset,
             durable=durable,
@@ -178,7 +194,10 @@ def _record(
     session: Any, sources: list[Any], topic: str, output: str, count: Optional[int], duration: Optional[float]
 ) -> bool:
     """Run the recording (a progress bar on a terminal); True when Ctrl-C ended it."""
+    from kvevents.published import SourceNotes
+
     econ = err_console()
+    notes = SourceNotes()
     log_to_stderr()
     for s in sources:
         note(
@@ -198,8 +217,10 @@ def _record(
         with Progress(*columns, console=econ, disable=not econ.is_terminal, transient=True) as prog:
             task = prog.add_task("record", total=count)
             session.wait(
-                on_tick=lambda batches: prog.update(task, completed=batches),
-                on_silence=lambda: warn(f"nothing received after {SILENCE_HINT_S:g}s; {_silence_hint(sources, topic)}"),
+                on_tick=lambda batches: _tick(prog, task, batches, notes, session.feed),
+                on_silence=lambda: warn(
+                    f"nothing received after {SILENCE_HINT_S:g}s; {_silence_hint(sources, topic, session.feed)}"
+                ),
                 on_skip=lambda reason: warn(
                     f"a message could not be recorded and was skipped ({reason}); recording goes on"
                 ),
@@ -212,15 +233,30 @@ def _record(
     return False
 
 
+def _tick(prog: Any, task: Any, batches: int, notes: Any, feed: Any) -> None:
+    """Every 0.1 s: the progress bar, and any new line per source (what it publishes, a problem);
+    a feed that gave up (NATS unreachable past --give-up-after) ends the recording (exit 2)."""
+    prog.update(task, completed=batches)
+    error = getattr(feed, "error", None)
+    if error is not None:
+        raise error
+    for line in notes.lines(feed.status()):
+        err_line(f"kvevents record: {line}")
+
+
 def _print_summary(session: Any, sources: list[Any], output: str, start: str, zeromq: bool, interrupted: bool) -> None:
     for line in session.summary(start, interrupted, zeromq=zeromq):
         out_console().print(line, highlight=False)
 
 
-def _silence_hint(sources: list[Any], topic: str) -> str:
-    """What `kvevents doctor` would check, naming the first source."""
+def _silence_hint(sources: list[Any], topic: str, feed: Any = None) -> str:
+    """The likely cause the feed's sockets saw, else what `kvevents doctor` would check, naming the
+    first source."""
     if not sources:
         return "is a kvevents bridge feeding the stream? `kvevents doctor --nats URL --stream NAME` checks it"
+    problems = [f"{n}: {st.problem}" for n, st in (feed.status() if feed is not None else {}).items() if st.problem]
+    if problems:
+        return "; ".join(problems)
     s = sources[0]
     doctor = f"kvevents doctor {s.endpoint}" + (f" --replay {s.replay_endpoint}" if s.replay_endpoint else "")
     return (

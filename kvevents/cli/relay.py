@@ -1,4 +1,5 @@
-"""`kvevents relay`: republish an engine's stream through kvevents' publisher (kvevents.relay)."""
+"""`kvevents relay`: republish an engine's stream through kvevents' publisher (kvevents.relay), with
+a line per engine rank saying what it publishes or what its sockets saw wrong (kvevents.published)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Any, Optional
 import typer
 
 from kvevents.cli.app import user_error
+from kvevents.cli.config import takes_config
+from kvevents.cli.helpfmt import in_panel
 from kvevents.cli.options import (
     CLIENT_CERT_HELP,
     CURVE_ALLOW,
@@ -66,33 +69,54 @@ def _build(
         user_error(f"relay: cannot open {config.endpoint}: {exc}")
 
 
+_ENGINE, _OUT = "Engine side", "Republished"
+
+
+@takes_config
 def relay(
     source: str = typer.Option(
         ...,
         "--from",
         metavar="NAME=ENDPOINT[,REPLAY]",
         help="The engine's rank-0 live PUB endpoint and replay ROUTER endpoint (rank r: ports + r).",
+        rich_help_panel=_ENGINE,
     ),
-    endpoint: str = typer.Option(..., "--endpoint", help="The relay's rank-0 live PUB endpoint (rank r: port + r)."),
+    endpoint: str = typer.Option(
+        ..., "--endpoint", help="The relay's rank-0 live PUB endpoint (rank r: port + r).", rich_help_panel=_OUT
+    ),
     replay_endpoint: Optional[str] = typer.Option(
-        None, "--replay-endpoint", help="The relay's replay ROUTER (default: the port after the last live port)."
+        None,
+        "--replay-endpoint",
+        help="The relay's replay ROUTER (default: the port after the last live port).",
+        rich_help_panel=_OUT,
     ),
-    ranks: int = typer.Option(1, "--data-parallel-size", min=1, max=64, help="The engine's dp ranks."),
+    ranks: int = typer.Option(
+        1, "--data-parallel-size", min=1, max=64, help="The engine's dp ranks.", rich_help_panel=_ENGINE
+    ),
     from_bind: bool = typer.Option(
-        False, "--from-bind", help="Bind the engine-side SUB (vLLM's PUB connects to a tcp://HOST:PORT endpoint)."
+        False,
+        "--from-bind",
+        help="Bind the engine-side SUB (vLLM's PUB connects to a tcp://HOST:PORT endpoint).",
+        rich_help_panel=_ENGINE,
     ),
-    bind: bool = typer.Option(True, help="Bind the relay's live endpoint (consumers connect to it)."),
-    topic: str = typer.Option("", help="The engine's topic; the relay republishes under it."),
-    buffer_steps: int = typer.Option(10000, min=0, help="Batches the relay keeps for replay."),
-    heartbeat: float = typer.Option(1.0, min=0.0, help="Heartbeat interval in seconds (0: none)."),
+    bind: bool = typer.Option(
+        True, help="Bind the relay's live endpoint (consumers connect to it).", rich_help_panel=_OUT
+    ),
+    topic: str = typer.Option("", help="The engine's topic; the relay republishes under it.", rich_help_panel=_ENGINE),
+    buffer_steps: int = typer.Option(10000, min=0, help="Batches the relay keeps for replay.", rich_help_panel=_OUT),
+    heartbeat: float = typer.Option(
+        1.0, min=0.0, help="Heartbeat interval in seconds (0: none).", rich_help_panel=_OUT
+    ),
     metrics_port: Optional[int] = typer.Option(
-        None, help="Serve Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed)."
+        None, help="Serve Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed).", rich_help_panel=_OUT
     ),
-    curve_secret: Optional[str] = CURVE_SECRET,
-    curve_allow: Optional[str] = CURVE_ALLOW,
-    curve_server_key: Optional[str] = typer.Option(None, "--curve-server-key", help="Engine side: " + SERVER_KEY_HELP),
+    curve_secret: Optional[str] = in_panel(CURVE_SECRET, _OUT),
+    curve_allow: Optional[str] = in_panel(CURVE_ALLOW, _OUT),
+    curve_server_key: Optional[str] = typer.Option(
+        None, "--curve-server-key", help="Engine side: " + SERVER_KEY_HELP, rich_help_panel=_ENGINE
+    ),
     curve_client_cert: Optional[str] = typer.Option(
-        None, "--curve-client-cert", help="Engine side: " + CLIENT_CERT_HELP
+        None, "--curve-client-cert", help="Engine side: " + CLIENT_CERT_HELP, rich_help_panel=_ENGINE
     ),
     duration: Optional[float] = typer.Option(None, min=0.0, help="Stop after this many seconds (default: Ctrl-C)."),
 ) -> None:
@@ -129,7 +153,11 @@ def relay(
 
 
 def _run(r: Any, duration: Optional[float]) -> bool:
-    """Relay until --duration, SIGTERM or Ctrl-C; True when interrupted by Ctrl-C."""
+    """Relay until --duration, SIGTERM or Ctrl-C (True when interrupted by Ctrl-C); a line per
+    engine rank once what it publishes is known, or when its sockets show a misconfiguration."""
+    from kvevents.published import SourceNotes
+
+    notes = SourceNotes()
     stop = {"flag": False}
 
     def _on_term(signum: int, frame: Any) -> None:
@@ -141,6 +169,8 @@ def _run(r: Any, duration: Optional[float]) -> bool:
     try:
         while not stop["flag"] and (deadline is None or time.monotonic() < deadline):
             time.sleep(0.1)
+            for line in notes.lines(r.subscriber.status()):
+                out_line(f"{_TAG} {line}")
     except KeyboardInterrupt:
         return True
     finally:

@@ -10,6 +10,7 @@ from typing import Any, Optional
 import typer
 
 from kvevents.cli.app import user_error
+from kvevents.cli.config import takes_config
 from kvevents.cli.helpfmt import in_panel
 from kvevents.cli.options import CURVE_ALLOW, CURVE_SECRET, check_endpoint, curve_server
 from kvevents.cli.output import out_line, show_plain_bind_once
@@ -20,6 +21,7 @@ STARTED = "kvevents serve:"
 _WORK, _WIRE, _ENGINE, _MORE = "Workers and workload", "Endpoints and wire", "Engine emulated", "Extras"
 
 
+@takes_config
 def serve(
     workers: int = typer.Option(
         1, min=1, max=64, help="Simulated workers, one publisher each (DP ranks).", rich_help_panel=_WORK
@@ -49,7 +51,7 @@ def serve(
     epoch_in_batch: bool = typer.Option(
         False,
         "--epoch-in-batch",
-        help="Add the epoch as a 4th batch element (strict vLLM/SGLang/Dynamo decoders reject it).",
+        help="Add the epoch as a 4th batch element (strict decoders reject it).",
         rich_help_panel=_WIRE,
     ),
     curve_secret: Optional[str] = in_panel(CURVE_SECRET, "CURVE"),
@@ -95,10 +97,8 @@ def serve(
         8, "--max-running", min=1, help="--http: run at once (8).", show_default=False, rich_help_panel=_MORE
     ),
 ) -> None:
-    """Run simulated engine workers, each publishing its KV events; a status line per second.
-
-    Ctrl-C or SIGTERM stops them: the last status line, then exit 130 on Ctrl-C (0 at --duration or
-    SIGTERM).
+    """Run simulated engine workers, each publishing its KV events; a status line per second. Ctrl-C
+    or SIGTERM stops them: the last status line, then exit 130 on Ctrl-C (0 at --duration or SIGTERM).
     """
     from kvevents.sim.serve import ServeConfig
 

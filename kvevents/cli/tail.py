@@ -131,7 +131,7 @@ class _Tail:
         now = self.sub.counters()
         for key in _COUNTERS:
             if now[key] > self.last[key]:
-                detail = _notice_detail(key, self.seen, self.replay)
+                detail = self.sub.status()[self.endpoint].problem or _notice_detail(key, self.seen, self.replay)
                 self._notice(
                     {"type": "notice", "what": key, "count": now[key], "detail": detail},
                     f"! {key.replace('_', ' ')} (total {now[key]})" + (f": {detail}" if detail else ""),
@@ -168,7 +168,11 @@ class _Tail:
         waited = time.monotonic() - self.t0
         if status.last_heard is None and not self.hinted and waited >= SILENCE_HINT_S:
             self.hinted = True
-            err_line(_silence_hint(self.endpoint, self.replay, waited))
+            err_line(
+                f"kvevents tail: {status.problem}"
+                if status.problem
+                else _silence_hint(self.endpoint, self.replay, waited)
+            )
         stale = status.stale and status.last_heard is not None  # never heard: the hint above said it
         if stale and not self.was_stale:
             self._notice(

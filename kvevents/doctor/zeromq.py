@@ -16,21 +16,19 @@ from typing import Any, Iterable
 import zmq
 
 from kvevents import native
+from kvevents.doctor.hashes import PROFILES, hash_check
+from kvevents.doctor.wiring import probe_wiring
 from kvevents.errors import DecodeError
 from kvevents.events import KVEventBatch, decode_batch
-from kvevents.recordlog.format import Record
-from kvevents.recordlog.verify import ContractVerifier
 from kvevents.zeromq.engine_requests import EngineRequestError, NotOffered, replay_replies
 from kvevents.zeromq.engine_requests import describe as describe_request
 from kvevents.zeromq.engine_requests import replay as replay_request
-from kvevents.zeromq.engine_requests import snapshot as request_snapshot
 from kvevents.zeromq.framing import framing_label
 from kvevents.zeromq.wire import SEQ
 
 __all__ = ["Check", "DoctorReport", "run_doctor", "fetch_replay", "request_describe", "ProbeError"]
 
 OK, FAIL, WARN, SKIP = "ok", "fail", "warn", "skip"
-_HASH_CODES = ("hash-mismatch", "token-count", "block-size")
 
 
 ProbeError = EngineRequestError  # a replay/describe request got no (valid) answer in time
@@ -216,23 +214,32 @@ def run_doctor(
     timeout: float = 3.0,
     salts: Iterable[str] = (),
     context: zmq.Context | None = None,
+    profile: str | None = None,
 ) -> DoctorReport:
-    """Run every check against `endpoint` (and `replay`); never raises for what it finds."""
+    """Run every check against `endpoint` (and `replay`); never raises for what it finds.
+    `profile`: the hash profile to recompute published hashes under (kvevents.doctor.hashes; None:
+    detected from the stream)."""
+
     if timeout <= 0:
         raise ValueError(f"timeout must be > 0, got {timeout}")
     if page_size is not None and page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
+    if profile is not None and profile not in PROFILES:
+        raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
     ctx = context or zmq.Context.instance()
     rep = DoctorReport(endpoint, replay)
     rep.add("hashing path", OK, native.describe())  # compiled fast path or the pure-Python twin
     status, detail, hint = _probe_address(endpoint, timeout)
     rep.add("address answers", status, detail, hint)
-    later = ["topic matches", "batches arrive and decode", "seqs continuous", "heartbeats come"]
+    later = ["sockets and keys", "topic matches", "batches arrive and decode", "seqs continuous", "heartbeats come"]
+    wiring = None
     if status == FAIL:
         for name in later:
             rep.add(name, SKIP, "address does not answer")
         seen = _Seen()
     else:
+        wiring = probe_wiring(endpoint, replay, ctx, min(timeout, 1.5))  # a PUB and a ROUTER, keys that fit
+        wiring.add_check(rep, endpoint, replay)
         seen = _listen(endpoint, timeout, ctx)
         _live_checks(rep, seen, topic, timeout)
     rep.seen = {
@@ -246,7 +253,9 @@ def run_doctor(
     described = _replay_checks(rep, seen, replay, timeout, ctx)
     if page_size is None and described and isinstance(described.get("page_size"), int) and described["page_size"] > 0:
         page_size = described["page_size"]
-    _hash_check(rep, seen, replay, page_size, list(salts), timeout, ctx)
+    hash_check(rep, seen, replay, page_size, list(salts), timeout, ctx, profile)
+    if wiring is not None:
+        wiring.explain(rep)  # the likely cause, named in the hints of the checks it fails
     return rep
 
 
@@ -417,85 +426,3 @@ def _replay_checks(rep: DoctorReport, seen: _Seen, replay: str | None, timeout: 
         rep.add("describe answers", OK, detail)
     rep.seen["describe"] = d
     return d
-
-
-def _hash_check(
-    rep: DoctorReport,
-    seen: _Seen,
-    replay: str | None,
-    page_size: int | None,
-    salts: list[str],
-    timeout: float,
-    ctx: zmq.Context,
-) -> None:
-    name = "published hashes recompute"
-    if page_size is None:
-        rep.add(name, SKIP, "no --page-size given (and describe did not say)")
-        return
-    v = ContractVerifier(page_size, salts)
-    fed = 0
-    if replay and any(c.name == "replay answers" and c.status != FAIL for c in rep.checks):
-        try:  # the snapshot holds every live block with parents first: heads make children verifiable
-            payloads, s = request_snapshot(replay, timeout=min(timeout, 3.0), context=ctx)
-            for p in payloads:
-                v.feed(
-                    Record(
-                        recv_time=0.0,
-                        source="snapshot",
-                        endpoint=replay,
-                        topic="",
-                        seq=None,
-                        epoch=None,
-                        dp_rank=None,
-                        kind="snapshot",
-                        payload=p,
-                        index=fed,
-                    )
-                )
-                fed += 1
-        except ProbeError:
-            pass
-    for seq, _batch, payload in seen.batches:
-        v.feed(
-            Record(
-                recv_time=0.0,
-                source="live",
-                endpoint=rep.endpoint,
-                topic="",
-                seq=seq,
-                epoch=None,
-                dp_rank=None,
-                kind="live",
-                payload=payload,
-                index=fed,
-            )
-        )
-        fed += 1
-    r = v.report
-    bad = [x for x in r.violations if x.code in _HASH_CODES]
-    if bad:
-        rep.add(
-            name,
-            FAIL,
-            f"{len(bad)} of {len(bad) + r.blocks_verified} checked blocks do not recompute "
-            f"with page size {page_size}: {bad[0].message}",
-            "published hashes must be the event chain: SHA-256 over the parent's digest and the page's "
-            "uint32-LE tokens, seeded by cache_salt only, never extra_key (schemas/README.md, Event hashes); check the page size "
-            "(--page-size) and pass tenant salts with --salt",
-        )
-    elif r.blocks_verified == 0:
-        rep.add(
-            name,
-            WARN if seen.decoded else SKIP,
-            f"no block could be checked ({r.blocks_unverifiable} unverifiable: parents stored before the window)"
-            if seen.decoded
-            else "nothing was received to check",
-            "run longer (--timeout), or give --replay so the snapshot provides chain heads",
-        )
-    else:
-        rep.add(
-            name,
-            OK,
-            f"{r.blocks_verified} blocks recomputed with page size {page_size}"
-            + (f" ({r.blocks_unverifiable} unverifiable)" if r.blocks_unverifiable else ""),
-        )

@@ -1,7 +1,7 @@
 """Looking at a kvevents JetStream stream from outside (what `kvevents doctor --nats` checks).
 
-One-shot synchronous calls (each opens and closes its own connection): message counts per
-subject, and a per-source report (batches stored, newest seq, newest snapshot and its age; with
+One-shot synchronous calls (each opens and closes its own connection): every stream's last
+sequence, message counts per subject, and a per-source report (batches stored, newest seq, newest snapshot and its age; with
 the stream's sign key, whether its newest messages are authentic).
 """
 
@@ -28,7 +28,7 @@ from kvevents.jetstream.link import (
 )
 from kvevents.jetstream.signing import SignKey
 
-__all__ = ["SourceReport", "StreamReport", "stream_report", "subject_counts"]
+__all__ = ["SourceReport", "StreamReport", "stream_positions", "stream_report", "subject_counts"]
 
 
 @dataclass
@@ -101,6 +101,19 @@ def _header_int(msg: Any, name: str, default: int) -> int | None:
         return int((msg.headers or {}).get(name, default))
     except (TypeError, ValueError):
         return None
+
+
+def stream_positions(nats: NatsOptions, *, timeout: float = 5.0) -> dict[str, int]:
+    """Every stream on the server: name -> its last sequence now (NatsUnavailable if NATS does not
+    answer), for a one-shot reader to check its stream's name and say how far it will read."""
+
+    async def fn(js: Any) -> dict[str, int]:
+        return {str(si.config.name): int(si.state.last_seq or 0) for si in await js.streams_info()}
+
+    try:
+        return _run(_with_js(nats, timeout, fn), timeout + 1.0)
+    except asyncio.TimeoutError:
+        raise NatsUnavailable(f"NATS at {nats.redacted()} did not answer within {timeout:g}s") from None
 
 
 def _age(msg: Any, now: float) -> float | None:

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 from kvevents.events import rank_of
-from kvevents.feed import Delivery, Reset
+from kvevents.feed import Delivery, Reset, SourceStatus
 from kvevents.jetstream.link import (
     H_EPOCH,
     H_FROM,
@@ -181,6 +181,10 @@ class Bridge:
         for k, v in self._sub.counters().items():
             out[f"subscriber_{k}"] = v
         return out
+
+    def source_status(self) -> dict[str, SourceStatus]:
+        """The engines' Subscriber status: what each publishes, a likely misconfiguration (kvevents.feed)."""
+        return self._sub.status()
 
     def status(self) -> dict[str, dict[str, Any]]:
         """Per source: next engine seq, epoch, stale, age of the newest stored snapshot (s)."""

@@ -38,6 +38,7 @@ from kvevents.jetstream.messages import CaughtUp, QueueItem, Refilled, Snapshots
 from kvevents.jetstream.order import LiveMsg, Refill, Snapshot, SnapshotAssembler, StreamOrder
 from kvevents.jetstream.reread import read_all, read_subject
 from kvevents.jetstream.signing import SignKey
+from kvevents.published import PublishedWatch
 
 __all__ = ["JetStreamFeed", "JetStreamSource", "pick_snapshots", "positions_from_records"]
 
@@ -126,6 +127,12 @@ class JetStreamFeed:
         self._last_sseq = 0  # the highest stream seq handled on the poll side
         self._refills_out = 0  # Refills asked of the NATS side and not back yet
         self.cold_start_s: float | None = None
+        self._published = PublishedWatch()
+
+    @property
+    def read_to(self) -> int:
+        """The newest stream seq read so far (progress against the stream's last seq)."""
+        return self._last_sseq
 
     # ------------------------------------------------------------------ Subscriber interface
     def start(self) -> JetStreamFeed:
@@ -183,7 +190,9 @@ class JetStreamFeed:
         self.order.tick()
         for r in self.order.take_refills():
             self._ask_refill(r)
-        return self.order.take()
+        out = self.order.take()
+        self._published.observe_all(out)  # each source's page size and hash chain, for status()
+        return out
 
     def status(self) -> dict[str, SourceStatus]:
         now = self.clock()
@@ -202,7 +211,7 @@ class JetStreamFeed:
                 )
             s.ranks[rank] = st.next_seq
             s.busy = s.busy or st.next_seq is None
-        return out
+        return {name: self._published.fill(s) for name, s in out.items()}
 
     def counters(self) -> dict[str, int]:
         out = dict(self._counters_extra)

@@ -236,13 +236,15 @@ def drain_feed(
     on_reset: Callable[[Reset], object],
     timeout: float,
     clock: Callable[[], float] = time.monotonic,
+    on_tick: Callable[[], object] = lambda: None,
 ) -> DrainResult:
     """Read a stored stream (a JetStreamFeed) until it is caught up (`synced`) and quiet; stops
-    unsynced after `timeout` s. A feed error is raised."""
+    unsynced after `timeout` s. A feed error is raised. `on_tick()` after every poll (progress)."""
     n = resets = 0
     t0 = clock()
     while True:
         items = feed.poll(0.1)
+        on_tick()
         for it in items:
             if isinstance(it, Delivery):
                 n += 1

@@ -4,6 +4,11 @@ Gaps are filled by replay over a DEALER, duplicates dropped, live batches buffer
 replay is in flight; restarts and unrecoverable gaps become a `Reset` followed by snapshot
 deliveries (or a counted clean start). Drive it with `poll()` or run it on its own thread.
 
+Each SUB and replay DEALER is monitored: a connection dropped in its handshake, or a failed CURVE
+handshake, names the likely misconfiguration in `status()` (`problem`, kvevents.zeromq.handshake);
+what each source publishes (page size, hash chain) is learned from its first stored blocks
+(kvevents.published).
+
 Restarts are found without an epoch in the batch (schemas/README.md, "Restarts"): a seq that goes
 backwards, or a KVE/DESCRIBE epoch that changed, asked on first contact, after the SUB reconnects
 or a source comes back from stale, and before every gap replay. A publisher without a replay
@@ -28,6 +33,8 @@ from kvevents.feed import (
     Reset,
     SourceStatus,
 )
+from kvevents.published import PublishedWatch
+from kvevents.zeromq.handshake import LIVE, MONITOR_EVENTS, REPLAY, HandshakeWatch
 from kvevents.zeromq.security import apply_client
 from kvevents.zeromq.sequencer import DropDealer, Send, Sequencer
 from kvevents.zeromq.source import Source, parse_source
@@ -98,6 +105,9 @@ class Subscriber:
         self._subs: dict[str, zmq.Socket] = {}
         self._dealers: dict[str, zmq.Socket] = {}
         self._monitors: dict[str, zmq.Socket] = {}
+        self._dealer_monitors: dict[str, zmq.Socket] = {}
+        self._handshakes = HandshakeWatch()
+        self._published = PublishedWatch()
         self._by_sock: dict[zmq.Socket, tuple[str, str]] = {}  # socket -> (source name, "sub"|"dealer"|"monitor")
         self._poller: zmq.Poller | None = None
         self._thread: threading.Thread | None = None
@@ -168,15 +178,19 @@ class Subscriber:
         return self._poll(timeout_s)
 
     def status(self) -> dict[str, SourceStatus]:
-        """Per source: where its first rank stands, when it was last heard (wall clock), staleness."""
-        return self.sequencer.status()
+        """Per source: where its first rank stands, when it was last heard (wall clock), staleness,
+        what it publishes (page size, hash chain) and a likely misconfiguration its sockets saw."""
+        out = self.sequencer.status()
+        for name, st in out.items():
+            self._published.fill(st).problem = self._handshakes.problem(name)
+        return out
 
     def counters(self) -> dict[str, int]:
         return dict(self.sequencer.counters)
 
     def open_sockets(self) -> int:
         """How many sockets are open now (SUBs, DEALERs, monitors): 0 once stopped."""
-        return len(self._subs) + len(self._dealers) + len(self._monitors)
+        return len(self._subs) + len(self._dealers) + len(self._monitors) + len(self._dealer_monitors)
 
     # ------------------------------------------------------------------ the loop
     def _poll(self, timeout_s: float) -> list[Output]:
@@ -194,6 +208,9 @@ class Subscriber:
                 self._read_monitor(name)  # a reconnect is noticed before the new connection's data
                 if kind == "monitor":
                     continue
+            if kind == "dealer-monitor":
+                self._read_dealer_monitor(name)
+                continue
             for _ in range(2000):
                 try:
                     frames = sock.recv_multipart(zmq.NOBLOCK)
@@ -208,6 +225,7 @@ class Subscriber:
             out += self._run_commands()
         seq.tick()
         out += self._run_commands()
+        self._published.observe_all(out)
         return out
 
     def _run_commands(self) -> list[Output]:
@@ -241,11 +259,13 @@ class Subscriber:
             self._subs[name] = sub
             self._by_sock[sub] = (name, "sub")
             self._poller.register(sub, zmq.POLLIN)
-            if src.replay_endpoint and not src.endpoint.startswith("inproc://"):
-                # connection events: a reconnect may be a restarted publisher, to be asked DESCRIBE
-                mon = self._monitors[name] = sub.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED)
+            if not src.endpoint.startswith("inproc://"):
+                # connection events: a reconnect may be a restarted publisher, to be asked DESCRIBE;
+                # handshake events: a likely misconfiguration (kvevents.zeromq.handshake)
+                mon = self._monitors[name] = sub.get_monitor_socket(MONITOR_EVENTS)
                 self._by_sock[mon] = (name, "monitor")
                 self._poller.register(mon, zmq.POLLIN)
+                self._handshakes.watch(name, LIVE, src.endpoint, src.curve is not None)
             what, ep = "endpoint", src.endpoint
             try:
                 if src.bind:
@@ -276,19 +296,37 @@ class Subscriber:
         d.setsockopt(zmq.RECONNECT_IVL, 100)
         d.setsockopt(zmq.RECONNECT_IVL_MAX, 5000)
         apply_client(d, src.curve)
+        mon = None if src.replay_endpoint.startswith("inproc://") else d.get_monitor_socket(MONITOR_EVENTS)  # type: ignore[union-attr]
         try:
             d.connect(src.replay_endpoint)  # type: ignore[arg-type]
         except zmq.ZMQError:
+            if mon is not None:
+                d.disable_monitor()
+                mon.close(0)
             d.close(0)
             raise
         self._dealers[name] = d
         self._by_sock[d] = (name, "dealer")
         assert self._poller is not None
         self._poller.register(d, zmq.POLLIN)
+        if mon is not None:
+            self._dealer_monitors[name] = mon
+            self._by_sock[mon] = (name, "dealer-monitor")
+            self._poller.register(mon, zmq.POLLIN)
+            self._handshakes.watch(name, REPLAY, str(src.replay_endpoint), src.curve is not None)
         return d
 
     def _drop_dealer(self, name: str) -> None:
         d = self._dealers.pop(name, None)
+        mon = self._dealer_monitors.pop(name, None)
+        if mon is not None:
+            self._read_dealer_monitor(name, mon)  # what it saw before it goes
+            if self._poller is not None:
+                self._poller.unregister(mon)
+            self._by_sock.pop(mon, None)
+            if d is not None and not d.closed:
+                d.disable_monitor()
+            mon.close(0)
         if d is not None:
             if self._poller is not None:
                 self._poller.unregister(d)
@@ -296,14 +334,29 @@ class Subscriber:
             d.close(0)
 
     def _read_monitor(self, name: str) -> None:
-        """Drain connection events into the sequencer (each one a connection made or accepted)."""
+        """Drain the SUB's events: a connection made or accepted tells the sequencer (a publisher
+        with a replay endpoint may be a new process); every event goes to the handshake watch."""
         mon = self._monitors[name]
+        replay = bool(self._sources[name].replay_endpoint)
         while True:
             try:
-                recv_monitor_message(mon, zmq.NOBLOCK)
+                msg = recv_monitor_message(mon, zmq.NOBLOCK)
             except zmq.ZMQError:  # Again: drained
                 return
-            self.sequencer.on_connect(name)
+            event = int(msg["event"])
+            self._handshakes.event(name, LIVE, event, int(msg["value"]))
+            if replay and event & (zmq.EVENT_CONNECTED | zmq.EVENT_ACCEPTED):
+                self.sequencer.on_connect(name)
+
+    def _read_dealer_monitor(self, name: str, mon: zmq.Socket | None = None) -> None:
+        """Drain the replay DEALER's events into the handshake watch."""
+        mon = mon or self._dealer_monitors.get(name)
+        while mon is not None:
+            try:
+                msg = recv_monitor_message(mon, zmq.NOBLOCK)
+            except zmq.ZMQError:  # Again: drained
+                return
+            self._handshakes.event(name, REPLAY, int(msg["event"]), int(msg["value"]))
 
     def _close_sockets(self) -> None:
         for name in list(self._dealers):

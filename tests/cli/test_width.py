@@ -126,3 +126,21 @@ def test_help_defaults_stay_in_the_paragraph() -> None:
     """`[default: ...]` follows the help text, not a line of its own (typer's columns)."""
     r = invoke("serve", "--help", env=COLS)
     assert "Tokens per page. [default: 16]" in r.stdout
+
+
+HELP_COMMANDS = [
+    *("demo serve tail route record relay bridge fetch doctor hash golden schema version replay".split()),
+    *("log inspect|log export|log repair|log index|keys generate|keys sign-key".split("|")),
+    *("conformance hash|conformance stream|conformance drive|conformance render|conformance storage".split("|")),
+]
+
+
+def test_no_help_cell_is_cut_at_80_columns() -> None:
+    cut = {}
+    for command in HELP_COMMANDS:
+        r = invoke(*command.split(), "--help", env=COLS)
+        assert r.returncode == 0, (command, r.stderr)
+        rows = [ln for ln in r.stdout.splitlines() if "…" in ln]
+        if rows or _widest(r.stdout) > 80:
+            cut[command] = rows[:2] or [f"{_widest(r.stdout)} columns"]
+    assert not cut, cut

@@ -10,6 +10,7 @@
 | `marks.py` | the markers a helper needs (`subprocess`, `nats`), checked against the running test |
 | `conformance_fakes.py` | deliberately broken publishers for the conformance tests |
 | `jetstream.py` | a simulated engine and router over JetStream, `caught_up`, stored seqs |
+| `live_publisher.py` | a real Publisher fed on a thread (contract cache events or vLLM payloads) |
 | `route_live.py` | a live `kvevents route` fed by a `kvevents serve` subprocess |
 | `recordlog.py` | event streams and small record logs |
 | `strict_decoders.py` | strict external decoders (vLLM's and SGLang's field lists) |

@@ -61,9 +61,9 @@ def _start_replay(file: str, *args: str) -> tuple[subprocess.Popen, str, str]:
     return p, first.split("-> ")[1].split()[0], first.split("(replay ")[1].split(")")[0]
 
 
-def _finish(p: subprocess.Popen) -> tuple[str, str]:
+def _finish(p: subprocess.Popen, code: int = 0) -> tuple[str, str]:
     out, err = p.communicate(timeout=30)
-    assert p.returncode == 0, err
+    assert p.returncode == code, err
     assert "Traceback" not in err
     return out, err
 
@@ -225,7 +225,7 @@ def test_unrecoverable_gap_is_recorded_as_reset_then_snapshot(tmp_path: Path) ->
             cache.flush_events()
         time.sleep(1.0)  # a heartbeat reveals the tail; the repair finishes
         rec.send_signal(__import__("signal").SIGINT)
-        _finish(rec)
+        _finish(rec, 130)  # Ctrl-C: the summary, then 130
         truth = cache.published_copies()
     finally:
         pub.close()

@@ -35,6 +35,7 @@ from kvevents.consumers.service.status import StatusBoard
 from kvevents.consumers.worker_key import WorkerKey
 from kvevents.events import BlockStored, rank_of
 from kvevents.feed import Delivery, EventFeed, FeedLoop, Reset, dispatch
+from kvevents.published import mismatch
 from kvevents.zeromq.subscriber import Source, Subscriber, parse_source
 
 #: The router's own in-flight (prefill_blocks, decode_blocks) per worker (the proxy's accounting).
@@ -346,7 +347,8 @@ class RouterService:
 
     def workers_view(self) -> dict[str, Any]:
         """GET /workers: per worker (source name + dp rank) blocks by medium, last seq, epoch, lag, stale,
-        and the replay framing its publisher answers in ("4-frame" | "3-frame", null: none seen yet)."""
+        the replay framing its publisher answers in ("4-frame" | "3-frame", null: none seen yet), what
+        it publishes (page size, hash chain, a mismatch with this router) and a likely misconfiguration."""
         status = self.feed.status()
         now = time.time()
         with self.lock:
@@ -373,6 +375,13 @@ class RouterService:
                             "key_mode": self.keyer.mode(name),  # contract | tokens | auto (still detecting)
                             # the form of its replay replies (kvevents.zeromq.framing), null until one came
                             "replay_framing": sst.replay_framing,
+                            # what it publishes (kvevents.published) and why this router cannot use it
+                            "published": {
+                                "page_size": sst.page_size,
+                                "hash_chain": sst.hash_chain,
+                                "mismatch": mismatch(sst, self.router.page_size, self.keyer.mode(name)),
+                            },
+                            "problem": sst.problem,  # a likely misconfiguration its sockets saw
                         }
                     )
             return {"workers": out, "index": self.index.stats()}

@@ -178,7 +178,7 @@ def build_app(
             200: {"model": ScoreResponse, "description": "Workers, best first."},
             400: {"model": ErrorBody, "description": "Not JSON, or a field is wrong (named in the message)."},
             408: {"model": ErrorBody, "description": "The body did not arrive within the body timeout."},
-            411: {"model": ErrorBody, "description": "No Content-Length."},
+            411: {"model": ErrorBody, "description": "Neither Content-Length nor Transfer-Encoding: chunked."},
             413: {"model": ErrorBody, "description": "Body over the size limit."},
             415: {"model": ErrorBody, "description": "The body is not application/json (charset, if given, UTF-8)."},
             503: {

@@ -128,8 +128,8 @@ async def _score_long(
 async def score(service: HttpService, limits: BodyLimits, long: LongBodies, request: Request) -> Response:
     """POST /score: its length, size and type checked, then the body read and scored (inline or long)."""
     length = request.headers.get("content-length")
-    if length is None and "chunked" not in request.headers.get("transfer-encoding", ""):
-        return reply(411, {"error": "a Content-Length header is required"}, _CLOSE)
+    if length is None and "chunked" not in request.headers.get("transfer-encoding", "").lower():
+        return reply(411, {"error": "a Content-Length header (or Transfer-Encoding: chunked) is required"}, _CLOSE)
     if length is not None and (not length.isdigit() or int(length) > limits.max_body_bytes):
         return reply(413, {"error": f"body of {length} bytes exceeds {limits.max_body_bytes}"}, _CLOSE)
     wrong_type = content_type_problem(request.headers.get("content-type"))
