@@ -5,46 +5,26 @@ curl) answers with a best worker. Ports are moved off the defaults; the commands
 from __future__ import annotations
 
 import json
-import os
-import random
 import re
+import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
+from typing import Any
 
 import pytest
 
 from kvevents.consumers.score_request import score_body
+from tests.helpers.cli import spawn
 from tests.helpers.marks import require
 from tests.helpers.repo import README
-from tests.helpers.wait import wait_until
 
 
 def _example() -> str:
     section = README.read_text().split("## The router's HTTP API", 1)[1]
     return re.search(r"```bash\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
-
-
-def _free_run(n: int) -> int:
-    """A base port with n free ports from it."""
-    for _ in range(200):
-        base = random.randrange(20000, 60000)
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise AssertionError("no run of free ports")
 
 
 def test_score_body_takes_the_newest_chain_head() -> None:
@@ -64,39 +44,64 @@ def test_score_body_takes_the_newest_chain_head() -> None:
     assert score_body(lines[3:]) is None
 
 
+def _readline_matching(stream: Any, pattern: str, what: str, timeout: float = 60.0) -> re.Match[str]:
+    """The first line of `stream` matching `pattern` (read on a thread, so a silent process fails the test)."""
+    found: list[re.Match[str]] = []
+
+    def read() -> None:
+        for line in iter(stream.readline, ""):
+            m = re.search(pattern, line)
+            if m:
+                found.append(m)
+                return
+
+    t = threading.Thread(target=read, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert found, f"no line saying {what}"
+    return found[0]
+
+
+def _stop(*procs: subprocess.Popen[str]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
 @pytest.mark.subprocess
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
 def test_the_readme_score_example_finds_a_worker() -> None:
+    """The README's three steps, each as written but on ports the OS picked: `serve` and `route` bind
+    `*` / port 0 and say where, and those addresses replace the README's in the next step."""
     require("subprocess")
-    base, http = _free_run(4), _free_run(1)
-    script = _example()
-    assert (
-        "kvevents tail tcp://127.0.0.1:5557 --json --count 20 | python3 -m kvevents.consumers.score_request" in script
-    )
-    script = script.replace(
-        "kvevents serve --workers 2", f"kvevents serve --workers 2 --endpoint tcp://127.0.0.1:{base}"
-    )
-    for i, port in enumerate((5557, 5558, 5559, 5560)):
-        script = script.replace(f"127.0.0.1:{port}", f"127.0.0.1:{base + i}")
-    script = script.replace("127.0.0.1:8080", f"127.0.0.1:{http}").replace("python3 ", f"{sys.executable} ")
-    # a loaded machine may take longer than the README's 2 s to start both: wait for the router
-    script = script.replace(
-        "sleep 2", f"until curl -sf http://127.0.0.1:{http}/healthz >/dev/null; do sleep 0.2; done; sleep 1"
-    )
-    head = f'kvevents() {{ "{sys.executable}" -m kvevents "$@"; }}\n'
-    proc = subprocess.Popen(
-        ["bash", "-c", head + script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    out: list[str] = []
-    reader = threading.Thread(target=lambda: out.extend(iter(proc.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
-    reader.start()
+    lines = _example().replace("\\\n", " ").splitlines()
+    serve_line, route_line, _, pipe_line = (ln.split("#", 1)[0].strip().rstrip("&").strip() for ln in lines[:4])
+    assert serve_line == "kvevents serve --workers 2" and route_line.startswith("kvevents route --publisher w0=")
+    assert pipe_line.startswith("kvevents tail tcp://127.0.0.1:5557 --json --count 20 | python3 -m kvevents.")
+    wild = "tcp://127.0.0.1:*"
+    serve = spawn(*serve_line.split()[1:], "--endpoint", wild, "--replay-endpoint", wild)
+    route = None
     try:
-        wait_until("the /score answer", lambda: any(ln.startswith('{"pages"') for ln in out), timeout=60)
+        ports: dict[int, str] = {}
+        for rank in (0, 1):
+            m = _readline_matching(serve.stdout, r"live (tcp://\S+) replay (tcp://\S+)", f"where w{rank} listens")
+            ports[5557 + rank], ports[5559 + rank] = m.group(1), m.group(2)
+        for readme_port, endpoint in ports.items():
+            route_line = route_line.replace(f"tcp://127.0.0.1:{readme_port}", endpoint)
+            pipe_line = pipe_line.replace(f"tcp://127.0.0.1:{readme_port}", endpoint)
+        route = spawn(*shlex.split(route_line.replace("127.0.0.1:8080", "127.0.0.1:0"))[1:])
+        http = _readline_matching(route.stderr, r"http://(127\.0\.0\.1:\d+)", "where route serves").group(1)
+        pipe_line = pipe_line.replace("127.0.0.1:8080", http).replace("python3 ", f"{sys.executable} ")
+        head = f'kvevents() {{ "{sys.executable}" -m kvevents "$@"; }}\n'
+        r = subprocess.run(["bash", "-c", head + pipe_line], capture_output=True, text=True, timeout=60)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # serve and route, left running by the example's `&`
-        proc.wait(10)
-        err = proc.stderr.read()  # type: ignore[union-attr]
-        reader.join(5)
-    answer = json.loads(next(ln for ln in out if ln.startswith('{"pages"')))
-    assert answer["best"] == "w0" and answer["workers"][0]["matched_pages"] >= 1, (answer, err[-2000:])
-    assert "Traceback" not in err
+        _stop(*(p for p in (route, serve) if p is not None))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    answer = json.loads(r.stdout)
+    assert answer["best"] == "w0" and answer["workers"][0]["matched_pages"] >= 1, answer
