@@ -191,7 +191,11 @@ def _run(cfg: Any, rate: float, duration: Optional[float], http: Optional[str], 
         for web in webs:
             web.close()
         unsent = fleet.close(1.0)
-        out_line(_status_line(loop.elapsed(), fleet.status(loop.served)) + f" stopped unsent={unsent}")
+        out_line(
+            _status_line(loop.elapsed(), fleet.status(loop.served))
+            + (f" unsent={unsent}" if unsent else "")
+            + " (stopped)"
+        )
     return interrupted
 
 
@@ -231,7 +235,11 @@ def _front_ends(fleet: Any, cfg: Any, http: str, timing: Any) -> list[Any]:
 
 
 def _status_line(elapsed: float, s: Any) -> str:
+    """One status line within 80 columns (up to ~100,000 requests): requests served, events published,
+    live blocks, device hit rate; dropped, replays and snapshots only once there are some."""
+    rare = "".join(
+        f" {k}={v}" for k, v in (("dropped", s.dropped), ("replays", s.replays), ("snapshots", s.snapshots)) if v
+    )
     return (
-        f"t={elapsed:5.1f}s requests={s.requests} batches={s.batches} events={s.events} dropped={s.dropped} "
-        f"live_blocks={s.live_blocks} replays={s.replays} snapshots={s.snapshots} device_hit={s.device_hit:.1%}"
+        f"t={elapsed:.1f}s requests={s.requests} events={s.events} blocks={s.live_blocks} hit={s.device_hit:.1%}{rare}"
     )

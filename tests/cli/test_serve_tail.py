@@ -57,7 +57,8 @@ def test_serve_two_workers_and_tail_text_and_json():
         out, err = proc.communicate(timeout=20)
         assert proc.returncode == 0, err
         status = [ln for ln in out.splitlines() if ln.startswith("t=")]
-        assert status and "stopped unsent=0" in status[-1] and "requests=" in status[0]
+        assert status and status[-1].endswith(" (stopped)") and "unsent=" not in status[-1] and "requests=" in status[0]
+        assert all(len(ln) <= 80 for ln in status), status  # a status line fits 80 columns
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -72,7 +73,7 @@ def test_serve_stops_cleanly_on_ctrl_c():
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=10)
         assert proc.returncode == 130, err  # interrupted, as `demo` says it: after the last status line
-        assert out.rstrip().splitlines()[-1].endswith("stopped unsent=0") and "Traceback" not in err
+        assert out.rstrip().splitlines()[-1].endswith(" (stopped)") and "Traceback" not in err
     finally:
         if proc.poll() is None:
             proc.kill()
