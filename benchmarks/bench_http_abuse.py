@@ -316,7 +316,8 @@ def start_route(extra: list[str], limits: str | None) -> tuple[subprocess.Popen,
     return proc, port, pub
 
 
-DOC = [random.Random(30).randrange(32000) for _ in range(DOC_TOKENS)]
+_DOC_RNG = random.Random(30)
+DOC = [_DOC_RNG.randrange(32000) for _ in range(DOC_TOKENS)]
 
 
 def wait_matched(port: int, req: bytes) -> None:

@@ -52,10 +52,11 @@ def doctor_cmd(
     insecure: bool = INSECURE,
     nats_flags: NatsFlags = NatsFlags(),
 ) -> None:
-    """Check that the address answers, a PUB and a ROUTER sit at the endpoints with CURVE keys that
+    """The checklist for events that do not arrive; exit 1 if any check fails.
+
+    It checks that the address answers, a PUB and a ROUTER sit at the endpoints with CURVE keys that
     fit, the topic matches, batches arrive and decode, seqs are continuous, heartbeats come, replay
-    and describe answer, and published hashes recompute (under --profile, or the one detected).
-    Exit 1 if any check fails."""
+    and describe answer, and published hashes recompute (under --profile, or the one detected)."""
     from kvevents.doctor.hashes import PROFILES
     from kvevents.doctor.zeromq import run_doctor
     from kvevents.zeromq.security import client_context

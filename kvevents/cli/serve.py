@@ -97,9 +97,9 @@ def serve(
         8, "--max-running", min=1, help="--http: run at once (8).", show_default=False, rich_help_panel=_MORE
     ),
 ) -> None:
-    """Run simulated engine workers, each publishing its KV events; a status line per second. Ctrl-C
-    or SIGTERM stops them: the last status line, then exit 130 on Ctrl-C (0 at --duration or SIGTERM).
-    """
+    """Run simulated engine workers, each publishing its KV events; a status line per second.
+
+    Ctrl-C: the last status line, then exit 130 (0 at --duration or SIGTERM)."""
     from kvevents.sim.serve import ServeConfig
 
     _check_choices(metrics_port, engine, hash_algo)

@@ -145,7 +145,8 @@ def test_refuses_non_buffers() -> None:
 def test_a_long_body_lets_other_threads_run() -> None:
     """4M ids (16 MB): the scan runs without the GIL, so a Python thread keeps counting meanwhile
     (holding it, the counter would stand still for the whole call)."""
-    ids = [random.Random(1).randrange(1000) for _ in range(4_000_000)]
+    rng = random.Random(1)
+    ids = [rng.randrange(1000) for _ in range(4_000_000)]
     body = json.dumps({"cache_salt": "t", "tokens": ids}, separators=(",", ":")).encode()
     ticks, stop, started = [0], threading.Event(), threading.Event()
 
