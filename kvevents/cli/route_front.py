@@ -78,7 +78,7 @@ def make_proxy(
 
 def served(proxy: Optional[Proxy]) -> str:
     """The banner's list of what is served."""
-    base = "status page at /, POST /score, GET /workers, GET /metrics, GET /openapi.json"
+    base = "/ (status page), POST /score, GET /workers, /metrics, /openapi.json"
     if proxy is None:
         return base
     return base + "; proxy: " + ", ".join(proxy.endpoints)
