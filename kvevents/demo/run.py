@@ -265,8 +265,8 @@ class _DemoRun:
         """Heal what is left of the drop burst, probe a vLLM prefix, wait until the router's index
         equals the caches; read the counters."""
         self.phase(
-            ("interrupted (Ctrl-C)" if self.interrupted else "traffic done") + f" after {self.run_s:.1f}s and "
-            f"{_plural(self.live.stats.requests, 'request')}; waiting for the router to catch up, then checking"
+            ("interrupted (Ctrl-C)" if self.interrupted else "traffic done") + f" after {self.run_s:.1f}s, "
+            f"{_plural(self.live.stats.requests, 'request')}; checking once the router caught up"
         )
         if self.faults["drop_worker"] is not None and not self.flushed:
             flush_drops(self.pubs[self.drop_victim], self.cfg.drop_burst, self.drop_mark)
