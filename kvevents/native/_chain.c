@@ -34,6 +34,9 @@ static int prior_of(PyObject *prior, uint8_t prev[32]) {
 
 /* One link: out = sha256(prev + page), or sha256(page) for a head without a prior; prev becomes out. */
 static HOT_INLINE void chain_link(uint8_t prev[32], int *have, const uint8_t *page, size_t len, uint8_t out[32]) {
+#ifdef KV_HAVE_SHANI_CODE
+    if (len == 64 && *have && kv_link64_fast) { kv_link64_shani(prev, page, out); return; }  /* 16 tokens */
+#endif
     if (*have) kv_sha256_2(prev, 32, page, len, out);
     else kv_sha256_2(page, len, NULL, 0, out);
     memcpy(prev, out, 32);
