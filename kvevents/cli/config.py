@@ -31,6 +31,7 @@ __all__ = ["takes_config", "read_toml", "to_toml", "COMMAND_TABLES"]
 F = TypeVar("F", bound=Callable[..., Any])
 COMMAND_TABLES = ("route", "bridge", "relay", "serve")  # the commands that take --config
 _OWN = ("config", "print_config", "help")  # not settings
+SECRETS = frozenset({"api_key", "read_only_key"})  # settings --print-config never prints
 
 
 def read_toml(path: str) -> dict[str, Any]:
@@ -136,7 +137,12 @@ def to_toml(ctx: typer.Context) -> list[str]:
             continue
         key = next((o[2:] for o in p.opts if o.startswith("--")), str(p.name))
         value = ctx.params.get(str(p.name))
-        lines.append(f"# {key} = (not set)" if value is None else f"{key} = {_toml_value(value)}")
+        if value is None:
+            lines.append(f"# {key} = (not set)")
+        elif p.name in SECRETS:  # a printed config ends up in files and logs: the key stays where it came from
+            lines.append(f"# {key} = (set; not printed: give it by its flag or environment variable)")
+        else:
+            lines.append(f"{key} = {_toml_value(value)}")
     return lines
 
 

@@ -80,3 +80,10 @@ def test_without_a_toml_reader_it_says_which_python_is_needed(tmp_path: Path, mo
     monkeypatch.setitem(sys.modules, "tomllib", None)  # what Python 3.10 without tomli looks like
     monkeypatch.setitem(sys.modules, "tomli", None)
     one_line_error(invoke("route", "--config", str(tmp_path / "c.toml")), 2, "--config needs Python 3.11 or newer")
+
+
+def test_print_config_never_prints_an_api_key() -> None:
+    r = invoke(*ROUTE, "--api-key", "s3cret-key", "--read-only-key", "r3ad-key", "--print-config")
+    assert r.returncode == 0, r.stderr
+    assert "s3cret-key" not in r.stdout and "r3ad-key" not in r.stdout
+    assert "# api-key = (set; not printed" in r.stdout and "# read-only-key = (set; not printed" in r.stdout
