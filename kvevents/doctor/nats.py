@@ -7,7 +7,7 @@ those of kvevents.doctor.zeromq, so the CLI renders both the same way.
 from __future__ import annotations
 
 from kvevents.doctor.zeromq import DoctorReport
-from kvevents.jetstream.admin import SourceReport, stream_report
+from kvevents.jetstream.admin import SourceReport, StreamReport, stream_report
 from kvevents.jetstream.link import NatsOptions, NatsUnavailable
 from kvevents.jetstream.signing import SignKey
 
@@ -17,11 +17,13 @@ _LISTED = 20  # sources named in one check's detail; the rest are counted
 
 
 def _listing(items: list[str]) -> str:
+    """The first `_LISTED` items joined, then how many more: a long fleet must not flood one check's detail."""
     more = len(items) - _LISTED
     return "; ".join(items[:_LISTED]) + (f"; ... and {more} more" if more > 0 else "")
 
 
 def _signatures(rep: DoctorReport, sources: list[SourceReport], sign_key: SignKey) -> None:
+    """Check "signatures": fail naming each source whose newest messages `sign_key` does not verify."""
     bad = [f"{s.source}/{s.rank} ({', '.join(s.refused)})" for s in sources if s.refused]
     if bad:
         rep.add(
@@ -46,6 +48,20 @@ def nats_doctor(
     """Reachable, stream exists, sources seen, (with `sign_key`) signatures, newest snapshot ages,
     lag: one check each."""
     rep = DoctorReport(f"{nats.redacted()} stream {stream}", None)
+    sr = _reach(rep, nats, stream, timeout, sign_key)
+    if sr is None or not _stream_exists(rep, sr, stream) or not _sources(rep, sr):
+        return rep
+    if sign_key is not None:
+        _signatures(rep, sr.sources, sign_key)
+    _snapshots(rep, sr)
+    _lag(rep, sr, stale_after_s)
+    return rep
+
+
+def _reach(
+    rep: DoctorReport, nats: NatsOptions, stream: str, timeout: float, sign_key: SignKey | None
+) -> StreamReport | None:
+    """Check "nats reachable": fetch the stream's report; None (check failed) when the server does not answer."""
     try:
         sr = stream_report(nats, stream, timeout=timeout, sign_key=sign_key)
     except NatsUnavailable as exc:
@@ -56,8 +72,13 @@ def nats_doctor(
             "is nats-server running with JetStream (-js)? check the --nats URL (a cluster takes several, "
             "comma-separated) and credentials / TLS (KVEVENTS_NATS_CREDS, KVEVENTS_NATS_TLS_CA ...)",
         )
-        return rep
+        return None
     rep.add("nats reachable", "ok", nats.redacted())
+    return sr
+
+
+def _stream_exists(rep: DoctorReport, sr: StreamReport, stream: str) -> bool:
+    """Check "stream exists": its size and seqs, and fill the report's `seen`; False when there is no such stream."""
     if not sr.exists:
         rep.add(
             "stream exists",
@@ -65,16 +86,21 @@ def nats_doctor(
             f"no stream {stream!r}",
             f"start `kvevents bridge --stream {stream} ...` (it creates the stream) or check the name",
         )
-        return rep
+        return False
     rep.seen = sr.as_dict()
     rep.add(
         "stream exists",
         "ok",
         f"{sr.messages} messages, {sr.bytes} bytes, seqs {sr.first_seq}..{sr.last_seq}, max age {sr.max_age_s or 0:g}s",
     )
+    return True
+
+
+def _sources(rep: DoctorReport, sr: StreamReport) -> bool:
+    """Check "sources": each source/rank with its batches and newest seq; False when no kvevents subject is stored."""
     if not sr.sources:
         rep.add("sources", "fail", "no kvevents subjects stored", "is a bridge running and are its engines publishing?")
-        return rep
+        return False
     rep.add(
         "sources",
         "ok",
@@ -86,8 +112,11 @@ def nats_doctor(
             ]
         ),
     )
-    if sign_key is not None:
-        _signatures(rep, sr.sources, sign_key)
+    return True
+
+
+def _snapshots(rep: DoctorReport, sr: StreamReport) -> None:
+    """Check "snapshots": warn when a source has none (a cold router cannot start from one) or they near the max age."""
     missing = [f"{s.source}/{s.rank}" for s in sr.sources if s.snapshot_seq is None]
     ages = [s.snapshot_age_s for s in sr.sources if s.snapshot_age_s is not None]
     detail = f"newest snapshot {min(ages):.1f}s old, oldest of the newest {max(ages):.1f}s" if ages else "none stored"
@@ -109,6 +138,10 @@ def nats_doctor(
         )
     else:
         rep.add("snapshots", "ok", detail)
+
+
+def _lag(rep: DoctorReport, sr: StreamReport, stale_after_s: float) -> None:
+    """Check "lag": warn for sources whose newest batch is older than `stale_after_s` (live ones heartbeat)."""
     lagging = [
         f"{s.source}/{s.rank} {s.newest_age_s:.1f}s"
         for s in sr.sources
@@ -129,4 +162,3 @@ def nats_doctor(
             "ok",
             "every source's newest batch is fresh" + (f"; durable consumers: {consumers}" if consumers else ""),
         )
-    return rep

@@ -260,6 +260,15 @@ def run_doctor(
 
 
 def _live_checks(rep: DoctorReport, seen: _Seen, topic: str | None, timeout: float) -> None:
+    """The checks on what the SUB socket heard: topic, decoding, seq continuity, heartbeats, in that order."""
+    _topic_check(rep, seen, topic)
+    _decode_check(rep, seen, timeout)
+    _seq_check(rep, seen)
+    _heartbeat_check(rep, seen)
+
+
+def _topic_check(rep: DoctorReport, seen: _Seen, topic: str | None) -> None:
+    """Check "topic matches": the consumer's --topic prefix against the topics the publisher really sends."""
     topics = ", ".join(f"{t!r} ({n})" for t, n in seen.topics.items()) or "none"
     if not seen.messages:
         rep.add("topic matches", SKIP, "no message received")
@@ -285,6 +294,10 @@ def _live_checks(rep: DoctorReport, seen: _Seen, topic: str | None, timeout: flo
             )
         else:
             rep.add("topic matches", OK, f"topic {topic!r} ({match[topic]} messages)")
+
+
+def _decode_check(rep: DoctorReport, seen: _Seen, timeout: float) -> None:
+    """Check "batches arrive and decode": something arrived within `timeout`, all of it well-framed KVEventBatches."""
     if not seen.messages:
         rep.add(
             "batches arrive and decode",
@@ -305,6 +318,10 @@ def _live_checks(rep: DoctorReport, seen: _Seen, topic: str | None, timeout: flo
         )
     else:
         rep.add("batches arrive and decode", OK, f"{seen.decoded} batches decoded ({seen.heartbeats} heartbeats)")
+
+
+def _seq_check(rep: DoctorReport, seen: _Seen) -> None:
+    """Check "seqs continuous": holes or backward steps per (topic, rank) mean lost batches or a restart."""
     if seen.decoded < 2:
         rep.add("seqs continuous", SKIP, "fewer than 2 batches seen")
     elif seen.gaps or seen.backwards:
@@ -318,6 +335,10 @@ def _live_checks(rep: DoctorReport, seen: _Seen, topic: str | None, timeout: flo
         )
     else:
         rep.add("seqs continuous", OK, f"seqs {seen.oldest}..{seen.newest} without a hole")
+
+
+def _heartbeat_check(rep: DoctorReport, seen: _Seen) -> None:
+    """Check "heartbeats come": an idle stream must heartbeat, or consumers cannot tell idle from dead."""
     if not seen.decoded:
         rep.add("heartbeats come", SKIP, "no batch seen")
     elif seen.heartbeats:
@@ -335,6 +356,7 @@ def _live_checks(rep: DoctorReport, seen: _Seen, topic: str | None, timeout: flo
 
 
 def _replay_checks(rep: DoctorReport, seen: _Seen, replay: str | None, timeout: float, ctx: zmq.Context) -> dict | None:
+    """Checks "replay answers" and "describe answers" (both skipped without `replay`); the DESCRIBE answer or None."""
     if not replay:
         rep.add(
             "replay answers",
@@ -344,6 +366,12 @@ def _replay_checks(rep: DoctorReport, seen: _Seen, replay: str | None, timeout: 
         )
         rep.add("describe answers", SKIP, "no --replay endpoint given")
         return None
+    _replay_check(rep, seen, replay, timeout, ctx)
+    return _describe_check(rep, seen, replay, timeout, ctx)
+
+
+def _replay_check(rep: DoctorReport, seen: _Seen, replay: str, timeout: float, ctx: zmq.Context) -> None:
+    """Check "replay answers": replay from the newest live seq, then judge the replies against the live bytes."""
     start = seen.newest if seen.newest is not None else 0
     framings: list[str] = []  # of each reply, in order (zeromq.framing)
     try:
@@ -361,38 +389,47 @@ def _replay_checks(rep: DoctorReport, seen: _Seen, replay: str | None, timeout: 
             "is the publisher started with replay_endpoint set to this address (a ROUTER, often live port + 1)"
             + (f"? is something listening on port {port.group(2)}?" if port else "?"),
         )
-        got = None
-    if got is not None:
-        mism = [s for _, s, p in got if s in seen.live and seen.live[s] != p]
-        if mism:
-            rep.add(
-                "replay answers",
-                FAIL,
-                f"replayed bytes differ from live bytes at seqs {mism[:5]}",
-                "the replay ring must keep exactly the bytes sent live (schemas/README.md, Transport)",
-            )
-        elif got and got[0][1] > start and seen.newest is not None:
-            rep.add(
-                "replay answers",
-                WARN,
-                f"asked from seq {start}, first reply is seq {got[0][1]}",
-                "the ring no longer holds the newest seq seen live: is buffer_steps tiny?",
-            )
-        elif len(set(framings)) > 1:
-            rep.add(
-                "replay answers",
-                WARN,
-                f"replies mix the replay framings {sorted(set(framings))}",
-                "consumers read each reply on its own, but one publisher should use one framing",
-            )
-        else:
-            rep.add(
-                "replay answers",
-                OK,
-                f"replay from seq {start}: {len(got)} batches then the end marker; "
-                f"framing {framing_label(framings[-1])}",
-            )
-        rep.seen["replay_framing"] = framings[-1]
+        return
+    _judge_replay(rep, seen, start, got, framings)
+    rep.seen["replay_framing"] = framings[-1]
+
+
+def _judge_replay(
+    rep: DoctorReport, seen: _Seen, start: int, got: list[tuple[bytes | None, int, bytes]], framings: list[str]
+) -> None:
+    """The "replay answers" verdict: same bytes as live, starting where asked, in one framing."""
+    mism = [s for _, s, p in got if s in seen.live and seen.live[s] != p]
+    if mism:
+        rep.add(
+            "replay answers",
+            FAIL,
+            f"replayed bytes differ from live bytes at seqs {mism[:5]}",
+            "the replay ring must keep exactly the bytes sent live (schemas/README.md, Transport)",
+        )
+    elif got and got[0][1] > start and seen.newest is not None:
+        rep.add(
+            "replay answers",
+            WARN,
+            f"asked from seq {start}, first reply is seq {got[0][1]}",
+            "the ring no longer holds the newest seq seen live: is buffer_steps tiny?",
+        )
+    elif len(set(framings)) > 1:
+        rep.add(
+            "replay answers",
+            WARN,
+            f"replies mix the replay framings {sorted(set(framings))}",
+            "consumers read each reply on its own, but one publisher should use one framing",
+        )
+    else:
+        rep.add(
+            "replay answers",
+            OK,
+            f"replay from seq {start}: {len(got)} batches then the end marker; framing {framing_label(framings[-1])}",
+        )
+
+
+def _describe_check(rep: DoctorReport, seen: _Seen, replay: str, timeout: float, ctx: zmq.Context) -> dict | None:
+    """Check "describe answers": KVE/DESCRIBE must name the live epoch and topic; the answer, or None without one."""
     try:
         d = request_describe(replay, timeout=min(timeout, 2.0), context=ctx)
     except NotOffered as exc:
