@@ -16,7 +16,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvevents.conformance.profiles import NotCheckable
+from kvevents.conformance.profiles import NotCheckable, Profile
 from kvevents.conformance.report import Report, RuleResult, Status
 from kvevents.conformance.stream import StreamObserver, StreamOptions
 from kvevents.events import BlockStored, KVEventBatch
@@ -139,9 +139,44 @@ def _rule(name: str, problems: list[str], checked: int, ok_detail: str) -> RuleR
     return RuleResult(name, Status.PASS, ok_detail, checked)
 
 
+#: (prompt tokens, the page hashes published for it, salt, adapter) of the four prompts sent
+_Sent = tuple[list[int], list[int | None], str | None, str | None]
+
+_AFTER_JOIN = ("adapters-same-hash", "salts-differ", "hashes-profile")
+
+
 def drive(opts: DriveOptions) -> Report:
     """Run the drive checks; the stream rules judged over the same window come after them."""
-    sopts = StreamOptions(
+    with StreamObserver(_stream_options(opts)) as obs:
+        d = _Driver(opts, obs)
+        profile = obs.checker.profile
+        joined = _join(d)
+        results = [_events_rule(joined, opts)]
+        if not joined:
+            results.extend(
+                RuleResult(r, Status.NOT_CHECKABLE, "no events seen for the warm-up prompts") for r in _AFTER_JOIN
+            )
+            stream = obs.finish()
+            return Report("conformance drive", results + stream.results, dict(stream.figures))
+        a, b = opts.adapters
+        x = d.prompt()
+        ha, hb = d.send(x, model=a), d.send(x, model=b)
+        results.append(_adapters_rule(profile, a, b, ha, hb))
+        s1, s2 = opts.salts
+        y = d.prompt()
+        h1, h2 = d.send(y, salt=s1), d.send(y, salt=s2)
+        results.append(_salts_rule(s1, s2, h1, h2))
+        sent: list[_Sent] = [(x, ha, None, a), (x, hb, None, b), (y, h1, s1, None), (y, h2, s2, None)]
+        results.append(_profile_rule(profile, opts.page_size, sent))
+        stream = obs.finish()
+    report = Report("conformance drive", results + stream.results, dict(stream.figures))
+    report.figures["model"] = d.model
+    return report
+
+
+def _stream_options(opts: DriveOptions) -> StreamOptions:
+    """The stream observed beside the prompts: no duration of its own, replies bounded by the timeout."""
+    return StreamOptions(
         opts.endpoint,
         opts.replay,
         opts.page_size,
@@ -151,86 +186,68 @@ def drive(opts: DriveOptions) -> Report:
         hash_seed=opts.hash_seed,
         lora_path=opts.lora_path,
     )
-    with StreamObserver(sopts) as obs:
-        d = _Driver(opts, obs)
-        profile = obs.checker.profile
-        results: list[RuleResult] = []
-        # join: a warm-up prompt until its events are seen (a SUB misses what is sent before it joins)
-        joined = False
-        for _ in range(3):
-            if all(h is not None for h in d.send(d.prompt())):
-                joined = True
+
+
+def _join(d: _Driver) -> bool:
+    """Warm-up prompts until one's events are all seen (a SUB misses what is sent before it joins)."""
+    for _ in range(3):
+        if all(h is not None for h in d.send(d.prompt())):
+            return True
+    return False
+
+
+def _events_rule(joined: bool, opts: DriveOptions) -> RuleResult:
+    """drive-events: does the stream carry the pages of the warm-up prompts at all?"""
+    problems = (
+        []
+        if joined
+        else [f"no BlockStored with the pages of 3 warm-up prompts on {opts.endpoint} (the worker behind {opts.http}?)"]
+    )
+    return _rule("drive-events", problems, 1, "the stream carries each prompt's pages")
+
+
+def _adapters_rule(profile: Profile, a: str, b: str, ha: list[int | None], hb: list[int | None]) -> RuleResult:
+    """adapters-same-hash: one prompt under two adapters publishes the same hashes (if the profile says so)."""
+    problems = [p for p in (_missing(ha, f"adapter {a}"), _missing(hb, f"adapter {b}")) if p]
+    if not problems and ha != hb and profile.adapter_invariant:
+        page = next(i for i, (p, q) in enumerate(zip(ha, hb)) if p != q)
+        problems.append(f"page {page}: {ha[page]} under {a}, {hb[page]} under {b} (extra_key moved a published hash)")
+    if profile.adapter_invariant:
+        return _rule("adapters-same-hash", problems, len(ha), f"{len(ha)} pages, same hashes under {a} and {b}")
+    return RuleResult(
+        "adapters-same-hash",
+        Status.NOT_OFFERED,
+        f"the {profile.name} profile hashes the "
+        "adapter into every block: adapters publish different hashes (hashes-profile checks them)",
+    )
+
+
+def _salts_rule(s1: str, s2: str, h1: list[int | None], h2: list[int | None]) -> RuleResult:
+    """salts-differ: one prompt under two salts shares no published hash."""
+    problems = [p for p in (_missing(h1, f"salt {s1}"), _missing(h2, f"salt {s2}")) if p]
+    same = [i for i, (p, q) in enumerate(zip(h1, h2)) if p is not None and p == q]
+    if not problems and same:
+        problems.append(f"pages {same}: the same hashes under salts {s1} and {s2}")
+    return _rule("salts-differ", problems, len(h1), f"{len(h1)} pages, different hashes under {s1} and {s2}")
+
+
+def _profile_rule(profile: Profile, page_size: int, sent: list[_Sent]) -> RuleResult:
+    """hashes-profile: each prompt's published hashes equal the profile's chain for its tokens."""
+    problems: list[str] = []
+    for tokens, got, salt, lora in sent:
+        lost = _missing(got, f"lora={lora} salt={salt}")
+        if lost:
+            problems.append(lost)
+            continue
+        try:
+            want = profile.prompt_hashes(tokens, page_size, salt=salt, lora=lora)
+        except NotCheckable:
+            continue
+        except ValueError as exc:
+            problems.append(f"cannot compute the {profile.name} hashes: {exc}")
+            break
+        for page, (g, w) in enumerate(zip(got, want)):
+            if g is not None and g != w:
+                problems.append(f"lora={lora} salt={salt} page {page}: published {g}, {profile.name} says {w}")
                 break
-        results.append(
-            _rule(
-                "drive-events",
-                []
-                if joined
-                else [
-                    f"no BlockStored with the pages of 3 warm-up prompts on {opts.endpoint} (the worker behind {opts.http}?)"
-                ],
-                1,
-                "the stream carries each prompt's pages",
-            )
-        )
-        if not joined:
-            results.extend(
-                RuleResult(r, Status.NOT_CHECKABLE, "no events seen for the warm-up prompts")
-                for r in ("adapters-same-hash", "salts-differ", "hashes-profile")
-            )
-            stream = obs.finish()
-            return Report("conformance drive", results + stream.results, dict(stream.figures))
-        a, b = opts.adapters
-        x = d.prompt()
-        ha, hb = d.send(x, model=a), d.send(x, model=b)
-        problems = [p for p in (_missing(ha, f"adapter {a}"), _missing(hb, f"adapter {b}")) if p]
-        if not problems and ha != hb and profile.adapter_invariant:
-            page = next(i for i, (p, q) in enumerate(zip(ha, hb)) if p != q)
-            problems.append(
-                f"page {page}: {ha[page]} under {a}, {hb[page]} under {b} (extra_key moved a published hash)"
-            )
-        if profile.adapter_invariant:
-            results.append(
-                _rule("adapters-same-hash", problems, len(ha), f"{len(ha)} pages, same hashes under {a} and {b}")
-            )
-        else:
-            results.append(
-                RuleResult(
-                    "adapters-same-hash",
-                    Status.NOT_OFFERED,
-                    f"the {profile.name} profile hashes the "
-                    "adapter into every block: adapters publish different hashes (hashes-profile checks them)",
-                )
-            )
-        s1, s2 = opts.salts
-        y = d.prompt()
-        h1, h2 = d.send(y, salt=s1), d.send(y, salt=s2)
-        problems = [p for p in (_missing(h1, f"salt {s1}"), _missing(h2, f"salt {s2}")) if p]
-        same = [i for i, (p, q) in enumerate(zip(h1, h2)) if p is not None and p == q]
-        if not problems and same:
-            problems.append(f"pages {same}: the same hashes under salts {s1} and {s2}")
-        results.append(
-            _rule("salts-differ", problems, len(h1), f"{len(h1)} pages, different hashes under {s1} and {s2}")
-        )
-        problems = []
-        for tokens, got, salt, lora in ((x, ha, None, a), (x, hb, None, b), (y, h1, s1, None), (y, h2, s2, None)):
-            lost = _missing(got, f"lora={lora} salt={salt}")
-            if lost:
-                problems.append(lost)
-                continue
-            try:
-                want = profile.prompt_hashes(tokens, opts.page_size, salt=salt, lora=lora)
-            except NotCheckable:
-                continue
-            except ValueError as exc:
-                problems.append(f"cannot compute the {profile.name} hashes: {exc}")
-                break
-            for page, (g, w) in enumerate(zip(got, want)):
-                if g is not None and g != w:
-                    problems.append(f"lora={lora} salt={salt} page {page}: published {g}, {profile.name} says {w}")
-                    break
-        results.append(_rule("hashes-profile", problems, 4, f"the four prompts' hashes equal the {profile.name} chain"))
-        stream = obs.finish()
-    report = Report("conformance drive", results + stream.results, dict(stream.figures))
-    report.figures["model"] = d.model
-    return report
+    return _rule("hashes-profile", problems, 4, f"the four prompts' hashes equal the {profile.name} chain")

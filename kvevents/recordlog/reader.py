@@ -167,40 +167,20 @@ class RecordReader:
         finally:
             self.close()
 
-    def _scan(self) -> Iterator[Record]:  # noqa: C901 - one resynchronising scan over a buffer (the reader's hot path); its states share locals
+    def _scan(self) -> Iterator[Record]:
+        """One resynchronising pass over a sliding buffer (the hot path: the per-record steps stay inline)."""
         if not self.header_ok:
             self._report(0, HEADER_SIZE, "header")
-        f_read = self._f.read  # type: ignore[attr-defined]
-        chunk = self._chunk
-        size = self.size
-        fpos = HEADER_SIZE
-
-        def read(k: int) -> bytes:
-            """Read at most up to the size seen at open: bytes appended meanwhile are not torn records."""
-            nonlocal fpos
-            k = min(k, size - fpos)
-            if k <= 0:
-                return b""
-            data = f_read(k)
-            fpos += len(data)
-            return data
-
-        unpack = FRAME.unpack_from
-        crc32 = zlib.crc32
+        read = _bounded_reader(self._f.read, HEADER_SIZE, self.size)  # type: ignore[attr-defined]
+        chunk, size = self._chunk, self.size
+        unpack, crc32 = FRAME.unpack_from, zlib.crc32
         checker = RangeChecker(self._f.fileno(), size)  # type: ignore[attr-defined]
-        buf = b""
+        buf, pos, base = b"", 0, HEADER_SIZE  # base: the file offset of buf[0]
         mv = memoryview(buf)
-        pos = 0
-        base = HEADER_SIZE  # file offset of buf[0]
-        bad_start = -1
-        index = 0
-        waste = 0  # bytes CRC'd for claims that failed
+        bad_start, index, waste = -1, 0, 0  # waste: bytes CRC'd for claims that failed
         while True:
             if len(buf) - pos < FRAME_SIZE:
-                more = read(chunk)
-                buf = buf[pos:] + more
-                base += pos
-                pos = 0
+                buf, base, pos = buf[pos:] + read(chunk), base + pos, 0
                 mv = memoryview(buf)
                 if len(buf) < FRAME_SIZE:
                     break
@@ -208,60 +188,86 @@ class RecordReader:
             # a claim past the end of the file is refused before any CRC (format.py: resync rule)
             if sync == SYNC and FIXED_SIZE <= n <= MAX_BODY and base + pos + FRAME_SIZE + n <= size:
                 end = pos + FRAME_SIZE + n
-                # CRC'd in place while failed claims have cost less than twice the bytes read so far;
-                # past that (false markers each claiming megabytes) from prefix CRCs, O(1) apiece
+                # CRC'd in place while failed claims cost under twice the bytes read, else from prefix CRCs
                 direct = n <= DIRECT_CRC_MAX or waste + n <= 2 * (base + pos) + chunk
                 ok = direct or checker.crc(base + pos + 8, base + end) == crc
                 if ok and end > len(buf):
-                    tail = buf[pos:]
-                    buf = tail + read(max(chunk, FRAME_SIZE + n - len(tail)))
-                    base += pos
-                    pos = 0
-                    end = FRAME_SIZE + n
+                    buf, base, pos, end = buf[pos:] + read(max(chunk, end - len(buf))), base + pos, 0, FRAME_SIZE + n
                     mv = memoryview(buf)
                 rec = None
                 if ok and end <= len(buf) and (not direct or crc32(mv[pos + 8 : end]) == crc):
-                    try:
-                        rec = decode_body(buf, pos + FRAME_SIZE, end, index, base + pos)
-                    except (RecordLogError, UnicodeDecodeError):
-                        rec = None
+                    rec = _decode_or_none(buf, pos, end, index, base)
                 if rec is not None:
                     if bad_start >= 0:
                         self._report(bad_start, base + pos - bad_start, "corrupt")
                         bad_start = -1
-                    index += 1
-                    self.records = index
+                    index = self.records = index + 1
                     pos = end
                     self.valid_end = base + pos
                     yield rec
                     continue
                 if direct and n > DIRECT_CRC_MAX:
                     waste += n
-            # damage at pos: look for the next sync marker
-            if bad_start < 0:
+            if bad_start < 0:  # damage at pos: look for the next sync marker
                 bad_start = base + pos
-            nxt = buf.find(SYNC, pos + 1)
-            if nxt >= 0:
-                pos = nxt
-                continue
-            keep = max(pos + 1, len(buf) - (len(SYNC) - 1))
-            more = read(chunk)
-            if not more:
-                pos = len(buf)
+            moved = _next_sync(buf, base, pos, read, chunk)
+            if moved is None:
                 break
-            buf = buf[keep:] + more
-            base += keep
-            pos = 0
+            buf, base, pos = moved
             mv = memoryview(buf)
-            if buf[:4] != SYNC:
-                bad_pos = buf.find(SYNC)
-                pos = bad_pos if bad_pos >= 0 else max(0, len(buf) - (len(SYNC) - 1))
-        end_offset = base + len(buf)
+        self._report_tail(base + len(buf), bad_start)
+        mv.release()
+
+    def _report_tail(self, end_offset: int, bad_start: int) -> None:
+        """At the end of the scan: bytes past the last valid record (or damage still open) are torn."""
         if bad_start < 0 and end_offset > self.valid_end:
             bad_start = self.valid_end
         if bad_start >= 0:
-            self._report(bad_start, max(end_offset, size) - bad_start, "torn")
-        mv.release()
+            self._report(bad_start, max(end_offset, self.size) - bad_start, "torn")
+
+
+def _bounded_reader(f_read: Callable[[int], bytes], start: int, size: int) -> Callable[[int], bytes]:
+    """A read(k) from file offset `start` that stops at the size seen at open: bytes appended meanwhile
+    are not torn records."""
+    fpos = start
+
+    def read(k: int) -> bytes:
+        nonlocal fpos
+        k = min(k, size - fpos)
+        if k <= 0:
+            return b""
+        data = f_read(k)
+        fpos += len(data)
+        return data
+
+    return read
+
+
+def _decode_or_none(buf: bytes, pos: int, end: int, index: int, base: int) -> Record | None:
+    """The record framed at buf[pos:end] (its CRC already checked), or None for an inconsistent body."""
+    try:
+        return decode_body(buf, pos + FRAME_SIZE, end, index, base + pos)
+    except (RecordLogError, UnicodeDecodeError):
+        return None
+
+
+def _next_sync(
+    buf: bytes, base: int, pos: int, read: Callable[[int], bytes], chunk: int
+) -> tuple[bytes, int, int] | None:
+    """Damage at buf[pos]: (buf, base, pos) at the next sync marker (or where one may start once more
+    is read), reading on as needed; None at the end of the file."""
+    nxt = buf.find(SYNC, pos + 1)
+    if nxt >= 0:
+        return buf, base, nxt
+    keep = max(pos + 1, len(buf) - (len(SYNC) - 1))
+    more = read(chunk)
+    if not more:
+        return None
+    buf = buf[keep:] + more
+    if buf[:4] == SYNC:
+        return buf, base + keep, 0
+    found = buf.find(SYNC)
+    return buf, base + keep, found if found >= 0 else max(0, len(buf) - (len(SYNC) - 1))
 
 
 def read_records(

@@ -263,20 +263,42 @@ class ContractVerifier:
         return bs
 
     def _check_hashes(self, rec: Record, i: int, ev: BlockStored) -> None:
+        """Recompute every published hash of `ev` from its token_ids, chained from its parent or a head."""
         rep = self.report
         hashes = ev.block_hashes
         if not hashes:
             return
+        pages = self._token_pages(rec, i, ev)
+        if pages is None:
+            return
+        data, step = pages
+        if ev.parent_block_hash is None:
+            head = self._head(rec, i, ev, data[:step])
+            if head is None:
+                return
+            chosen, prior = head
+            rep.heads[chosen] += 1
+        else:
+            prior = self._full.get(ev.parent_block_hash)
+            if prior is None:
+                rep.blocks_unverifiable += len(hashes)
+                return
+        self._chain(rec, i, ev, data, step, prior)
+
+    def _token_pages(self, rec: Record, i: int, ev: BlockStored) -> tuple[bytes, int] | None:
+        """(packed token ids, bytes per page) when they fit the blocks; else None, the blocks unverifiable."""
+        rep = self.report
+        hashes = ev.block_hashes
         ps = self._page_size(rec, i, ev)
         if ps is None:
             rep.blocks_unverifiable += len(hashes)
-            return
+            return None
         try:
             data = pack_tokens(ev.token_ids)
         except ValueError as exc:
             self._violate(rec, i, "token-count", str(exc))
             rep.blocks_unverifiable += len(hashes)
-            return
+            return None
         step = ps * 4
         if len(data) != step * len(hashes):
             self._violate(
@@ -287,41 +309,40 @@ class ContractVerifier:
                 f"(expected {len(hashes) * ps})",
             )
             rep.blocks_unverifiable += len(hashes)
-            return
+            return None
+        return data, step
+
+    def _head(self, rec: Record, i: int, ev: BlockStored, first: bytes) -> tuple[str, bytes | None] | None:
+        """The allowed chain head (name, seed) the head block's first page matches; None: a violation."""
         sha = hashlib.sha256
-        first = data[:step]
-        if ev.parent_block_hash is None:
-            if ev.cache_salt is not None:
-                seed = event_seed(Namespace(cache_salt=ev.cache_salt))
-                heads = [(f"salt:{ev.cache_salt}", bytes.fromhex(seed) if seed else None)]
-            else:
-                heads = self._heads
-            prior = None
-            chosen = None
-            for name, cand in heads:
-                h = sha(cand) if cand is not None else sha()
-                h.update(first)
-                if int.from_bytes(h.digest()[:8], "big", signed=True) == hashes[0]:
-                    chosen, prior = name, cand
-                    break
-            if chosen is None:
-                tried = ", ".join(n for n, _ in heads)
-                self._violate(
-                    rec,
-                    i,
-                    "hash-mismatch",
-                    f"head block {hashes[0]} matches no allowed chain head ({tried}); were the "
-                    f"published hashes computed with extra_key mixed in (storage hashes), or is "
-                    f"the page size or salt wrong?",
-                )
-                rep.blocks_unverifiable += len(hashes) - 1
-                return
-            rep.heads[chosen] += 1
+        hashes = ev.block_hashes
+        if ev.cache_salt is not None:
+            seed = event_seed(Namespace(cache_salt=ev.cache_salt))
+            heads = [(f"salt:{ev.cache_salt}", bytes.fromhex(seed) if seed else None)]
         else:
-            prior = self._full.get(ev.parent_block_hash)
-            if prior is None:
-                rep.blocks_unverifiable += len(hashes)
-                return
+            heads = self._heads
+        for name, cand in heads:
+            h = sha(cand) if cand is not None else sha()
+            h.update(first)
+            if int.from_bytes(h.digest()[:8], "big", signed=True) == hashes[0]:
+                return name, cand
+        tried = ", ".join(n for n, _ in heads)
+        self._violate(
+            rec,
+            i,
+            "hash-mismatch",
+            f"head block {hashes[0]} matches no allowed chain head ({tried}); were the "
+            f"published hashes computed with extra_key mixed in (storage hashes), or is "
+            f"the page size or salt wrong?",
+        )
+        self.report.blocks_unverifiable += len(hashes) - 1
+        return None
+
+    def _chain(self, rec: Record, i: int, ev: BlockStored, data: bytes, step: int, prior: bytes | None) -> None:
+        """Check each block's hash chained from `prior`; keep the verified digests, stop at a mismatch."""
+        rep = self.report
+        hashes = ev.block_hashes
+        sha = hashlib.sha256
         full = self._full
         for k in range(len(hashes)):
             h = sha(prior) if prior is not None else sha()
