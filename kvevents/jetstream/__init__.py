@@ -10,6 +10,7 @@
 | `signing.py` | message authenticity: the HMAC-SHA256 key file bridges and consumers share (`--sign-key`) |
 | `gate.py` | what a consumer lets through: signature, headers, snapshots matching their end marker |
 | `stored.py` | a live batch, a snapshot and its assembly from parts, a repair's re-read request |
+| `positions.py` | where a feed starts: a record log's positions per (source, dp_rank), `resume=` of the feed |
 | `order.py` | what JetStream holds back, put into per-(source, dp_rank) engine order, distrustfully |
 | `integrity.py` | per-seq payload and state digests: conflicts and anti-entropy against stored snapshots |
 | `reread.py` | reading one subject filter start to end (cold-start snapshots, a repair's re-read) |

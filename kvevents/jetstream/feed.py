@@ -17,9 +17,8 @@ import queue
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
-from kvevents.events import rank_of
 from kvevents.feed import Delivery, FeedLoop, Reset, SourceStatus
 from kvevents.jetstream.gate import Gate, pick_snapshots
 from kvevents.jetstream.link import (
@@ -36,6 +35,7 @@ from kvevents.jetstream.link import (
 )
 from kvevents.jetstream.messages import CaughtUp, QueueItem, Refilled, Snapshots, Stop, StoredMsg
 from kvevents.jetstream.order import LiveMsg, Refill, Snapshot, SnapshotAssembler, StreamOrder
+from kvevents.jetstream.positions import positions_from_records, start_from
 from kvevents.jetstream.reread import read_all, read_subject
 from kvevents.jetstream.signing import SignKey
 from kvevents.published import PublishedWatch
@@ -98,19 +98,17 @@ class JetStreamFeed:
         self.clock = clock
         self.sign_key = sign_key
         self.order = StreamOrder(
-            reorder_wait_s=reorder_wait_s,
-            resync_timeout_s=resync_timeout_s,
-            max_sources=max_sources,
-            max_ranks=max_ranks,
-            clock=clock,
-        )
+            reorder_wait_s=reorder_wait_s, resync_timeout_s=resync_timeout_s, max_sources=max_sources,
+            max_ranks=max_ranks, clock=clock,
+        )  # fmt: skip
         self._gate = Gate(sign_key, self._bad)
         self.durable = durable
         self.start_time = start_time  # read live batches stored since then (unix time), no snapshots
-        if start_time is not None:
-            self.order.start_anywhere = True
-        for (source, rank), (epoch, next_seq) in (resume or {}).items():
-            self.order.resume(source, rank, epoch, next_seq)
+        start_from(self.order, start_time, resume)
+        self._init_state(clock)
+
+    def _init_state(self, clock: Callable[[], float]) -> None:
+        """Nothing read or connected yet: the queue between the NATS side and the poll side, empty."""
         self._handled: deque[tuple[int, Any]] = deque()  # durable mode: (stream seq, msg) not yet acknowledged
         self._asm = SnapshotAssembler()
         self._q: queue.Queue[QueueItem] = queue.Queue()
@@ -496,25 +494,6 @@ class JetStreamFeed:
         stored = await read_all(js, f"{ROOT}.{self.stream}.*.*.snap", stop=self._stop.is_set)
         msgs = [(m.subject, m.headers, m.data, m.stream_seq) for m in stored]
         return pick_snapshots(msgs, on_bad, sign_key=self.sign_key, on_refused=on_refused)
-
-
-def positions_from_records(records: Iterable[Any]) -> dict[tuple[str, int], tuple[int | None, int]]:
-    """Where a record log stands per (source, dp_rank): (epoch, next seq), for `resume=`.
-
-    Records are duck-typed (kind, source, dp_rank, seq, epoch); a reset marker forgets the position.
-    """
-    out: dict[tuple[str, int], tuple[int | None, int]] = {}
-    for r in records:
-        rank = rank_of(r.dp_rank)
-        if r.kind == "reset":
-            if r.dp_rank is None:
-                for k in [k for k in out if k[0] == r.source]:
-                    del out[k]
-            else:
-                out.pop((r.source, rank), None)
-        elif isinstance(r.seq, int) and r.seq >= 0:
-            out[(r.source, rank)] = (r.epoch, r.seq + 1)
-    return out
 
 
 JetStreamSource = JetStreamFeed  # the old name, kept for one release

@@ -233,6 +233,56 @@ class LoopThread:
             self.loop.close()
 
 
+class _ConnectWatch:
+    """nats-py's callbacks for one `connect`: errors kept quietly (for the retry message), drops warned."""
+
+    def __init__(self, opts: NatsOptions, stop: Callable[[], bool]) -> None:
+        self.opts = opts
+        self.stop = stop
+        self.last_error: str | None = None  # nats-py's own words for the newest failure
+        self.nc: Any = None  # the connection, once made
+
+    async def error(self, exc: Exception) -> None:
+        """nats-py's error_cb: keep the newest reason, at debug level only."""
+        self.last_error = " ".join(str(exc).split()) or type(exc).__name__
+        log.debug("nats: %s", exc)
+
+    async def disconnected(self) -> None:
+        """nats-py's disconnected_cb: a warning, unless stopping or closing on purpose."""
+        if not self.stop() and not (self.nc is not None and id(self.nc) in _closing):
+            log.warning("nats: disconnected from %s, reconnecting", self.opts.redacted())
+
+    async def reconnected(self) -> None:
+        """nats-py's reconnected_cb: a warning, so a drop and its end both show in the log."""
+        log.warning("nats: reconnected to %s", self.opts.redacted())
+
+    def why(self, exc: Exception) -> str:
+        """One line saying why a connect failed (nats-py's "no servers" replaced by the reason it saw)."""
+        why = " ".join(str(exc).split()) or type(exc).__name__
+        if type(exc).__name__ == "NoServersError" and self.last_error is not None:
+            why = self.last_error
+        return why
+
+
+async def _connect_once(kw: dict[str, Any], opts: NatsOptions, watch: _ConnectWatch) -> Any:
+    """One connect attempt; once connected, nats-py is left to reconnect by itself, forever."""
+    import nats
+
+    nc = await nats.connect(
+        **kw,
+        allow_reconnect=True,
+        max_reconnect_attempts=1,  # the first connect: `connect` retries, with backoff
+        reconnect_time_wait=0.5,
+        connect_timeout=opts.connect_timeout_s,
+        error_cb=watch.error,
+        disconnected_cb=watch.disconnected,
+        reconnected_cb=watch.reconnected,
+    )
+    nc.options["max_reconnect_attempts"] = -1  # connected once: nats-py reconnects by itself, forever
+    watch.nc = nc
+    return nc
+
+
 async def connect(
     opts: NatsOptions,
     *,
@@ -246,58 +296,26 @@ async def connect(
     failures are logged at debug level. Once connected, nats-py reconnects by itself, forever.
     Raises NatsUnavailable after `give_up_after_s` (None: never gives up).
     """
-    import nats
-
     kw = opts.connect_kwargs()
+    watch = _ConnectWatch(opts, stop)
     t0 = time.monotonic()
     delay = 0.2
     reported = False
-
-    last_error: list[str] = []
-
-    async def _quiet_error(exc: Exception) -> None:
-        last_error[:] = [" ".join(str(exc).split()) or type(exc).__name__]
-        log.debug("nats: %s", exc)
-
-    holder: list[Any] = []
-
-    async def _disconnected() -> None:
-        if not stop() and not (holder and id(holder[0]) in _closing):
-            log.warning("nats: disconnected from %s, reconnecting", opts.redacted())
-
-    async def _reconnected() -> None:
-        log.warning("nats: reconnected to %s", opts.redacted())
-
     while True:
         try:
-            nc = await nats.connect(
-                **kw,
-                allow_reconnect=True,
-                max_reconnect_attempts=1,  # the first connect: our loop below retries, with backoff
-                reconnect_time_wait=0.5,
-                connect_timeout=opts.connect_timeout_s,
-                error_cb=_quiet_error,
-                disconnected_cb=_disconnected,
-                reconnected_cb=_reconnected,
-            )
-            nc.options["max_reconnect_attempts"] = -1  # connected once: nats-py reconnects by itself, forever
-            holder.append(nc)
-            return nc
+            return await _connect_once(kw, opts, watch)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - any connect failure is "unreachable": retry
-            why = " ".join(str(exc).split()) or type(exc).__name__
-            if type(exc).__name__ == "NoServersError" and last_error:
-                why = last_error[-1]
+            why = watch.why(exc)
             msg = f"NATS unreachable at {opts.redacted()} ({why}); retrying with backoff up to 5s"
-            if not reported:
-                reported = True
-                if on_unreachable is not None:
-                    on_unreachable(msg)
-                else:
-                    log.warning("%s", msg)
-            else:
+            if reported:
                 log.debug("%s", msg)
+            elif on_unreachable is not None:
+                on_unreachable(msg)
+            else:
+                log.warning("%s", msg)
+            reported = True
             if stop() or (give_up_after_s is not None and time.monotonic() - t0 >= give_up_after_s):
                 raise NatsUnavailable(f"NATS unreachable at {opts.redacted()} ({why})") from None
             await asyncio.sleep(delay)

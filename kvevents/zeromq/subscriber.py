@@ -44,6 +44,21 @@ __all__ = ["Source", "parse_source", "Delivery", "Reset", "SourceStatus", "Subsc
 log = logging.getLogger("kvevents.zeromq.subscriber")
 
 
+def _checked_sources(sources: Sequence[Source | str], start: str, metrics_port: int | None) -> list[Source]:
+    """The Subscriber's sources as Source objects, after its arguments are checked (ValueError)."""
+    if not sources:
+        raise ValueError("Subscriber: at least one source is needed")
+    if start not in START_MODES:
+        raise ValueError(f"Subscriber: start must be one of {', '.join(START_MODES)}, got {start!r}")
+    srcs = [s if isinstance(s, Source) else Source(s) for s in sources]
+    names = [str(s.name) for s in srcs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"Subscriber: source names must be unique, got {names}")
+    if metrics_port is not None and not 0 <= metrics_port <= 65535:
+        raise ValueError(f"Subscriber: metrics_port must be in 0..65535, got {metrics_port}")
+    return srcs
+
+
 class Subscriber:
     """Receives from many publishers; outputs Delivery and Reset objects in per-stream order.
 
@@ -77,16 +92,7 @@ class Subscriber:
         `max_ranks`: dp ranks tracked per source; batches of further ranks are counted
         (`dropped_ranks`) and dropped, so a publisher cannot make a stream (and a repair) per rank.
         `start`: where each stream begins on first contact (START_MODES; a Source may override it)."""
-        if not sources:
-            raise ValueError("Subscriber: at least one source is needed")
-        if start not in START_MODES:
-            raise ValueError(f"Subscriber: start must be one of {', '.join(START_MODES)}, got {start!r}")
-        srcs = [s if isinstance(s, Source) else Source(s) for s in sources]
-        names = [str(s.name) for s in srcs]
-        if len(set(names)) != len(names):
-            raise ValueError(f"Subscriber: source names must be unique, got {names}")
-        if metrics_port is not None and not 0 <= metrics_port <= 65535:
-            raise ValueError(f"Subscriber: metrics_port must be in 0..65535, got {metrics_port}")
+        srcs = _checked_sources(sources, start, metrics_port)
         self.topic = topic
         self.on_delivery = on_delivery
         self.on_reset = on_reset
@@ -101,6 +107,13 @@ class Subscriber:
             log_every=log_every,
         )  # fmt: skip
         self._sources = {str(s.name): s for s in srcs}
+        self._init_sockets(context)
+        self._metrics_port = metrics_port
+        if metrics_port is not None:
+            self._metrics_port = self._serve_metrics(metrics_port)
+
+    def _init_sockets(self, context: zmq.Context | None) -> None:
+        """No socket is open yet: `_open` makes them (a SUB, a DEALER and their monitors per source)."""
         self._ctx = context or zmq.Context.instance()
         self._subs: dict[str, zmq.Socket] = {}
         self._dealers: dict[str, zmq.Socket] = {}
@@ -113,14 +126,15 @@ class Subscriber:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._closed = False
-        self._metrics_port = metrics_port
-        if metrics_port is not None:
-            from kvevents.zeromq import metrics
 
-            try:
-                self._metrics_port = metrics.serve_subscriber(self, metrics_port, ",".join(names))  # type: ignore[arg-type]
-            except OSError as exc:  # nothing is open yet: no socket or thread to release
-                raise ValueError(f"metrics port {metrics_port}: {exc}") from None
+    def _serve_metrics(self, port: int) -> int:
+        """Serve /metrics on `port` (0: a free one) and return it; ValueError when it cannot be bound."""
+        from kvevents.zeromq import metrics
+
+        try:
+            return metrics.serve_subscriber(self, port, ",".join(self._sources))  # type: ignore[arg-type]
+        except OSError as exc:  # nothing is open yet: no socket or thread to release
+            raise ValueError(f"metrics port {port}: {exc}") from None
 
     # ------------------------------------------------------------------ public API
     @property

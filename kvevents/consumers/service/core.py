@@ -108,18 +108,39 @@ class RouterService:
             self.index, page_size, medium_weights=medium_weights, lora_strict=lora_strict, seed=seed
         )
         self.lock = threading.Lock()
+        self.feed: EventFeed = self._make_feed(sources, feed, stale_after_s, subscriber_options)
+        self._init_counts()
+        self._init_routing(routing or RoutingOptions(), page_size, seed, clock)
+        self.freshness = Freshness(self.feed.status, clock)  # /score reads staleness in O(1)
+        self.metrics = ServiceMetrics(self)
+        self.status = StatusBoard()  # GET / and /status.json: repair activity and /score outcomes
+        self._http: Any = None  # kvevents.consumers.service.http_api.HttpServer while serving
+        self._status_sections: dict[str, Callable[[], Any]] = {}
+
+    def _make_feed(
+        self,
+        sources: Sequence[Source | str] | None,
+        feed: EventFeed | None,
+        stale_after_s: float,
+        subscriber_options: dict[str, Any],
+    ) -> EventFeed:
+        """The feed given, or a Subscriber over `sources` delivering here (kept as `self.subscriber`)."""
         self.subscriber: Subscriber | None = None
-        if feed is None:
-            self.subscriber = Subscriber(
-                sources or [],
-                on_delivery=self._on_delivery,
-                on_reset=self._on_reset,
-                stale_after_s=stale_after_s,
-                **subscriber_options,
-            )
-        elif subscriber_options:
-            raise ValueError(f"RouterService: {sorted(subscriber_options)} apply to sources, not to a feed")
-        self.feed: EventFeed = feed if feed is not None else self.subscriber  # type: ignore[assignment]
+        if feed is not None:
+            if subscriber_options:
+                raise ValueError(f"RouterService: {sorted(subscriber_options)} apply to sources, not to a feed")
+            return feed
+        self.subscriber = Subscriber(
+            sources or [],
+            on_delivery=self._on_delivery,
+            on_reset=self._on_reset,
+            stale_after_s=stale_after_s,
+            **subscriber_options,
+        )
+        return self.subscriber
+
+    def _init_counts(self) -> None:
+        """Nothing applied or asked yet: the feed pump's state and the per-source counts, empty."""
         self._pump: threading.Thread | None = None
         self._stop = threading.Event()
         self._pump_counters: Counter[str] = Counter()  # loop_errors, callback_errors of the feed pump
@@ -130,7 +151,11 @@ class RouterService:
         self._score_requests: Counter[int] = Counter()
         self._stale_seen: dict[str, bool] = {}
         self.events_applied = 0
-        routing = routing or RoutingOptions()
+
+    def _init_routing(
+        self, routing: RoutingOptions, page_size: int, seed: int | None, clock: Callable[[], float]
+    ) -> None:
+        """What /score weighs besides the index: pushed or scraped loads and earlier routing decisions."""
         self.routing = routing
         self.loads = LoadBoard(clock, routing.load_stale_after_s)  # kvevents.consumers.loads: newest wins per worker
         self.predictions = PredictedBlocks(routing.predicted_ttl_s, clock)  # never in the index
@@ -139,11 +164,6 @@ class RouterService:
             routing.metrics_urls, self.loads, page_size, pages_per_request=self.scorer.mean_request_pages,
             interval_s=routing.scrape_interval_s, timeout_s=routing.scrape_timeout_s,
         )  # fmt: skip
-        self.freshness = Freshness(self.feed.status, clock)  # /score reads staleness in O(1)
-        self.metrics = ServiceMetrics(self)
-        self.status = StatusBoard()  # GET / and /status.json: repair activity and /score outcomes
-        self._http: Any = None  # kvevents.consumers.service.http_api.HttpServer while serving
-        self._status_sections: dict[str, Callable[[], Any]] = {}
 
     # ---------------------------------------------------------------- feed
 
