@@ -86,81 +86,51 @@ def golden_cases(path: Path | str = GOLDEN_PATH) -> list[HashCase]:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"golden file {path}: {exc}") from None
+    out = [c for case in data.get("cases", []) for c in _chain_cases(case)]
+    out += _direct_cases(data.get("direct", {}))
+    out.append(HashCase("reject/token_u32_max_plus_1", "reject", [1, 2**32], 4))
+    out.append(HashCase("reject/token_negative", "reject", [1, -1], 4))
+    return out
+
+
+def _chain_cases(case: dict) -> list[HashCase]:
+    """One golden case: alone, or with a parent as the parent, the child after it and the two whole."""
+    inp, ev = case["inputs"], case["events"]
+    ps, ek, salt = inp["page_size"], inp["extra_key"], inp["cache_salt"]
+    tokens, hexes = list(inp["tokens"]), list(ev["event_hashes_hex"])
+    parent_tokens, parent_hex = inp.get("parent_tokens"), ev.get("parent_event_hashes_hex")
+    if not parent_tokens:
+        return [HashCase(case["id"], "golden", tokens, ps, ek, salt, None, hexes)]
+    parent_tokens, parent_hex = list(parent_tokens), list(parent_hex)
+    return [
+        HashCase(f"{case['id']}/parent", "golden", parent_tokens, ps, ek, salt, None, parent_hex),
+        HashCase(f"{case['id']}/child", "golden", tokens, ps, ek, salt, parent_hex[-1], hexes),
+        HashCase(f"{case['id']}/whole", "golden", parent_tokens + tokens, ps, ek, salt, None, parent_hex + hexes),
+    ]
+
+
+def _direct_cases(d: dict) -> list[HashCase]:
+    """The golden file's direct calls: short and empty inputs, a partial page, an explicit prior, u32 max."""
     out: list[HashCase] = []
-    for case in data.get("cases", []):
-        inp, ev = case["inputs"], case["events"]
-        ps, ek, salt = inp["page_size"], inp["extra_key"], inp["cache_salt"]
-        parent_tokens, parent_hex = inp.get("parent_tokens"), ev.get("parent_event_hashes_hex")
-        if parent_tokens:
-            out.append(
-                HashCase(f"{case['id']}/parent", "golden", list(parent_tokens), ps, ek, salt, None, list(parent_hex))
-            )
-            out.append(
-                HashCase(
-                    f"{case['id']}/child",
-                    "golden",
-                    list(inp["tokens"]),
-                    ps,
-                    ek,
-                    salt,
-                    parent_hex[-1],
-                    list(ev["event_hashes_hex"]),
-                )
-            )
-            out.append(
-                HashCase(
-                    f"{case['id']}/whole",
-                    "golden",
-                    list(parent_tokens) + list(inp["tokens"]),
-                    ps,
-                    ek,
-                    salt,
-                    None,
-                    list(parent_hex) + list(ev["event_hashes_hex"]),
-                )
-            )
-        else:
-            out.append(
-                HashCase(case["id"], "golden", list(inp["tokens"]), ps, ek, salt, None, list(ev["event_hashes_hex"]))
-            )
-    d = data.get("direct", {})
-    if "get_hash_str_[1,2,3]_page_size_4" in d:
-        out.append(
-            HashCase("direct/[1,2,3]_ps4", "direct", [1, 2, 3], 4, expected=list(d["get_hash_str_[1,2,3]_page_size_4"]))
-        )
-    if "get_hash_str_empty_page_size_4" in d:
-        out.append(HashCase("direct/empty_ps4", "direct", [], 4, expected=list(d["get_hash_str_empty_page_size_4"])))
-    if "partial_page_plain_ps4_tokens_5..10" in d:
-        out.append(
-            HashCase(
-                "direct/partial_ps4_5..10",
-                "direct",
-                list(range(5, 11)),
-                4,
-                expected=list(d["partial_page_plain_ps4_tokens_5..10"]),
-            )
-        )
+    simple: tuple[tuple[str, str, list[int]], ...] = (
+        ("get_hash_str_[1,2,3]_page_size_4", "direct/[1,2,3]_ps4", [1, 2, 3]),
+        ("get_hash_str_empty_page_size_4", "direct/empty_ps4", []),
+        ("partial_page_plain_ps4_tokens_5..10", "direct/partial_ps4_5..10", list(range(5, 11))),
+    )
+    for key, name, tokens in simple:
+        if key in d:
+            out.append(HashCase(name, "direct", tokens, 4, expected=list(d[key])))
     ep = d.get("explicit_prior")
     if ep:
         ek, salt = ep["namespace"]
+        expected = list(ep["get_hash_str_with_prior"])
         out.append(
-            HashCase(
-                "direct/explicit_prior",
-                "direct",
-                list(ep["tokens"]),
-                4,
-                ek,
-                salt,
-                ep["prior_hex"],
-                list(ep["get_hash_str_with_prior"]),
-            )
+            HashCase("direct/explicit_prior", "direct", list(ep["tokens"]), 4, ek, salt, ep["prior_hex"], expected)
         )
     if "token_u32_max" in d:
         out.append(
             HashCase("direct/token_u32_max", "direct", [2**32 - 1], 4, expected=list(d["token_u32_max"]["list"]))
         )
-    out.append(HashCase("reject/token_u32_max_plus_1", "reject", [1, 2**32], 4))
-    out.append(HashCase("reject/token_negative", "reject", [1, -1], 4))
     return out
 
 

@@ -60,69 +60,64 @@ def _case(
 def vllm_cases(algo: str, seed: int = 20, n: int = 60, golden: Path | str = VLLM_GOLDEN_PATH) -> list[HashCase]:
     """The golden vectors of `algo` plus generated ones (LoRA, salt, PYTHONHASHSEED, continuations)."""
     vllm = _engine()
-    out: list[HashCase] = []
     try:
         data = json.loads(Path(golden).read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"golden file {golden}: {exc}") from None
-    for c in data.get("cases", []):
-        if c.get("algo") == algo:
-            out.append(
-                _case(
-                    c["name"],
-                    "golden",
-                    algo,
-                    list(c["tokens"]),
-                    c["block_size"],
-                    c["hash_extra_keys"],
-                    c["PYTHONHASHSEED"],
-                    None,
-                    list(c["digests"]),
-                )
-            )
+    out = [
+        _case(
+            c["name"],
+            "golden",
+            algo,
+            list(c["tokens"]),
+            c["block_size"],
+            c["hash_extra_keys"],
+            c["PYTHONHASHSEED"],
+            None,
+            list(c["digests"]),
+        )  # fmt: skip
+        for c in data.get("cases", [])
+        if c.get("algo") == algo
+    ]
     rng = random.Random(seed)
     for i in range(n):
-        bs = rng.choice((1, 2, 4, 16))
-        tokens = [rng.randrange(50000) for _ in range(rng.randint(0, 6 * bs + bs - 1))]
-        nblocks = len(tokens) // bs
-        lora = rng.choice((None, None, "lora-a", "ünï"))
-        salt = rng.choice((None, None, "tenant-a"))
-        hseed = rng.choice((None, None, "0", "42"))
-        tagged = vllm.tagged_extra_keys(
-            nblocks, lora_name=lora, lora_path=None if lora is None else f"/a/{lora}", cache_salt=salt
-        )
-        keys = tagged if any(t is not None for t in tagged) else None
-        digests = vllm.vllm_block_hashes(tokens, bs, hash_algo=algo, extra_keys_per_block=keys, seed=hseed)
-        json_keys = None if keys is None else [None if t is None else [list(k) for k in t] for t in keys]
+        out += _generated(vllm, rng, algo, i)
+    return out
+
+
+def _generated(vllm: Any, rng: random.Random, algo: str, i: int) -> list[HashCase]:
+    """Generated case i (its draws in a fixed order: the cases are the same for a seed), and when it
+    has two blocks or more, a continuation: the blocks after a cut, from the digest before it."""
+    bs = rng.choice((1, 2, 4, 16))
+    tokens = [rng.randrange(50000) for _ in range(rng.randint(0, 6 * bs + bs - 1))]
+    nblocks = len(tokens) // bs
+    lora = rng.choice((None, None, "lora-a", "ünï"))
+    salt = rng.choice((None, None, "tenant-a"))
+    hseed = rng.choice((None, None, "0", "42"))
+    tagged = vllm.tagged_extra_keys(
+        nblocks, lora_name=lora, lora_path=None if lora is None else f"/a/{lora}", cache_salt=salt
+    )
+    keys = tagged if any(t is not None for t in tagged) else None
+    digests = vllm.vllm_block_hashes(tokens, bs, hash_algo=algo, extra_keys_per_block=keys, seed=hseed)
+    json_keys = None if keys is None else [None if t is None else [list(k) for k in t] for t in keys]
+    hexes = [d.hex() for d in digests]
+    out = [_case(f"vllm-property/{i:03d}", "property", algo, tokens, bs, json_keys, hseed, None, hexes)]
+    if nblocks >= 2:
+        cut = rng.randint(1, nblocks - 1)
+        rest = json_keys[cut:] if json_keys is not None else None
         out.append(
             _case(
-                f"vllm-property/{i:03d}",
-                "property",
+                f"vllm-chunked/{i:03d}",
+                "chunked",
                 algo,
-                tokens,
+                tokens[cut * bs :],
                 bs,
-                json_keys,
+                rest,
                 hseed,
-                None,
-                [d.hex() for d in digests],
+                hexes[cut - 1],
+                hexes[cut:],
             )
         )
-        if nblocks >= 2:  # a continuation: the blocks after a cut, from the digest before it
-            cut = rng.randint(1, nblocks - 1)
-            rest = json_keys[cut:] if json_keys is not None else None
-            out.append(
-                _case(
-                    f"vllm-chunked/{i:03d}",
-                    "chunked",
-                    algo,
-                    tokens[cut * bs :],
-                    bs,
-                    rest,
-                    hseed,
-                    digests[cut - 1].hex(),
-                    [d.hex() for d in digests[cut:]],
-                )
-            )
     return out
 
 
