@@ -13,8 +13,10 @@ Consumers use only kvevents' public API (kvevents, hashing, events, subscriber, 
 | `engine_load.py` | An engine's /metrics page -> its load per data-parallel rank: requests running and waiting, the share of ... |
 | `holders.py` | Who holds one table entry: a slot's `rows` word and the record pool behind it (pure-Python twin). |
 | `index_bounds.py` | What one publisher may cost a BlockIndex: dp ranks per source, and adapter names that free themselves. |
+| `index_lookups.py` | The router's seam into a BlockIndex: `holds` and `prefix_match`, and the plans and layouts they walk. |
 | `index_reports.py` | Read-only reports over a BlockIndex: who holds a hash, copies per source, medium and adapter. |
 | `indexer.py` | BlockIndex: which worker holds which published block, reference-counted and memory-lean. |
+| `key_modes.py` | How a source is keyed: the key modes, their `--key-mode` parsing, and `auto`'s detection. |
 | `keying.py` | Token-derived keys: index any engine's stream (vLLM, SGLang, ...) by the contract's event hashes. |
 | `keys.py` | Token-derived keys of pages: the contract's event hashes, with an engine's extra keys mixed in. |
 | `loads.py` | Workers' load for the cost model: the newest of three sources per worker, as vectors by worker index. |

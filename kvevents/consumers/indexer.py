@@ -10,7 +10,8 @@ A second copy of the same (worker, dp_rank, medium, lora, hash) (the same tokens
 keys) is counted in a small side dict that is empty in the common case (kvevents.consumers.copies
 adds and drops copies). Read-only reports (who holds a hash, copies per source, medium and
 adapter) live in the base class, kvevents.consumers.index_reports; the bounds on what a publisher
-may cost (ranks, media, adapters) in kvevents.consumers.index_bounds.
+may cost (ranks, media, adapters) in kvevents.consumers.index_bounds; the lookups (`holds`,
+`prefix_match`, their cached plans and layouts) in kvevents.consumers.index_lookups.
 
 Adapter names free themselves: a lora_name's view is dropped (and its name forgotten) when no copy
 references it any more, after removes, clears or drops; the number of live names is bounded
@@ -30,15 +31,13 @@ place: no copy is made, and a lookup never waits for more than the one batch bei
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Callable, Mapping
-
-import numpy as np
+from typing import Any, Mapping
 
 from kvevents import native
 from kvevents.consumers.copies import WORD, Extra, clear_worker, remove_each, store_each
 from kvevents.consumers.index_bounds import IndexBounds
+from kvevents.consumers.index_lookups import IndexLookups
 from kvevents.consumers.index_reports import WorkerEntry, WorkerKey, worker_label
-from kvevents.consumers.lookup import PrefixMatch, WordLayout, bind_walk, make_plan, walk_plan
 from kvevents.consumers.table import HashTable, as_hashes
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch, is_rank, rank_of
 
@@ -51,11 +50,9 @@ KNOWN_MEDIA: frozenset[str | None] = frozenset({"GPU", "CPU", "CPU_PINNED", "DIS
 _HOT = ("batches", "stored_copies", "removed_copies")
 _SMALL = 24  # events with at most this many hashes are checked for int64 in one C call, not numpy
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
-_PLANS_MAX = 256  # cached lookup plans (per request lora_name); the cache starts over past it
-_CACHED_NAME_MAX = 256  # longer lora names are planned per request, never kept
 
 
-class BlockIndex(IndexBounds):
+class BlockIndex(IndexBounds, IndexLookups):
     """Reference-counted map of published block copies per (source, dp_rank, medium, hash).
 
     `apply(source, batch)` never raises for content it cannot use: it counts the reason in
@@ -79,7 +76,8 @@ class BlockIndex(IndexBounds):
         media outside KNOWN_MEDIA, or `max_adapters` live lora names (`max_adapters_per_source` of
         one source), the batch or event is counted (`dropped_rank`, `dropped_medium`,
         `dropped_adapter`) and dropped."""
-        super().__init__(max_ranks_per_source, max_other_media, max_adapters, max_adapters_per_source)
+        IndexBounds.__init__(self, max_ranks_per_source, max_other_media, max_adapters, max_adapters_per_source)
+        IndexLookups.__init__(self)  # the router's caches: plans, layouts, bound walks
         self._media: list[str | None] = list(FIXED_MEDIA)
         self._medium_ix: dict[str | None, int] = {m: i for i, m in enumerate(self._media)}
         self._cols: dict[tuple[int, int], int] = {(0, 0): 0}  # (medium index, worker word) -> column
@@ -96,15 +94,9 @@ class BlockIndex(IndexBounds):
         self._medium_copies: list[int] = [0] * len(self._media)  # medium index -> copies (router)
         self._lora_sources: set[int] = set()  # workers that ever published a lora_name
         self._lora_removers: set[int] = set()  # workers that name the adapter on BlockRemoved
-        self._plans: dict[tuple[str | None, bool], list[tuple[HashTable, np.ndarray | None]]] = {}  # router cache
         self._layout_version = 0  # bumped by _changed(): lookups re-read the layout
         self._labels: tuple[int, Mapping[int, str]] | None = None
         self._keys: tuple[int, Mapping[int, WorkerKey]] | None = None
-        self._layout_cache: tuple[int, Callable[[str | None], float], list[float], list[WordLayout]] | None = None
-        # (lora_name, strict, medium_weight) -> the compiled walk bound to its plan and layout; valid
-        # until _changed() or a table's cview() changes (then all go: they pin their tables' arrays)
-        self._walkers: dict[tuple[Any, ...], Callable[[np.ndarray], PrefixMatch]] = {}
-        self._walkers_at = 0  # _table_changes[0] when they were bound
         self._counters: Counter[str] = Counter()
         self._hot = [0, 0, 0]  # batches, stored_copies, removed_copies: plain ints on the hot path
 
@@ -113,8 +105,7 @@ class BlockIndex(IndexBounds):
     def _changed(self) -> None:
         """Workers, media, columns, lora views, or which media hold copies changed: cached router
         plans and layouts go."""
-        self._plans.clear()
-        self._walkers.clear()
+        self._forget_lookups()
         self._layout_version += 1
 
     def _worker(self, key: WorkerKey) -> WorkerEntry | None:
@@ -161,15 +152,6 @@ class BlockIndex(IndexBounds):
     def _worker_cols(self, wi: int) -> list[int]:
         """Every column (one per medium) holding worker `wi`'s bit."""
         return self._word_cols.get(wi // WORD, [])
-
-    def _word_columns(self) -> dict[int, list[tuple[int, int]]]:
-        """Per worker word: (column, medium index) of the media holding any copy (router)."""
-        out: dict[int, list[tuple[int, int]]] = {}
-        copies = self._medium_copies
-        for (mi, word), col in self._cols.items():
-            if copies[mi] > 0:
-                out.setdefault(word, []).append((col, mi))
-        return out
 
     @property
     def counters(self) -> Counter[str]:
@@ -436,84 +418,6 @@ class BlockIndex(IndexBounds):
             table_paged_bytes=sum(t.paged_bytes() for t in self._views if t is not None),
         )
         return out
-
-    # ---------------------------------------------------------------- lookups (the router's seam)
-
-    def holds(self, block_hash: int, lora_name: str | None = None, *, strict: bool = True) -> bool:
-        """Does any worker hold `block_hash` for a request under `lora_name`? One key, a few us.
-
-        Strict: copies stored under that lora_name, plus lora-less copies of workers that never
-        published a lora_name (their events cannot tell adapters apart); else copies of any adapter.
-        """
-        for t, filt in self._lookup_plan(lora_name, strict):
-            slot = t.find1(block_hash)
-            if slot >= 0 and t.row_holds(slot, filt):
-                return True
-        return False
-
-    def prefix_match(
-        self,
-        hashes: np.ndarray,
-        lora_name: str | None = None,
-        *,
-        strict: bool = True,
-        medium_weight: Callable[[str | None], float] = lambda medium: 1.0,
-    ) -> PrefixMatch:
-        """Per worker index (see `labels`): the consecutive prefix of `hashes` (int64 array, page
-        order) it holds for a request under `lora_name` (as in `holds`), scored by medium weight,
-        with the pages credited per medium (each at the best-weighted medium holding it)."""
-        n = len(hashes)
-        if self._walkers_at != self._table_changes[0]:
-            self._walkers.clear()
-            self._walkers_at = self._table_changes[0]
-        key = (lora_name, strict, medium_weight)
-        bound = self._walkers.get(key)
-        if bound is not None and n and native.active():  # the common case: one dict get and a C call
-            return bound(hashes)
-        plan = self._lookup_plan(lora_name, strict)
-        if not plan or not self._by_index or not n:
-            return PrefixMatch(n)
-        weights, layout = self._layout(medium_weight)
-        bound = bind_walk(plan, layout, self._media, weights)
-        if bound is None:
-            return walk_plan(hashes, plan, layout, self._media, weights, len(self._cols))
-        if lora_name is None or len(lora_name) <= _CACHED_NAME_MAX:  # bounded like the plans
-            if len(self._walkers) >= _PLANS_MAX:
-                self._walkers.clear()
-            self._walkers[key] = bound
-        return bound(hashes)
-
-    def _layout(self, medium_weight: Callable[[str | None], float]) -> tuple[list[float], list[WordLayout]]:
-        """Medium weights, and per worker word its columns best weight first; cached until the
-        layout (workers, media, columns, media holding copies) or the weight function changes."""
-        cached = self._layout_cache
-        if cached is not None and cached[0] == self._layout_version and cached[1] == medium_weight:
-            return cached[2], cached[3]
-        weights = [medium_weight(m) for m in self._media]
-        layout = []
-        for word, cols in self._word_columns().items():
-            alive = self._word_bits.get(word, 0)
-            if alive:
-                cols.sort(key=lambda c: (-weights[c[1]], c[1]))
-                layout.append(WordLayout(word, cols, alive))
-        self._layout_cache = (self._layout_version, medium_weight, weights, layout)
-        return weights, layout
-
-    def _lookup_plan(self, lora_name: str | None, strict: bool) -> list[tuple[HashTable, np.ndarray | None]]:
-        """(view, per-column worker filter or None) pairs whose OR gives a page's masks (cached)."""
-        key = (lora_name, strict)
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = self._make_plan(lora_name, strict)
-            if lora_name is None or len(lora_name) <= _CACHED_NAME_MAX:  # the cache is bounded in bytes too
-                if len(self._plans) >= _PLANS_MAX:
-                    self._plans.clear()
-                self._plans[key] = plan
-        return plan
-
-    def _make_plan(self, lora_name: str | None, strict: bool) -> list[tuple[HashTable, np.ndarray | None]]:
-        blind = [w.index for w in self._workers.values() if w.index not in self._lora_sources]
-        return make_plan(self._views, self._lora_ix.get(lora_name), lora_name is not None, blind, self._cols, strict)
 
 
 def _all_int64(hashes: list[int], prev: int | None) -> bool:

@@ -8,7 +8,7 @@ A `SourceKeyer` sits between the subscriber and `BlockIndex`. Per source it runs
   dp_rank) map from engine hash to key digest serves parents and removes and loses the entry with
   the block's last copy (digests are shared between maps: one bytes object per distinct key).
 - `auto` (default): batches wait (bounded) until a head store shows whether the published hashes
-  recompute under the contract; then `contract` or `tokens`.
+  recompute under the contract; then `contract` or `tokens` (kvevents.consumers.key_modes).
 
 vLLM's fields (schemas/README.md, "Reading vLLM streams"): the lora name stays the event's
 `lora_name` (adapter-aware lookups); the cache salt (first block's extra keys, or the contract's
@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Mapping, Sequence
-from typing import Any, Literal, cast
+from collections.abc import Mapping
+from typing import Any, cast
 
+from kvevents.consumers.key_modes import KEY_MODES, AutoHold, KeyMode, parse_key_mode, parse_key_modes
 from kvevents.consumers.keys import (
     block_extras,
     engine_hash_key,
@@ -50,14 +51,8 @@ from kvevents.events import (
     BlockStored,
     KVEventBatch,
     decode_batch,
-    rank_of,
 )
-from kvevents.hashing import (
-    Namespace,
-    event_hashes_int64,
-    event_seed,
-    pack_tokens,
-)
+from kvevents.hashing import Namespace, event_seed, pack_tokens
 
 __all__ = [
     "KEY_MODES",
@@ -69,20 +64,10 @@ __all__ = [
     "request_keys",
 ]
 
-KeyMode = Literal["contract", "tokens", "auto"]
-KEY_MODES: tuple[str, ...] = ("contract", "tokens", "auto")
 _U64 = (1 << 64) - 1
 _UNKEYED = b""  # map value of a block that could not be keyed exactly (its children cannot either)
 _INT_ONLY = {int}
 _REMOVED_HAS_LORA = "lora_name" in BlockRemoved.__struct_fields__
-
-
-def parse_key_mode(spec: str) -> tuple[str, str]:
-    """`NAME=MODE` (MODE one of contract, tokens, auto) -> (name, mode); ValueError otherwise."""
-    name, sep, mode = spec.partition("=")
-    if not sep or not name.strip() or mode.strip() not in KEY_MODES:
-        raise ValueError(f"key mode {spec!r}: expected NAME=MODE with MODE one of {', '.join(KEY_MODES)}")
-    return name.strip(), mode.strip()
 
 
 def _engine_hashes(c: Counter[str], raw: Any) -> list[int | bytes] | None:
@@ -123,21 +108,6 @@ class _Chain:
         self.loras: dict[int | bytes, str] = {}
 
 
-def parse_key_modes(specs: Sequence[str], names: Sequence[str], default: str = "auto") -> tuple[str, dict[str, str]]:
-    """`--key-mode` values: NAME=MODE per publisher, or a bare MODE for every other one ->
-    (default mode, {name: mode}); ValueError for an unknown mode or a name that is not a publisher."""
-    modes: dict[str, str] = {}
-    for spec in specs:
-        if "=" not in spec and spec.strip() in KEY_MODES:
-            default = spec.strip()
-            continue
-        name, mode = parse_key_mode(spec)
-        if name not in names:
-            raise ValueError(f"key mode {spec!r}: no publisher is named {name!r}")
-        modes[name] = mode
-    return default, modes
-
-
 def _refs_when_only_interned() -> int:
     """sys.getrefcount of a digest held only by the intern dict (key and value) and one local name."""
     probe = bytes(bytearray(32))
@@ -175,7 +145,7 @@ class SourceKeyer:
         self.auto_max_batches = auto_max_batches
         self._modes: dict[str, str] = {}
         self._configured: dict[str, str] = {}
-        self._pending: dict[str, list[tuple[KVEventBatch, bytes | None]]] = {}
+        self._held = AutoHold()  # auto's batches, until its mode is known
         self._chains: dict[WorkerKey, _Chain] = {}
         self._canon: dict[bytes, bytes] = {}
         self._counters: dict[str, Counter[str]] = {}
@@ -265,42 +235,15 @@ class SourceKeyer:
 
     def _auto(self, source: str, batch: KVEventBatch | None, payload: bytes | None) -> list[KVEventBatch]:
         b = batch if batch is not None else self._decode(source, payload)
-        pending = self._pending.setdefault(source, [])
-        if not pending and b is not None and all(type(e) is AllBlocksCleared for e in b.events):
-            return [b]  # nothing keyed in it (heartbeat, reset): applies alike in both modes, so now
-        if b is None:
-            return []  # undecodable (counted): nothing to hold
-        pending.append((b, payload))
-        self._count(source)["auto_held_batches"] += 1
-        decided = self._detect(b)
-        if decided is None and len(pending) >= self.auto_max_batches:
-            decided = "tokens"  # tokens mode keys any engine exactly; only costlier
-            self._count(source)["auto_undecided"] += 1
+        count = lambda: self._count(source)  # noqa: E731 - called only when there is something to count
+        decided, ready = self._held.offer(source, b, payload, count, self.page_size, self.auto_max_batches)
         if decided is None:
-            return []
+            return [rb for rb, _ in ready]  # a batch with nothing keyed passes now, in either mode
         self._modes[source] = decided
-        self._count(source)[f"auto_detected_{decided}"] += 1
-        del self._pending[source]
         out: list[KVEventBatch] = []
-        for pb, pp in pending:
+        for pb, pp in ready:
             out.extend(self.translate(source, pb, pp))
         return out
-
-    def _detect(self, batch: KVEventBatch) -> str | None:
-        """contract / tokens from the first head store of whole pages; None if the batch has none."""
-        ps = self.page_size
-        for ev in batch.events:
-            if type(ev) is not BlockStored or ev.parent_block_hash is not None or not ev.block_hashes:
-                continue
-            n = len(ev.block_hashes)
-            if ev.block_size != ps or len(ev.token_ids) != n * ps:
-                continue  # inconclusive: another page size, or a span over skipped blocks
-            try:
-                want = event_hashes_int64(ev.token_ids, ps, Namespace(cache_salt=ev.cache_salt))
-            except ValueError:
-                continue  # bad token ids: inconclusive (tokens mode will count the event)
-            return "contract" if want == list(ev.block_hashes) else "tokens"
-        return None
 
     # ---------------------------------------------------------------- tokens mode
 
@@ -520,11 +463,6 @@ class SourceKeyer:
         for key in [k for k in self._chains if k.source == source and (dp_rank is None or k.dp_rank == dp_rank)]:
             chain = self._chains.pop(key)
             self._drop_chain(chain)
-        pending = self._pending.get(source)
-        if pending:  # batches held by auto from before the reset must not be applied after it
-            kept = [(b, p) for b, p in pending if dp_rank is not None and rank_of(b.data_parallel_rank) != dp_rank]
-            self._count(source)["auto_dropped_on_reset"] += len(pending) - len(kept)
-            if kept:
-                self._pending[source] = kept
-            else:
-                del self._pending[source]
+        dropped = self._held.drop(source, dp_rank)
+        if dropped is not None:
+            self._count(source)["auto_dropped_on_reset"] += dropped
