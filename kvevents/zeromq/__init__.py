@@ -2,7 +2,9 @@
 
 | file | what it owns |
 |---|---|
-| `publisher.py` | `Publisher`: PUB socket, seqs, heartbeats, the never-blocking send queue |
+| `publisher.py` | `Publisher`: seqs, the replay ring, the publish path, the never-blocking send queue |
+| `publisher_sockets.py` | the publisher's context, PUB and ROUTER sockets: bind/connect, CURVE, bind errors as one ValueError, the plain-bind warning, close |
+| `publisher_service.py` | the publisher's service thread: idle heartbeats, the ROUTER polled and served in slices |
 | `publisher_config.py` | `PublisherConfig`: the settings, named as vLLM's / SGLang's `KVEventsConfig` |
 | `replay_server.py` | the publisher's ROUTER: replay, KVE/SNAPSHOT, KVE/DESCRIBE, in slices |
 | `view.py` | the publisher's compact view of live block copies; snapshot batches rebuilt from it |

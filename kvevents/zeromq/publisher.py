@@ -5,12 +5,12 @@
 benchmarks/bench_publisher.py for why this beats a queue + sender thread). A service thread answers
 replay / KVE/SNAPSHOT / KVE/DESCRIBE on the ROUTER in slices and sends heartbeats when idle
 (`PublisherConfig.snapshots=False` turns KVE/SNAPSHOT and its per-publish cost off).
-Each publisher owns its zmq.Context (unless given one), so `close()` returns with its ports free.
+Each publisher owns its zmq.Context (unless given one), so `close()` returns with its ports free:
+the sockets are publisher_sockets.py's, the service thread's loop publisher_service.py's.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import queue
 import secrets
@@ -25,9 +25,12 @@ import zmq
 from kvevents.events import BatchEncoder, BlockStored, Event, decode_batch
 from kvevents.zeromq import security
 from kvevents.zeromq.publisher_config import PublisherConfig
-from kvevents.zeromq.replay_server import ReplayServer, prepare_router_socket
+from kvevents.zeromq.publisher_service import ServiceLoop
+from kvevents.zeromq.publisher_sockets import PLAIN_BIND_WARNING as PLAIN_BIND_WARNING
+from kvevents.zeromq.publisher_sockets import PublisherSockets
+from kvevents.zeromq.replay_server import ReplayServer
 from kvevents.zeromq.view import FrozenView, LiveView
-from kvevents.zeromq.wire import HASH_SCHEME, SCHEMA_VERSION, offset_endpoint, pack_seq, should_bind
+from kvevents.zeromq.wire import HASH_SCHEME, SCHEMA_VERSION, pack_seq
 
 __all__ = ["Publisher", "PublisherConfig", "publish_steps"]
 
@@ -36,18 +39,6 @@ log = logging.getLogger("kvevents.zeromq.publisher")
 _STRICT_BATCH = b"\x93"  # msgpack fixarray of 3: [ts, events, rank]
 _MORE = int(zmq.SNDMORE) | int(zmq.NOBLOCK)
 _LAST = int(zmq.NOBLOCK)
-
-
-def _raw_send(sock: zmq.Socket) -> Any:
-    """pyzmq's compiled send bound to `sock`, skipping the Python wrapper (half the cost for bytes)."""
-    try:
-        from zmq.backend import Socket as _Backend
-
-        if isinstance(sock, _Backend):
-            return _Backend.send.__get__(sock)
-    except (ImportError, AttributeError):  # pragma: no cover - another pyzmq backend
-        pass
-    return sock.send  # pragma: no cover
 
 
 class EventSource(Protocol):
@@ -80,12 +71,6 @@ _SVC_KEYS = (
     "jobs_expired",
     "rejected_describe_rate",
 )
-PLAIN_BIND_WARNING = "plain-bind"  # the log record key (security.OnceFilter) of the warning below
-_BIND_ERRORS = {  # what a failed bind / connect means, by errno
-    errno.ENODEV: "the host cannot be resolved or is not an address of this machine (cannot bind)",
-    errno.EADDRINUSE: "the address is already in use",
-    errno.EADDRNOTAVAIL: "the address is not on this machine (cannot bind)",
-}
 
 
 class Publisher:
@@ -113,14 +98,18 @@ class Publisher:
         curve = None
         if config.curve_secret_key_file is not None:  # a bad key file is a ValueError before any socket
             curve = security.CurveServer.from_files(config.curve_secret_key_file, config.curve_allow_dir)
-        self._open_sockets(config, context, curve)
+        self._sockets = sockets = PublisherSockets(config, context, curve)
+        self.endpoint: str = sockets.endpoint
+        self.replay_endpoint: str | None = sockets.replay_endpoint
+        self._send = sockets.send  # the compiled send, an attribute: _emit's three calls
         if curve is None:
-            self._warn_exposed()
+            sockets.warn_if_exposed()
+        router = sockets.router
         # snapshots are only served over the ROUTER; without them the (empty) view only holds the
         # page size DESCRIBE reports, learned from the first BlockStored (_learn_page)
-        self._keep_view = self._router is not None and config.snapshots
-        self._learn_page = self._router is not None and not config.snapshots
-        self._service = ReplayServer(self, self._router) if self._router is not None else None
+        self._keep_view = router is not None and config.snapshots
+        self._learn_page = router is not None and not config.snapshots
+        self._service = ReplayServer(self, router) if router is not None else None
         self._start_threads(send_mode, config.max_queue_size)
         if config.metrics_port is not None:
             self._serve_metrics(config.metrics_port)
@@ -158,70 +147,8 @@ class Publisher:
         self._pending = 0
         self._abandoned = False
         self._stop = threading.Event()
-        self._router: zmq.Socket | None = None
         self._queue: queue.Queue | None = None
         self._sender: threading.Thread | None = None
-        self._curve_handles: list[security.ServerHandle] = []
-
-    def _open_sockets(
-        self, config: PublisherConfig, context: zmq.Context | None, curve: security.CurveServer | None
-    ) -> None:
-        """The context, the PUB socket and (with a replay endpoint) the ROUTER, bound or connected;
-        a failure closes what was opened and is one ValueError naming the endpoint."""
-        inproc = any(e and e.startswith("inproc://") for e in (config.endpoint, config.replay_endpoint))
-        # inproc peers must share the context: use the global one (no ports to release there)
-        self._own_ctx = context is None and not inproc
-        self._ctx = context or (zmq.Context.instance() if inproc else zmq.Context())
-        try:
-            self._open_pub(config, curve)
-            self.replay_endpoint: str | None = None
-            if config.replay_endpoint:
-                self._open_router(config, curve)
-        except (zmq.ZMQError, ValueError) as exc:
-            self._close_sockets()
-            failed = (
-                config.replay_endpoint if hasattr(self, "replay_endpoint") else config.endpoint
-            )  # set once PUB is up
-            why = _BIND_ERRORS.get(getattr(exc, "errno", None) or 0, str(exc))
-            raise ValueError(f"publisher endpoint {failed!r}: {why}") from None
-
-    def _open_pub(self, config: PublisherConfig, curve: security.CurveServer | None) -> None:
-        self._pub = self._ctx.socket(zmq.PUB)
-        if curve is not None:  # before bind: ZeroMQ's listener copies the options
-            self._curve_handles.append(security.apply_server(self._pub, curve))
-        self._send = _raw_send(self._pub)
-        self._pub.setsockopt(zmq.SNDHWM, config.hwm)
-        self._pub.setsockopt(zmq.LINGER, 0)
-        endpoint = offset_endpoint(config.endpoint, config.dp_rank)
-        if should_bind(endpoint, config.bind):
-            self._pub.bind(endpoint)
-            self.endpoint: str = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
-        else:
-            self._pub.connect(endpoint)
-            self.endpoint = endpoint
-
-    def _open_router(self, config: PublisherConfig, curve: security.CurveServer | None) -> None:
-        assert config.replay_endpoint
-        r = self._router = self._ctx.socket(zmq.ROUTER)
-        r.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        prepare_router_socket(r)  # request limits; before bind: ZeroMQ's listener copies the options
-        if curve is not None:
-            self._curve_handles.append(security.apply_server(r, curve))
-        r.setsockopt(zmq.LINGER, 0)
-        r.bind(offset_endpoint(config.replay_endpoint, config.dp_rank))
-        self.replay_endpoint = r.getsockopt_string(zmq.LAST_ENDPOINT)
-
-    def _warn_exposed(self) -> None:
-        """One line for endpoints reachable beyond loopback without CURVE (a CLI running several
-        publishers shows it once: security.OnceFilter)."""
-        exposed = security.exposed_endpoints(self.endpoint, self.replay_endpoint)
-        if exposed:
-            log.warning(
-                "publisher on %s without CURVE: events (token ids, cache_salt) travel in clear to anyone "
-                "who can reach it; use loopback or --curve-secret (README: Security)",
-                " and ".join(exposed),
-                extra={"kvevents_once": PLAIN_BIND_WARNING},
-            )
 
     def _start_threads(self, send_mode: str, max_queue_size: int) -> None:
         """The service thread (replay server, heartbeats) and, in queue mode, the sender."""
@@ -229,7 +156,15 @@ class Publisher:
             self._queue = queue.Queue(maxsize=max_queue_size)
             self._sender = threading.Thread(target=self._send_loop, name="kvevents-pub-sender", daemon=True)
             self._sender.start()
-        self._thread = threading.Thread(target=self._service_loop, name="kvevents-pub-service", daemon=True)
+        loop = ServiceLoop(
+            next_seq=self._next_seq,
+            heartbeat=self._heartbeat,
+            heartbeat_s=self.config.heartbeat_interval_s,
+            server=self._service,
+            router=self._sockets.router,
+            stop=self._stop,
+        )
+        self._thread = threading.Thread(target=loop.run, name="kvevents-pub-service", daemon=True)
         self._thread.start()
 
     def _serve_metrics(self, port: int) -> None:
@@ -299,7 +234,7 @@ class Publisher:
         out["bytes_sent"] += self._n_bytes
         for k, v in self._svc_stats.items():
             out[k] = out.get(k, 0) + v
-        out["curve_denied"] = sum(h.denied for h in self._curve_handles)
+        out["curve_denied"] = self._sockets.curve_denied()
         out["batches_published"] = out["next_seq"] = self._seq
         out["queue_depth"] = self._queue.qsize() if self._queue is not None else 0
         with self._lock:
@@ -389,8 +324,7 @@ class Publisher:
             log.warning("publisher %s closed with %d unsent batches", self.endpoint, unsent)
         with self._lock:  # a sender still encoding a batch checks _abandoned under this lock
             # live messages already handed to ZeroMQ get what is left of the timeout to leave
-            self._pub.setsockopt(zmq.LINGER, int(max(0.0, deadline - time.monotonic()) * 1000))
-            self._close_sockets()
+            self._sockets.close(int(max(0.0, deadline - time.monotonic()) * 1000))
         if self.config.metrics_port is not None:
             from kvevents.zeromq import metrics
 
@@ -508,55 +442,14 @@ class Publisher:
                 else:
                     self._emit(seq, payload)
 
-    def _service_loop(self) -> None:
-        hb = self.config.heartbeat_interval_s
-        svc = self._service
-        sock = self._router
-        seen_seq, quiet_since = -1, time.monotonic()
-        errors = 0
-        while not self._stop.is_set():
-            wait = 0.05
-            if hb > 0:
-                now = time.monotonic()
-                if self._seq != seen_seq:  # idle = no seq consumed (cheaper than a clock read per publish)
-                    seen_seq, quiet_since = self._seq, now
-                elif now - quiet_since >= hb:
-                    self._svc_stats["heartbeats"] += 1  # counted first: a receiver may see it at once
-                    try:
-                        self._publish([], time.time(), None)
-                    except ValueError:
-                        return  # closed under us
-                    seen_seq, quiet_since = self._seq, now
-                wait = min(wait, max(0.0, quiet_since + hb - now))
-            if svc is not None and svc.jobs:
-                wait = 0.001 if svc.blocked else 0.0
-            if sock is None:
-                self._stop.wait(wait)
-                continue
-            try:
-                if sock.poll(int(wait * 1000)):
-                    svc.handle_requests()  # type: ignore[union-attr]
-                if svc.jobs:  # type: ignore[union-attr]
-                    svc.step()  # type: ignore[union-attr]
-                errors = 0
-            except zmq.ZMQError as exc:
-                if self._stop.is_set():
-                    return
-                errors += 1  # a persistent error must not spin: log once per 100, back off
-                if errors % 100 == 1:
-                    log.warning("publisher ROUTER error (%d in a row): %s", errors, exc)
-                self._stop.wait(min(1.0, 0.01 * errors))
+    def _next_seq(self) -> int:
+        """The service loop's idle test: the seq the next batch gets (read without the lock)."""
+        return self._seq
 
-    def _close_sockets(self) -> None:
-        """Close both sockets, then terminate an owned context (waits until ZeroMQ has let go)."""
-        for s in (getattr(self, "_pub", None), self._router):
-            if s is not None and not s.closed:
-                s.close()
-        for h in self._curve_handles:  # the last one stops the context's ZAP authenticator
-            security.release_server(h)
-        self._curve_handles = []
-        if self._own_ctx and not self._ctx.closed:
-            self._ctx.term()
+    def _heartbeat(self) -> int:
+        """The service loop's heartbeat: one empty batch of the current stream; ValueError once closed."""
+        self._svc_stats["heartbeats"] += 1  # counted first: a receiver may see it at once
+        return self._publish([], time.time(), None)
 
 
 def publish_steps(source: EventSource, publisher: Publisher) -> int | None:
