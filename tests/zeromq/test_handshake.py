@@ -65,7 +65,7 @@ def _problem(source: Source, publish: Publisher | None = None, needle: str = "")
 
 
 def test_live_and_replay_swapped(publisher: Publisher) -> None:
-    problem = _problem(Source(str(publisher.replay_endpoint), publisher.endpoint, "w0"))
+    problem = _problem(Source(str(publisher.replay_endpoint), publisher.endpoint, "w0"), needle="is not a PUB socket")
     assert f"{publisher.replay_endpoint} accepts connections but is not a PUB socket" in problem
     assert "live and replay swapped" in problem
 
