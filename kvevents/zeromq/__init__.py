@@ -11,6 +11,7 @@
 | `subscriber.py` | `Subscriber`: the socket loop around the sequencer, many publishers |
 | `sequencer.py` | sans-IO per-(source, dp_rank) sequencing and repair, with an injectable clock |
 | `streams.py` | the sequencer's per-stream state and repair requests |
+| `repair_queue.py` | the sequencer's requests on each DEALER: one in flight, deadlines, retries, budget |
 | `source.py` | `Source`: one publisher to follow (endpoints, CURVE keys) and its `NAME=EP[,REPLAY]` form |
 | `engine_requests.py` | one-shot replay / DESCRIBE / SNAPSHOT requests to a replay ROUTER |
 | `wire.py` | wire constants and the endpoint rules (bind or connect, per-rank ports) |

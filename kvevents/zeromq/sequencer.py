@@ -7,8 +7,9 @@ so that a timed-out request's late replies die with it). No sockets, threads or 
 gap, replay, stale and restart logic is tested step by step (kvevents.zeromq.subscriber runs the sockets).
 
 Rules (schemas/README.md, "Transport in one page"): one request in flight per source; timeouts
-retry with backoff; a replay that cannot fill a gap becomes a Reset plus a snapshot request, and
-a snapshot that cannot be had a counted clean start. The default wire carries no epoch, so
+retry with backoff (both kept by kvevents.zeromq.repair_queue, which hands failures back here); a
+replay that cannot fill a gap becomes a Reset plus a snapshot request, and a snapshot that cannot
+be had a counted clean start. The default wire carries no epoch, so
 KVE/DESCRIBE confirms it: on first contact, after a reconnect or a stale spell, and before every
 gap replay; a new epoch (or a seq going backwards) is a restart.
 
@@ -31,9 +32,10 @@ from kvevents.events import KVEventBatch, decode_batch
 from kvevents.feed import START_MODES, Delivery, DeliveryKind, Output, Reset, ResetReason, SourceStatus
 from kvevents.zeromq.commands import Command, DropDealer, Send
 from kvevents.zeromq.framing import Reply, describe_epoch, framing_label, parse_reply, reply_problem
+from kvevents.zeromq.repair_queue import DESCRIBE_TIMEOUT_S, RepairQueue
 from kvevents.zeromq.source import Source
 from kvevents.zeromq.streams import Item, Phase, Request, SourceState, Stream
-from kvevents.zeromq.wire import DESCRIBE_REQUEST, SEQ, SNAPSHOT_REQUEST, SNAPSHOT_SEQ, pack_seq
+from kvevents.zeromq.wire import SEQ, SNAPSHOT_SEQ
 
 __all__ = ["Sequencer", "Send", "DropDealer", "Command", "COUNTERS", "DESCRIBE_TIMEOUT_S"]
 
@@ -47,7 +49,6 @@ COUNTERS = (
     "stale_returns", "dropped_ranks", "bad_replies", "requests_abandoned", "describes_unsupported",
 )  # fmt: skip
 _U64 = 2**64
-DESCRIBE_TIMEOUT_S = 1.0  # a publisher without KVE/DESCRIBE (vLLM, SGLang) costs this once per (re)contact
 
 
 class Sequencer:
@@ -81,35 +82,32 @@ class Sequencer:
         self.counters = dict.fromkeys(COUNTERS, 0)
         self._srcs = {s.name: SourceState(s) for s in sources}
         self._out: list[Output] = []
-        self._commands: list[Command] = []
+        self._requests = RepairQueue(  # sends and times out the requests; a failure comes back to a callback
+            self.counters,
+            clock=clock,
+            request_timeout_s=self.request_timeout_s,
+            request_budget_s=self.request_budget_s,
+            max_attempts=self.max_attempts,
+            give_up=self._give_up,
+            without_describe=self._without_describe,
+        )
         self._started_at = clock()
 
     # ------------------------------------------------------------------ the loop's interface
     def take(self) -> tuple[list[Output], list[Command]]:
         """What became deliverable, and the socket commands to run (both in order), since the last take."""
-        out, cmds = self._out, self._commands
-        self._out, self._commands = [], []
-        return out, cmds
+        out, self._out = self._out, []
+        return out, self._requests.take_commands()
 
     def wait_s(self, timeout_s: float) -> float:
         """How long the loop may block before the next deadline or backoff falls due."""
-        now = self.clock()
-        wait = timeout_s
-        for s in self._srcs.values():
-            if s.active is not None:
-                wait = min(wait, max(0.0, min(s.active.deadline, s.active.give_up_at) - now))
-            elif s.queue:
-                wait = min(wait, max(0.0, s.not_before - now))
-        return wait
+        return self._requests.wait_s(self._srcs.values(), timeout_s)
 
     def tick(self) -> None:
         """Time passes: time out requests, start queued ones, notice stale sources."""
         now = self.clock()
         for s in self._srcs.values():
-            if s.active is not None and now >= min(s.active.deadline, s.active.give_up_at):
-                self._on_timeout(s, now)
-            if s.active is None:
-                self._pump(s)
+            self._requests.tick(s, now)
             self._check_stale(s, now)
 
     def on_connect(self, name: str) -> None:
@@ -185,7 +183,7 @@ class Sequencer:
             self.counters["stale_buffered"] += 1
             return
         if not st.verified and s.can_describe:  # confirm the epoch before applying anything more
-            self._request(s, st, "describe", 0)
+            self._requests.request(s, st, "describe", 0)
             st.buffer.append(it)
             return
         if st.next_seq is None:
@@ -198,11 +196,11 @@ class Sequencer:
                 st.next_seq = it.seq
             elif (s.source.start or self.start_mode) == "snapshot":  # first contact: the publisher's state
                 self._emit_reset(s, st, "first")
-                self._request(s, st, "snapshot", 0)
+                self._requests.request(s, st, "snapshot", 0)
                 st.buffer.append(it)
                 return
             else:
-                self._request(s, st, "replay", 0, first=True)
+                self._requests.request(s, st, "replay", 0, first=True)
                 st.buffer.append(it)
                 return
         if it.seq < st.next_seq:
@@ -211,7 +209,7 @@ class Sequencer:
         if it.seq > st.next_seq:
             self.counters["gaps"] += 1
             if s.source.replay_endpoint:
-                self._request(s, st, "replay", st.next_seq)
+                self._requests.request(s, st, "replay", st.next_seq)
                 st.buffer.append(it)
                 return
             self.counters["unrecoverable_gaps"] += 1
@@ -263,9 +261,9 @@ class Sequencer:
         if s.source.replay_endpoint and seq > 0:
             if s.describes is False:
                 st.verified = True  # nothing to confirm it with
-                self._request(s, st, "replay", 0, first=True)
+                self._requests.request(s, st, "replay", 0, first=True)
             else:
-                self._request(s, st, "snapshot", 0)
+                self._requests.request(s, st, "snapshot", 0)
         else:
             if seq > 0:
                 self.counters["losses"] += 1
@@ -293,79 +291,7 @@ class Sequencer:
             log.warning("source %s: nothing heard for %.1fs (stale)", s.name, self.stale_after_s)
         s.stale = stale
 
-    # ------------------------------------------------------------------ repair requests
-    def _request(self, s: SourceState, st: Stream, kind: str, start: int, *, first: bool = False) -> None:
-        st.busy = True
-        for r in s.queue:
-            if r.stream is st:
-                r.kind, r.start, r.first = kind, start, first
-                return
-        s.queue.append(Request(st, kind, start, first))
-        self._pump(s)
-
-    def _send(self, s: SourceState, req: Request, body: bytes, timeout_s: float) -> None:
-        """Send `body` for `req`, now the one in flight: no reply within `timeout_s` is a timeout,
-        and no end within `request_budget_s` abandons it."""
-        self._commands.append(Send(s.name, body))
-        now = self.clock()
-        req.deadline, req.give_up_at = now + timeout_s, now + self.request_budget_s
-        s.active = req
-
-    def _pump(self, s: SourceState) -> None:
-        if s.active is not None or not s.queue or self.clock() < s.not_before:
-            return
-        req = s.queue.popleft()
-        if req.kind == "describe" or (
-            req.kind == "replay" and not req.first and s.can_describe and req.phase is not Phase.DESCRIBING
-        ):
-            self.counters["describes_requested"] += 1
-            req.phase = Phase.DESCRIBING
-            return self._send(s, req, DESCRIBE_REQUEST, min(self.request_timeout_s, DESCRIBE_TIMEOUT_S))
-        if req.phase is not Phase.DRAINING:  # a retry of a failed reply stays drained till its end marker
-            req.phase = Phase.REQUESTING
-        if req.kind == "replay":
-            self.counters["replays_requested"] += 1
-            return self._send(s, req, pack_seq(req.start), self.request_timeout_s)
-        self.counters["snapshots_requested"] += 1
-        req.stream.snapshot = []
-        self._send(s, req, SNAPSHOT_REQUEST, self.request_timeout_s)
-
-    def _on_timeout(self, s: SourceState, now: float) -> None:
-        req = s.active
-        assert req is not None
-        if now >= req.give_up_at:  # answering, maybe, but never finishing: a retry would do the same
-            return self._abandon(s, req, f"not finished within {self.request_budget_s:g}s")
-        s.active = None
-        self._commands.append(DropDealer(s.name))
-        if req.phase is Phase.DESCRIBING:
-            self.counters["describe_timeouts"] += 1
-            log.info("source %s: no KVE/DESCRIBE reply; restarts are found by seqs going backwards only", s.name)
-            return self._without_describe(s, req)
-        self.counters["replay_timeouts"] += 1
-        if req.superseded:
-            return
-        req.attempts += 1
-        s.not_before = self.clock() + min(5.0, 0.1 * 2**req.attempts)
-        if req.attempts < (1 if s.failing else self.max_attempts):  # retry only an endpoint that answers
-            log.info("source %s: %s request timed out, retrying (%d)", s.name, req.kind, req.attempts)
-            s.queue.appendleft(req)
-            return
-        self._give_up(s, req, f"unanswered ({req.attempts} attempt{'s' if req.attempts > 1 else ''})")
-
-    def _abandon(self, s: SourceState, req: Request, why: str) -> None:
-        """`req` will get no usable answer: end it now (its DEALER too, so nothing more of it arrives)
-        and go on to the resync's next step, without the retries a lost request gets."""
-        self.counters["requests_abandoned"] += 1
-        s.active = None
-        s.not_before = 0.0
-        self._commands.append(DropDealer(s.name))
-        if req.phase is Phase.DESCRIBING:
-            log.info("source %s: KVE/DESCRIBE %s; going on without it", s.name, why)
-            self._without_describe(s, req)
-        elif not req.superseded:
-            self._give_up(s, req, why)
-        self._pump(s)
-
+    # ------------------------------------------------------------------ repair outcomes
     def _give_up(self, s: SourceState, req: Request, why: str) -> None:
         """The end of a replay (a Reset and a snapshot follow) or a snapshot request (a clean start)."""
         s.failing = True  # until a request to it ends well, no retries: the next step comes sooner
@@ -379,7 +305,7 @@ class Sequencer:
         self.counters["unrecoverable_gaps"] += 1
         self._emit_reset(s, st, "first" if first else "gap")
         st.next_seq = None
-        self._request(s, st, "snapshot", 0)
+        self._requests.request(s, st, "snapshot", 0)
 
     def _snapshot_failed(self, s: SourceState, st: Stream, why: str = "no snapshot") -> None:
         log.warning("source %s rank %s: %s, starting clean (state lost)", s.name, st.rank, why)
@@ -406,10 +332,9 @@ class Sequencer:
         self.counters["describes_unsupported"] += 1
         s.failing = False
         log.info("source %s: KVE/DESCRIBE answered as an empty replay (not offered); seqs alone find restarts", s.name)
-        s.active = None
-        s.not_before = 0.0
+        self._requests.clear(s)
         self._without_describe(s, req)
-        self._pump(s)
+        self._requests.pump(s)
 
     def _on_describe(self, s: SourceState, req: Request, payload: bytes) -> None:
         """A DESCRIBE reply: a new epoch is a restart (Reset, then snapshot); else go on."""
@@ -424,29 +349,25 @@ class Sequencer:
         req.phase = Phase.QUEUED
         if req.superseded:
             s.active = None
-            self._pump(s)
+            self._requests.pump(s)
             return
         st.verified = True
         if st.epoch is not None and epoch is not None and epoch != st.epoch:
-            s.active = None
-            s.not_before = 0.0
+            self._requests.clear(s)
             self.counters["restarts"] += 1
             log.info(
                 "source %s rank %s: new epoch %s (was %s): the publisher restarted", s.name, st.rank, epoch, st.epoch
             )
             self._restart(s, st, epoch, "restart", 1)
-            self._pump(s)
+            self._requests.pump(s)
             return
         if epoch is not None:
             st.epoch = epoch
         if req.kind == "replay":  # the epoch holds: now the replay itself
-            self.counters["replays_requested"] += 1
-            req.phase = Phase.REQUESTING
-            return self._send(s, req, pack_seq(req.start), self.request_timeout_s)
-        s.active = None
-        s.not_before = 0.0
+            return self._requests.replay(s, req)
+        self._requests.clear(s)
         self._drain(s, st)
-        self._pump(s)
+        self._requests.pump(s)
 
     # ------------------------------------------------------------------ replies
     def on_reply(self, name: str, frames: list[bytes]) -> None:  # noqa: C901 - the reply protocol's cases in order
@@ -467,7 +388,7 @@ class Sequencer:
             return self.bad(f"source {s.name}: replay reply with no request in flight", "", "bad_replies")
         if req.phase is Phase.DESCRIBING:  # an engine without KVE/DESCRIBE reads it as a start past its newest seq
             return self._describe_refused(s, req) if reply.is_end else self._unusable(s, req, "a batch")
-        req.deadline = self.clock() + self.request_timeout_s  # progress extends the deadline (not give_up_at)
+        self._requests.progress(req)  # progress extends the deadline (not give_up_at)
         if reply.is_end:
             return self._finish(s, req, reply.payload)
         if req.phase is Phase.DRAINING:
@@ -482,7 +403,7 @@ class Sequencer:
         kind = "" if req is None else f" to a {'describe' if req.phase is Phase.DESCRIBING else req.kind} request"
         self.bad(f"source {s.name}: unusable reply{kind}", why, "bad_replies")
         if req is not None:
-            self._abandon(s, req, f"answered with {why}")
+            self._requests.abandon(s, req, f"answered with {why}")
 
     def _snapshot_reply(self, s: SourceState, req: Request, topic: bytes, reply: Reply) -> None:
         if reply.seq != SNAPSHOT_SEQ:
@@ -510,8 +431,7 @@ class Sequencer:
 
     def _finish(self, s: SourceState, req: Request, last: bytes) -> None:
         """The end marker: apply the outcome (`Request.outcome`), then the next request."""
-        s.active = None
-        s.not_before = 0.0
+        self._requests.clear(s)
         s.failing = False
         st = req.stream
         outcome = req.outcome(last)
@@ -535,4 +455,4 @@ class Sequencer:
             self._unrecoverable(s, st, req.first)
         elif outcome == "drain":
             self._drain(s, st)
-        self._pump(s)
+        self._requests.pump(s)
