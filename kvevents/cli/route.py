@@ -223,7 +223,8 @@ def route_cmd(
         feeds = f"stream {stream}" if nats_url else f"{len(sources)} publisher(s)"
         scheme = "https" if security.tls else "http"
         err_line(f"{_TAG} {feeds} -> {scheme}://{bound[0]}:{bound[1]} (Ctrl-C to stop)")  # within 80 columns
-        err_line(f"{_TAG} serves {served(front)}")
+        for line in served(front):
+            err_line(f"{_TAG} {line}")
         interrupted = _report(service, stale_after, page_size)
     finally:
         service.stop()

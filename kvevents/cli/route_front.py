@@ -76,9 +76,9 @@ def make_proxy(
         user_error(f"--proxy: {exc}")
 
 
-def served(proxy: Optional[Proxy]) -> str:
-    """The banner's list of what is served."""
-    base = "/ (status page), POST /score, GET /workers, /metrics, /openapi.json"
-    if proxy is None:
-        return base
-    return base + "; proxy: " + ", ".join(proxy.endpoints)
+def served(proxy: Optional[Proxy]) -> list[str]:
+    """The banner's lines of what is served (each within 80 columns after the command's tag)."""
+    lines = ["/ status page, POST /score, /workers, /metrics, /openapi.json"]
+    if proxy is not None:
+        lines.append("proxy " + ", ".join(e.split()[-1] for e in proxy.endpoints))  # the paths, no methods
+    return lines

@@ -173,10 +173,8 @@ def _run(cfg: Any, rate: float, duration: Optional[float], http: Optional[str], 
     fleet = SimFleet.open(cfg)
     for i, p in enumerate(fleet.pubs):
         metrics = f" metrics http://127.0.0.1:{p.metrics_port}/metrics" if p.metrics_port is not None else ""
-        out_line(
-            f"{STARTED} worker w{i} dp_rank {i} live {p.endpoint} replay {p.replay_endpoint or '-'} "
-            f"epoch {p.epoch}{metrics}"
-        )
+        # worker wI is dp rank I; its epoch is in `tail` and /workers: the line fits 80 columns
+        out_line(f"{STARTED} worker w{i} live {p.endpoint} replay {p.replay_endpoint or '-'}{metrics}")
     webs = _front_ends(fleet, cfg, http, timing) if http is not None else []
     stop = threading.Event()
     old = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())

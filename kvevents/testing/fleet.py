@@ -129,8 +129,9 @@ class Fleet:
         urls: dict[str, str] = {}
         while len(urls) < workers:
             words = serve.wait_line(lambda s: s.startswith("kvevents serve:")).split()
-            if words[2] == "worker":  # kvevents serve: worker wI dp_rank I live E replay R epoch N
-                pubs[words[3]] = (int(words[5]), words[7], words[9])
+            if words[2] == "worker":  # kvevents serve: worker wI live E replay R (wI is dp rank I)
+                live, replay = words[words.index("live") + 1], words[words.index("replay") + 1]
+                pubs[words[3]] = (int(words[3][1:]), live, replay)
             elif words[2] == "http":  # kvevents serve: http URL/v1/completions (worker wI; ...)
                 urls[words[5].rstrip(";")] = words[3].rsplit("/v1/", 1)[0]
         return [ServedWorker(n, *pubs[n], url=urls[n]) for n in sorted(pubs, key=lambda n: pubs[n][0])]

@@ -57,7 +57,7 @@ def test_the_options_reach_the_answer() -> None:
         banner = proc.stderr.readline()
         m = re.search(r"http://127\.0\.0\.1:(\d+) ", banner)
         assert m, banner
-        assert proc.stderr.readline().startswith("kvevents route: serves ")
+        assert proc.stderr.readline().startswith("kvevents route: / status page")
         said = proc.stderr.readline()  # the scraper's one line: nothing listens on port 1
         assert said.startswith("kvevents route: w0: load metrics at http://127.0.0.1:1/metrics unreadable"), said
         conn = http.client.HTTPConnection("127.0.0.1", int(m.group(1)), timeout=10)

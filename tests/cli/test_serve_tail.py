@@ -42,7 +42,9 @@ def test_serve_two_workers_and_tail_text_and_json():
     proc, lines = _start_serve("--workers", "2", "--duration", "3", "--rate", "200", "--heartbeat", "0.2")
     try:
         live, replay = _endpoints(lines[1])
-        assert "dp_rank 1" in lines[1]
+        assert lines[1].startswith("kvevents serve: worker w1 live ")
+        default = lines[1].rstrip("\n").replace(live, "tcp://127.0.0.1:5558").replace(replay, "tcp://127.0.0.1:5560")
+        assert len(default) <= 80, default  # with the default ports the line fits 80 columns
         text = invoke("tail", live, "--replay", replay, "--count", "5", "--duration", "8")
         assert text.returncode == 0, text.stderr
         batch_lines = [ln for ln in text.stdout.splitlines() if ln.startswith("seq=")]

@@ -332,7 +332,8 @@ def test_route_prints_when_a_source_turns_stale_and_comes_back():
         assert proc.stderr is not None
         banner, served = proc.stderr.readline(), proc.stderr.readline()
         assert re.search(r"-> http://127\.0\.0\.1:\d+ \(Ctrl-C to stop\)$", banner) and len(banner) <= 81, banner
-        assert served.startswith("kvevents route: serves / (status page), POST /score") and "/openapi.json" in served
+        assert served.startswith("kvevents route: / status page, POST /score") and "/openapi.json" in served
+        assert len(served.rstrip("\n")) <= 80, served
         pub.close(0)
         assert "w1: nothing heard for 0.5 s" in proc.stderr.readline()
         pub = Publisher(endpoint=endpoint, replay_endpoint=replay, bind=True, heartbeat_interval_s=0.1)
