@@ -206,6 +206,9 @@ def test_index_equals_caches_end_to_end_with_drops_and_restarts():
             if step % 100 == 0:
                 time.sleep(0.01)
         c.settle()
+        # a restart is counted when the new publisher's epoch is first heard, which may be after the
+        # index already equals the caches (a loaded box): wait for it, bounded
+        wait_until("both restarts counted", lambda: c.service.subscriber.counters()["restarts"] >= 2, timeout=10)
         counters = c.service.subscriber.counters()
         assert counters["gaps"] >= 2 and counters["replayed"] >= 15  # drop_live: healed by replay
         assert counters["unrecoverable_gaps"] >= 2 and counters["snapshots_applied"] >= 2  # force_drop

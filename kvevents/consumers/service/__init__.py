@@ -3,6 +3,7 @@
 | file | what it owns |
 |---|---|
 | `core.py` | `RouterService`: applies a feed's deliveries to the index, scores requests, one lock |
+| `worker_rows.py` | one row of GET /workers (a source's dp rank) laid out as JSON, defined once |
 | `score_request.py`, `score_body.py` | the POST /score body: its pydantic contract, its fast decoders |
 | `scoring.py` | the /score answer: matches, predictions, loads, ranking by cost, the routing decision's credit |
 | `freshness.py` | which publishers are stale, read in O(1) per answer |

@@ -32,6 +32,7 @@ from kvevents.consumers.service.score_request import DecodedScore, LoadEntry, Sc
 from kvevents.consumers.service.scoring import RoutingOptions, Scorer
 from kvevents.consumers.service.seams import InflightSource
 from kvevents.consumers.service.status import StatusBoard
+from kvevents.consumers.service.worker_rows import worker_row
 from kvevents.consumers.worker_key import WorkerKey
 from kvevents.events import BlockStored, rank_of
 from kvevents.feed import Delivery, EventFeed, FeedLoop, Reset, dispatch
@@ -377,33 +378,12 @@ class RouterService:
             for name, sst in status.items():
                 st = self._state.get(name, _SourceState())
                 ranks = sorted(st.ranks) or [0]  # a source with nothing applied yet shows as rank 0
+                mode = self.keyer.mode(name)
+                bad = mismatch(sst, self.router.page_size, mode)
                 for rank in ranks:
+                    applied = (st.ranks.get(rank), st.epoch, st.lag_s)
                     media = counts.get(WorkerKey(name, rank), {})
-                    out.append(
-                        {
-                            "worker": name,
-                            "dp_rank": rank,
-                            "endpoint": sst.endpoint,
-                            "blocks": sum(media.values()),
-                            "blocks_by_medium": media,
-                            "last_seq": st.ranks.get(rank),
-                            "epoch": st.epoch,
-                            "lag_s": None if st.lag_s is None else round(st.lag_s, 6),
-                            "last_heard_age_s": None if sst.last_heard is None else round(now - sst.last_heard, 3),
-                            "stale": sst.stale,
-                            "repairing": sst.busy,
-                            "key_mode": self.keyer.mode(name),  # contract | tokens | auto (still detecting)
-                            # the form of its replay replies (kvevents.zeromq.framing), null until one came
-                            "replay_framing": sst.replay_framing,
-                            # what it publishes (kvevents.published) and why this router cannot use it
-                            "published": {
-                                "page_size": sst.page_size,
-                                "hash_chain": sst.hash_chain,
-                                "mismatch": mismatch(sst, self.router.page_size, self.keyer.mode(name)),
-                            },
-                            "problem": sst.problem,  # a likely misconfiguration its sockets saw
-                        }
-                    )
+                    out.append(worker_row(name, sst, rank, media, applied, now, mode, bad))
             return {"workers": out, "index": self.index.stats()}
 
     def adapter_counts(self) -> dict[WorkerKey, dict[str, int]]:
