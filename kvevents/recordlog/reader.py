@@ -43,6 +43,11 @@ class Damage(NamedTuple):
     after_index: int  # number of valid records before the damage
     path: str
 
+    def as_dict(self) -> dict[str, int | str]:
+        """The fields as JSON (what `log inspect --json` and `--verify` report per damaged region)."""
+        return {"offset": self.offset, "length": self.length, "kind": self.kind, "after_index": self.after_index,
+                "path": self.path}  # fmt: skip
+
     def message(self) -> str:
         where = "before the first record" if self.after_index == 0 else f"after record {self.after_index - 1}"
         if self.kind == "header":

@@ -163,7 +163,7 @@ class LogStats:
             "seq_anomalies": self.seq_anomalies,
             "epoch_changes": self.epoch_changes,
             "resets": self.resets,
-            "damage": [d._asdict() for d in self.damage],
+            "damage": [d.as_dict() for d in self.damage],
             "first_time": self.first_time,
             "last_time": self.last_time,
             "duration_s": self.duration_s,

@@ -119,7 +119,7 @@ class VerifyReport:
         d["violation_counts"] = dict(self.counts)
         d["block_sizes"] = {str(k): n for k, n in sorted(self.block_sizes.items())}
         d["violations"] = [v.as_dict() for v in self.violations]
-        d["damage"] = [x._asdict() for x in self.damage]
+        d["damage"] = [x.as_dict() for x in self.damage]
         return d
 
 
