@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import random
-import socket
 import subprocess
 import sys
 import threading
@@ -32,6 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from http_client import Conn  # noqa: E402 - the benchmarks' own client, beside this script
 
 PAGE = 16
 CLIENTS = 20
@@ -47,39 +48,6 @@ def request_bytes(body: bytes, close: bool) -> bytes:
     return (head + ("Connection: close\r\n" if close else "") + "\r\n").encode() + body
 
 
-class Conn:
-    """One client connection: send a request in one write, read one full response (Content-Length)."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.buf = b""
-
-    def roundtrip(self, req: bytes) -> int:
-        self.sock.sendall(req)
-        while (end := self.buf.find(b"\r\n\r\n")) < 0:
-            self._fill()
-        head, self.buf = self.buf[:end].decode("latin-1"), self.buf[end + 4 :]
-        length = 0
-        for line in head.split("\r\n")[1:]:
-            name, _, value = line.partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value)
-        while len(self.buf) < length:
-            self._fill()
-        self.buf = self.buf[length:]
-        return int(head.split(" ", 2)[1])
-
-    def _fill(self) -> None:
-        chunk = self.sock.recv(1 << 16)
-        if not chunk:
-            raise ConnectionError("closed mid-response")
-        self.buf += chunk
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def _timed(n: int, one: Callable[[], int], codes: Counter[int]) -> list[float]:
     lat = []
     for _ in range(n):
@@ -90,7 +58,7 @@ def _timed(n: int, one: Callable[[], int], codes: Counter[int]) -> list[float]:
 
 
 def keep_alive(port: int, body: bytes, n: int, codes: Counter[int]) -> list[float]:
-    conn = Conn(port)
+    conn = Conn(port, TIMEOUT_S)
     req = request_bytes(body, close=False)
     try:
         _timed(min(20, n), lambda: conn.roundtrip(req), Counter())  # warm-up
@@ -103,7 +71,7 @@ def new_connections(port: int, body: bytes, n: int, codes: Counter[int]) -> list
     req = request_bytes(body, close=True)
 
     def one() -> int:
-        conn = Conn(port)
+        conn = Conn(port, TIMEOUT_S)
         try:
             return conn.roundtrip(req)
         finally:
@@ -116,7 +84,7 @@ def new_connections(port: int, body: bytes, n: int, codes: Counter[int]) -> list
 def concurrent(port: int, body: bytes, n: int, codes: Counter[int]) -> tuple[list[float], float]:
     """CLIENTS keep-alive connections, n requests in all; latencies and wall seconds."""
     req = request_bytes(body, close=False)
-    conns = [Conn(port) for _ in range(CLIENTS)]
+    conns = [Conn(port, TIMEOUT_S) for _ in range(CLIENTS)]
     for c in conns:
         c.roundtrip(req)
     go, lock, lat = threading.Barrier(CLIENTS + 1), threading.Lock(), []
@@ -156,7 +124,7 @@ def burst(port: int, body: bytes, n: int) -> tuple[Counter[str], list[float]]:
         go.wait()
         t0 = time.perf_counter()
         try:
-            conn = Conn(port)
+            conn = Conn(port, TIMEOUT_S)
             try:
                 code = str(conn.roundtrip(req))
             finally:
@@ -238,7 +206,7 @@ def wait_matched(port: int, docs: dict[int, list[int]]) -> None:
     while time.monotonic() < deadline:
         ok = True
         for size, doc in docs.items():
-            conn = Conn(port)
+            conn = Conn(port, TIMEOUT_S)
             try:
                 conn.sock.sendall(request_bytes(json.dumps({"tokens": doc}).encode(), close=True))
                 data = b""

@@ -36,6 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from http_client import Conn  # noqa: E402 - the benchmarks' own client, beside this script
+
 PAGE = 16
 DOC_TOKENS = 2048
 LARGE_TOKENS = 4_000_000
@@ -49,43 +51,10 @@ def request_bytes(body: bytes) -> bytes:
     return head.encode() + body
 
 
-class Conn:
-    """One kept-alive client connection: a request in one write, one full answer read back."""
-
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT_S)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.buf = b""
-
-    def roundtrip(self, req: bytes) -> int:
-        self.sock.sendall(req)
-        while (end := self.buf.find(b"\r\n\r\n")) < 0:
-            self._fill()
-        head, self.buf = self.buf[:end].decode("latin-1"), self.buf[end + 4 :]
-        length = 0
-        for line in head.split("\r\n")[1:]:
-            name, _, value = line.partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value)
-        while len(self.buf) < length:
-            self._fill()
-        self.buf = self.buf[length:]
-        return int(head.split(" ", 2)[1])
-
-    def _fill(self) -> None:
-        chunk = self.sock.recv(1 << 16)
-        if not chunk:
-            raise ConnectionError("closed mid-answer")
-        self.buf += chunk
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def one_request(port: int, req: bytes) -> str:
     """A new connection, one request: its status, or the error's name."""
     try:
-        conn = Conn(port)
+        conn = Conn(port, TIMEOUT_S)
         try:
             return str(conn.roundtrip(req))
         finally:
@@ -103,7 +72,7 @@ def probe(port: int, req: bytes, seconds: float, pause_s: float = 0.002) -> tupl
     """Probes on one kept-alive connection for `seconds`: latencies (ms) and statuses."""
     lat: list[float] = []
     codes: Counter[str] = Counter()
-    conn = Conn(port)
+    conn = Conn(port, TIMEOUT_S)
     try:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
@@ -113,7 +82,7 @@ def probe(port: int, req: bytes, seconds: float, pause_s: float = 0.002) -> tupl
             except OSError as exc:
                 codes[type(exc).__name__] += 1
                 conn.close()
-                conn = Conn(port)
+                conn = Conn(port, TIMEOUT_S)
                 continue
             lat.append((time.perf_counter() - t0) * 1e3)
             time.sleep(pause_s)
@@ -220,7 +189,7 @@ def hogs(port: int, clients: int, seconds: float) -> Counter[str]:
         conn: Conn | None = None
         while not stop.is_set():
             try:
-                conn = conn or Conn(port)
+                conn = conn or Conn(port, TIMEOUT_S)
                 code = str(conn.roundtrip(big))
             except OSError as exc:
                 code = type(exc).__name__
@@ -321,7 +290,7 @@ DOC = [_DOC_RNG.randrange(32000) for _ in range(DOC_TOKENS)]
 
 
 def wait_matched(port: int, req: bytes) -> None:
-    conn = Conn(port)
+    conn = Conn(port, TIMEOUT_S)
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
