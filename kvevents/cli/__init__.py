@@ -9,6 +9,7 @@ render). This module registers them on the app, under the headings and in the or
 | `options.py` | flags several commands share: endpoints, HOST:PORT, a log file to write, CURVE keys, NATS options |
 | `config.py` | `--config FILE.toml` / `--print-config` of route, bridge, relay and serve |
 | `output.py` | consoles, one-line stdout/stderr messages and warnings, library logs on stderr, the check table |
+| `stopping.py` | SIGINT / SIGTERM for the long-running commands: one stop event, and whether Ctrl-C was it |
 | `route.py` | `route`: the HTTP router service over publishers or a JetStream stream |
 | `demo.py` | `demo`: the whole system on loopback (kvevents.demo), as tables, JSON or HTML |
 | `hash.py` | `hash`: a token sequence's hashes by the contract or by vLLM 0.33's chain |

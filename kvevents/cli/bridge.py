@@ -4,8 +4,6 @@ publishes or what its sockets saw wrong (kvevents.published); Ctrl-C: a last sta
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
 from typing import Any, Optional
 
@@ -23,6 +21,7 @@ from kvevents.cli.options import (
     with_curve,
 )
 from kvevents.cli.output import log_to_stderr, say
+from kvevents.cli.stopping import StopSignals
 
 
 @takes_config
@@ -102,15 +101,8 @@ def _watch(bridge: Any, started: str, duration: Optional[float], status_every: f
     SIGINT a last status line; returns whether SIGINT ended it."""
     from kvevents.published import SourceNotes
 
-    stop = threading.Event()
-    got: list[int] = []
-
-    def _on_signal(signum: int, _frame: Any) -> None:
-        got.append(signum)
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _on_signal)
+    signals = StopSignals()
+    stop = signals.stop
     t0 = time.monotonic()
     announced = False
     next_status = t0 + status_every
@@ -135,7 +127,7 @@ def _watch(bridge: Any, started: str, duration: Optional[float], status_every: f
         bridge.stop()
     for line in notes.lines(bridge.source_status()):  # what was learned since the last turn
         say("bridge", line)
-    interrupted = signal.SIGINT in got
+    interrupted = signals.interrupted
     if interrupted:
         say("bridge", f"stopped after {time.monotonic() - t0:.1f}s: {_status(bridge.counters())}")
     return interrupted

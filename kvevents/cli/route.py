@@ -6,8 +6,6 @@ saw (kvevents.published.SourceNotes), stale / heard-again lines."""
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
 from typing import Any, Optional
 
@@ -32,6 +30,7 @@ from kvevents.cli.options import (
 from kvevents.cli.output import err_line
 from kvevents.cli.route_front import API_KEY_ENV, READ_ONLY_KEY_ENV, front_security, make_proxy, served, worker_urls
 from kvevents.cli.route_options import POLICY_HELP, routing_options
+from kvevents.cli.stopping import StopSignals
 
 _TAG = "kvevents route:"
 
@@ -312,15 +311,8 @@ def _report(service: Any, stale_after: float, page_size: int) -> bool:
     (once learned) or why it cannot be indexed, a likely misconfiguration, stale and heard-again."""
     from kvevents.published import SourceNotes
 
-    stop = threading.Event()
-    got: list[int] = []
-
-    def _on_signal(signum: int, _frame: Any) -> None:
-        got.append(signum)
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _on_signal)
+    signals = StopSignals()
+    stop = signals.stop
     notes = SourceNotes(page_size, service.keyer.mode)
     while not stop.wait(0.5):
         for line in notes.lines(service.feed.status()):
@@ -337,7 +329,7 @@ def _report(service: Any, stale_after: float, page_size: int) -> bool:
             raise error
     for line in notes.lines(service.feed.status()):  # what was learned since the last turn
         err_line(f"{_TAG} {line}")
-    return signal.SIGINT in got
+    return signals.interrupted
 
 
 def _summary(service: Any) -> str:
