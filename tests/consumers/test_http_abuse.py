@@ -295,6 +295,29 @@ def test_long_and_chunked_bodies_answer_as_short_ones_do(front):
         assert read_answer(s)[0] == 413
 
 
+@pytest.mark.parametrize("front", [{"long_body_rate": 4_000_000}], indirect=True)
+def test_long_bodies_are_read_at_their_rate_while_short_ones_are_served(front):
+    """A 2.6 MB body at 4 MB/s (past a 1 MiB burst) takes its ~0.4 s, paused on the way and still
+    answered in full; a short /score sent meanwhile is answered at once (before: unpaced reading of
+    16 MB bodies held normal requests at p99 x5 idle)."""
+    tokens = list(range(500_000))
+    body = json.dumps({"tokens": tokens}).encode()
+    assert len(body) > 2_500_000
+    with front.connect() as s:
+        t0 = time.monotonic()
+        s.sendall(request(body))
+        wait_until("the long body paused", lambda: front.service.http_counters()["long_paced"] > 0)
+        t1 = time.monotonic()
+        assert front.score()[0] == 200
+        short_s = time.monotonic() - t1
+        status, _, raw = read_answer(s)
+        took = time.monotonic() - t0
+    assert status == 200 and json.loads(raw)["workers"][0]["matched_pages"] == 0
+    assert took >= 0.3, took  # (2.6 MB - 1 MiB) / 4 MB/s = 0.39 s
+    assert short_s < took / 2, (short_s, took)
+    assert front.service.http_counters()["long_paced_ms"] >= 250
+
+
 # ---------------------------------------------------------------- long bodies against a real route
 
 LONG_TOKENS = 4_000_000

@@ -75,6 +75,8 @@ class HttpLimits(BaseModel):
     long_bodies: int = Field(default_factory=default_long_bodies, ge=1)  # /score bodies over 64 KiB
     # read and scored at once (as many pool threads): one core per body, one left for the event loop
     long_queue: int = Field(default=8, ge=0)  # more of them wait, unread; past it 503 (Retry-After)
+    long_body_rate: int = Field(default=48 * 1024 * 1024, ge=0)  # bytes/s long bodies are read at, all
+    # together (0: unpaced), so their reading leaves the event loop time for normal requests
 
     def open_files(self) -> int:
         """File descriptors every connection these limits allow may take (plus a margin)."""
@@ -162,7 +164,7 @@ def build_app(
         redoc_url=None,
     )
     score_body = service.score_request_schema()
-    long = LongBodies(limits.long_bodies, limits.long_queue, limits.queue_wait_s)
+    long = LongBodies(limits.long_bodies, limits.long_queue, limits.queue_wait_s, limits.long_body_rate)
     app.state.long_bodies = long  # HttpServer.stop closes its pool
 
     @app.exception_handler(StarletteHTTPException)
@@ -365,7 +367,7 @@ class HttpServer:
         out["idle_closed"] = self.pending.evicted
         long = getattr(self.app.state, "long_bodies", None)
         if isinstance(long, LongBodies):
-            out.update({f"long_{k}": n for k, n in long.gate.counts.items()})
+            out.update({f"long_{k}": n for k, n in long.counts().items()})
         return out
 
     def start(self, host: str, port: int) -> tuple[str, int]:

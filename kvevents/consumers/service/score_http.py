@@ -108,10 +108,11 @@ async def _score_long(
         return Response(body, 503, headers=headers, media_type="application/json")
     try:
         try:
-            read = read_body(request.stream(), declared, limits.max_body_bytes)
-            held = [await _within(read, limits.body_timeout_s)]
+            read = read_body(request.stream(), declared, limits.max_body_bytes, long.rate)
+            allowed_s = limits.body_timeout_s + long.read_allowance(declared or limits.max_body_bytes)
+            held = [await _within(read, allowed_s)]
         except asyncio.TimeoutError:
-            return reply(408, {"error": f"body not received within {limits.body_timeout_s:g} s"}, _CLOSE)
+            return reply(408, {"error": f"body not received within {allowed_s:g} s"}, _CLOSE)
         except ClientDisconnect:
             return Response(status_code=400)
         except BodyTooLong as exc:
