@@ -4,8 +4,10 @@ real fleet of publishers on 127.0.0.1."""
 from __future__ import annotations
 
 import threading
+import uuid
 
 import pytest
+import zmq
 
 from kvevents.sim.serve import ServeConfig, ServeLoop, SimFleet, default_replay_endpoint, rank_endpoints
 from kvevents.testing.zeromq import EPH, collect
@@ -126,20 +128,15 @@ def test_a_real_fleet_publishes_what_its_workers_serve() -> None:
 
 
 def test_a_fleet_that_cannot_open_closes_the_publishers_it_had() -> None:
-    first = SimFleet.open(ServeConfig(endpoint=EPH, replay_endpoint="", workers=1))
-    assert first.pubs[0].endpoint.rsplit(":", 1)[1] != "1"
+    """Rank 1's endpoint is taken (inproc names live in the shared context, so no port is guessed):
+    the open fails naming it, and rank 0, bound first, is closed again."""
+    name = f"inproc://fleet-open-fails-{uuid.uuid4().hex}"
+    squatter = zmq.Context.instance().socket(zmq.PUB)
     try:
-        taken = first.pubs[0].endpoint
-        # rank 0 binds a free port, rank 1 the taken one: the error closes rank 0 again
-        port = int(taken.rsplit(":", 1)[1])
-        try:
-            probe = SimFleet.open(ServeConfig(endpoint=f"tcp://127.0.0.1:{port - 1}", replay_endpoint="", workers=1))
-        except ValueError:
-            pytest.skip(f"port {port - 1} is taken by another process")
-        probe.close(0)
+        squatter.bind(f"{name}_dp1")  # what rank 1 of a fleet at `name` binds
         with pytest.raises(ValueError, match="already in use"):
-            SimFleet.open(ServeConfig(endpoint=f"tcp://127.0.0.1:{port - 1}", replay_endpoint="", workers=2))
-        again = SimFleet.open(ServeConfig(endpoint=f"tcp://127.0.0.1:{port - 1}", replay_endpoint="", workers=1))
-        again.close(0)  # port - 1 was released by the failed open
+            SimFleet.open(ServeConfig(endpoint=name, replay_endpoint="", workers=2))
+        again = SimFleet.open(ServeConfig(endpoint=name, replay_endpoint="", workers=1))
+        again.close(0)  # rank 0's name was released by the failed open
     finally:
-        first.close(0)
+        squatter.close(0)
