@@ -6,7 +6,8 @@ render). This module registers them on the app, under the headings and in the or
 |---|---|
 | `app.py` | the typer app, `--version`, the help's headings, the one place errors become exit codes (0, 1 check failed, 2 user error) |
 | `helpfmt.py` | how `--help` reads: placeholders (FILE, TOKENS...), the type column, docstrings as paragraphs, option panels |
-| `options.py` | flags several commands share: endpoints, HOST:PORT, a log file to write, CURVE keys, NATS options |
+| `options.py` | flags several commands share: endpoints, HOST:PORT, a log file to write, CURVE keys, NATS options (NatsFlags with the trust flags, CurveClients, CurveServerFlags) |
+| `flag_groups.py` | typed bundles of flags: a frozen dataclass of `flag(...)` fields put into a command in place of one parameter (`@flag_group`) |
 | `config.py` | `--config FILE.toml` / `--print-config` of route, bridge, relay and serve |
 | `output.py` | consoles, one-line stdout/stderr messages and warnings, library logs on stderr, the check table |
 | `stopping.py` | SIGINT / SIGTERM for the long-running commands: one stop event, and whether Ctrl-C was it |
@@ -23,6 +24,7 @@ render). This module registers them on the app, under the headings and in the or
 | `bridge.py` | `bridge`: ZeroMQ streams into NATS JetStream (kvevents.jetstream.bridge) |
 | `relay.py` | `relay`: an engine's stream republished through kvevents' publisher (kvevents.relay) |
 | `serve.py` | `serve`: simulated workers publishing (kvevents.sim.serve) |
+| `serve_options.py` | `serve`'s flag bundles: workload, endpoints and wire, engine emulated, the per-worker HTTP front |
 | `tail.py` | `tail`: every batch of a publisher, with notices |
 | `keys.py` | `keys generate`: a CURVE keypair |
 | `conformance.py` | `conformance hash / stream / drive / render`: the contract tests against an engine (kvevents.conformance) |

@@ -11,21 +11,16 @@ import typer
 
 from kvevents.cli.app import publisher_option, user_error
 from kvevents.cli.config import takes_config
+from kvevents.cli.flag_groups import flag_group
 from kvevents.cli.nats_trust import BRIDGE_INSECURE_HELP, SIGN_KEY_HELP, bus_trust
-from kvevents.cli.options import (
-    CURVE_CLIENT_CERT,
-    CURVE_SERVER_KEYS,
-    NATS_PANEL,
-    NatsFlags,
-    nats_flags,
-    with_curve,
-)
+from kvevents.cli.options import NATS_PANEL, CurveClients, NatsFlags, nats_flags
 from kvevents.cli.output import log_to_stderr, say
 from kvevents.cli.stopping import StopSignals
 
 
 @takes_config
 @nats_flags
+@flag_group(CurveClients, "curve")
 def bridge_cmd(
     publisher: list[str] = publisher_option(..., "engine"),
     nats_url: str = typer.Option("nats://127.0.0.1:4222", "--nats", help="NATS server URL(s), comma-separated."),
@@ -40,8 +35,7 @@ def bridge_cmd(
     create: bool = typer.Option(True, "--create/--no-create", help="Create the stream if it is missing."),
     duration: Optional[float] = typer.Option(None, "--duration", help="Stop after S seconds (default: until Ctrl-C)."),
     status_every: float = typer.Option(5.0, "--status-every", help="Seconds between status lines on stderr (0: none)."),
-    curve_server_key: list[str] = CURVE_SERVER_KEYS,
-    curve_client_cert: Optional[str] = CURVE_CLIENT_CERT,
+    curve: CurveClients = CurveClients(),
     sign_key: Optional[str] = typer.Option(None, "--sign-key", help=SIGN_KEY_HELP, rich_help_panel=NATS_PANEL),
     insecure: bool = typer.Option(False, "--insecure", help=BRIDGE_INSECURE_HELP, rich_help_panel=NATS_PANEL),
     nats_flags: NatsFlags = NatsFlags(),
@@ -58,7 +52,7 @@ def bridge_cmd(
 
     _check_stream_flags(snapshot_every, max_age, storage, replicas)
     sources = [parse_source(spec, require_name=True) for spec in publisher]
-    with_curve(sources, curve_server_key, curve_client_cert)  # engines' CURVE keys (live, replay, snapshots)
+    curve.apply(sources)  # engines' CURVE keys (live, replay, snapshots)
     opts = nats_flags.options(nats_url, "bridge")
     key = bus_trust("bridge", sign_key, insecure)
     log_to_stderr()

@@ -10,17 +10,14 @@ from typing import Any, Optional
 import typer
 
 from kvevents.cli.app import CheckFailed, user_error
-from kvevents.cli.nats_trust import bus_trust
 from kvevents.cli.options import (
     CURVE_CLIENT_CERT,
     CURVE_SERVER_KEY,
-    INSECURE,
     NATS_STREAM,
-    SIGN_KEY,
     NatsFlags,
     check_endpoint,
     curve_client,
-    nats_flags,
+    nats_signed_flags,
 )
 from kvevents.cli.output import print_checks
 
@@ -30,7 +27,7 @@ PROFILE_HELP = (
 )
 
 
-@nats_flags
+@nats_signed_flags
 def doctor_cmd(
     endpoint: Optional[str] = typer.Argument(None, help="The publisher's live endpoint, e.g. tcp://127.0.0.1:5557."),
     nats_url: Optional[str] = typer.Option(
@@ -48,8 +45,6 @@ def doctor_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     curve_server_key: Optional[str] = CURVE_SERVER_KEY,
     curve_client_cert: Optional[str] = CURVE_CLIENT_CERT,
-    sign_key: Optional[str] = SIGN_KEY,
-    insecure: bool = INSECURE,
     nats_flags: NatsFlags = NatsFlags(),
 ) -> None:
     """The checklist for events that do not arrive; exit 1 if any check fails.
@@ -67,7 +62,7 @@ def doctor_cmd(
     if nats_url is not None and profile is not None:
         user_error("--profile applies to an ENDPOINT (a ZeroMQ publisher), not to --nats")
     if nats_url is not None:  # stream, sources, snapshot ages, lag
-        return _doctor_nats(nats_url, stream, timeout, as_json, nats_flags, bus_trust("doctor", sign_key, insecure))
+        return _doctor_nats(nats_url, stream, timeout, as_json, nats_flags, nats_flags.bus_key("doctor"))
     if endpoint is None:
         user_error("missing ENDPOINT (or --nats URL --stream NAME)")
     check_endpoint("ENDPOINT", endpoint)  # a malformed address is a usage error (2), not a failed check

@@ -13,19 +13,15 @@ from typing import Any, Optional
 import typer
 
 from kvevents.cli.app import user_error
-from kvevents.cli.nats_trust import bus_trust
 from kvevents.cli.options import (
     CURVE_CLIENT_CERT,
     CURVE_SERVER_KEY,
-    INSECURE,
-    MAX_SOURCES,
     NATS_STREAM,
-    SIGN_KEY,
     NatsFlags,
     check_log_target,
     curve_client,
     jetstream_feed,
-    nats_flags,
+    nats_feed_flags,
 )
 from kvevents.cli.output import err_console, out_console, say, warn
 
@@ -34,7 +30,7 @@ NATS_ANSWER_S = 5.0  # --nats: how long NATS may take to list its streams (--giv
 PROGRESS_EVERY_S = 5.0  # --nats, not on a terminal: a progress line this often while reading
 
 
-@nats_flags
+@nats_feed_flags
 def fetch_cmd(
     endpoint: Optional[str] = typer.Argument(
         None, help="A publisher's replay endpoint (its ROUTER), e.g. tcp://127.0.0.1:5558."
@@ -63,9 +59,6 @@ def fetch_cmd(
     as_json: bool = typer.Option(False, "--json", help="With --into-index: print the summary as JSON."),
     curve_server_key: Optional[str] = CURVE_SERVER_KEY,
     curve_client_cert: Optional[str] = CURVE_CLIENT_CERT,
-    sign_key: Optional[str] = SIGN_KEY,
-    insecure: bool = INSECURE,
-    max_sources: int = MAX_SOURCES,
     nats_flags: NatsFlags = NatsFlags(),
 ) -> None:
     """Pull a publisher's replay buffer (ENDPOINT, from seq --since) or what a JetStream stream holds
@@ -78,8 +71,7 @@ def fetch_cmd(
             user_error("--curve-server-key/--curve-client-cert apply to a replay ENDPOINT (ZeroMQ), not to --nats")
         if output is not None:
             check_log_target(output, force)
-        trust = {"sign_key": sign_key, "insecure": insecure, "max_sources": max_sources}
-        return _from_nats(nats_url, stream, back, output, into_index, as_json, nats_flags, trust)
+        return _from_nats(nats_url, stream, back, output, into_index, as_json, nats_flags)
     if endpoint is None:
         user_error("missing ENDPOINT (a replay endpoint) or --nats URL")
     if into_index or back is not None:
@@ -116,7 +108,6 @@ def _from_nats(
     into_index: bool,
     as_json: bool,
     flags: NatsFlags,
-    trust: dict[str, Any],
     timeout: float = NATS_READ_TIMEOUT_S,
 ) -> None:
     """`fetch --nats`: what the stream holds, as a cold router reads it (snapshot + tail) or, with
@@ -128,10 +119,10 @@ def _from_nats(
     if back_s is not None and back_s <= 0:
         user_error(f"--back (seconds) must be > 0, got {back_s:g}")
     flags.options(url, "fetch")  # a bad URL or a missing file: exit 2 first, then a missing key
-    bus_trust("fetch", trust["sign_key"], trust["insecure"])
+    flags.bus_key("fetch")
     last = _last_seq(url, stream, flags)
     start_time = None if back_s is None else time.time() - back_s
-    src = jetstream_feed(url, stream, "fetch", flags, start_time=start_time, give_up_after_s=timeout, **trust)
+    src = jetstream_feed(url, stream, "fetch", flags, start_time=start_time, give_up_after_s=timeout)
     sink = _Sink(output, into_index)  # (after the feed: a refused --sign-key leaves no file behind)
     t0 = time.monotonic()
     try:

@@ -5,8 +5,11 @@ Publishers (serve, replay) take `--curve-secret FILE [--curve-allow DIR]`; consu
 `--curve-server-key FILE [--curve-client-cert FILE]` (tail, doctor, fetch: one publisher) or
 `--curve-server-key [NAME=]FILE ...` (route, record, bridge: FILE for every --publisher, NAME=FILE for one).
 Every `--nats` command (route, record, bridge, fetch, doctor) takes the same connection flags
-(`@nats_flags`: --creds, --tls-ca, --tls-cert, --tls-key, --give-up-after, as one `NatsFlags`).
-A bad value is one `user_error` line (exit 2).
+(`@nats_flags`: --creds, --tls-ca, --tls-cert, --tls-key, --give-up-after, as one `NatsFlags`); the
+consumers' trust flags come with them (`@nats_feed_flags`: --sign-key, --insecure, --max-sources for
+route, record, fetch; `@nats_signed_flags`: the first two, for doctor). The CURVE pairs are bundles
+too (kvevents.cli.flag_groups): `CurveClients` (route, record, bridge), `CurveServerFlags` (serve,
+relay, replay). A bad value is one `user_error` line (exit 2).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
 import typer
 
 from kvevents.cli.app import user_error
+from kvevents.cli.flag_groups import flag, flag_of, inject
 from kvevents.cli.nats_trust import INSECURE_HELP, MAX_SOURCES_HELP, SIGN_KEY_HELP, bus_trust
 from kvevents.cli.output import log_to_stderr, say
 
@@ -45,7 +49,6 @@ GIVE_UP_HELP = "With --nats: exit 2 if NATS is still unreachable after S seconds
 
 # option declarations reused as defaults (typer copies them per command)
 CURVE_SERVER_KEY = typer.Option(None, "--curve-server-key", help=SERVER_KEY_HELP)
-CURVE_SERVER_KEYS = typer.Option([], "--curve-server-key", help=SERVER_KEYS_HELP)
 CURVE_CLIENT_CERT = typer.Option(None, "--curve-client-cert", help=CLIENT_CERT_HELP)
 CURVE_SECRET = typer.Option(None, "--curve-secret", help=SECRET_HELP)
 CURVE_ALLOW = typer.Option(None, "--curve-allow", help=ALLOW_HELP)
@@ -159,6 +162,31 @@ def with_curve(sources: list[Any], server_keys: Sequence[str], client_cert: Opti
     return sources
 
 
+@dataclass(frozen=True)
+class CurveClients:
+    """`--curve-server-key [NAME=]FILE ... --curve-client-cert FILE` of a command over several
+    publishers (route, record, bridge)."""
+
+    curve_server_key: list[str] = flag([], "--curve-server-key", help=SERVER_KEYS_HELP)
+    curve_client_cert: Optional[str] = flag_of(CURVE_CLIENT_CERT)
+
+    def apply(self, sources: list[Any]) -> list[Any]:
+        """Each Source's `curve` set from the flags (with_curve: in place); returns the sources."""
+        return with_curve(sources, self.curve_server_key, self.curve_client_cert)
+
+
+@dataclass(frozen=True)
+class CurveServerFlags:
+    """`--curve-secret FILE [--curve-allow DIR]` of a publishing command (serve, relay, replay)."""
+
+    curve_secret: Optional[str] = flag_of(CURVE_SECRET)
+    curve_allow: Optional[str] = flag_of(CURVE_ALLOW)
+
+    def server(self) -> Any:  # CurveServer | None
+        """The CurveServer of the flags, its files checked now (curve_server: bad files exit 2)."""
+        return curve_server(self.curve_secret, self.curve_allow)
+
+
 # ---------------------------------------------------------------- NATS
 
 
@@ -184,9 +212,9 @@ def nats_options(
     tls_cert = tls_cert or os.environ.get("KVEVENTS_NATS_TLS_CERT") or None
     tls_key = tls_key or os.environ.get("KVEVENTS_NATS_TLS_KEY") or None
     t = tls_flag
-    for flag, path in (("--creds", creds), (f"{t}ca", tls_ca), (f"{t}cert", tls_cert), (f"{t}key", tls_key)):
+    for given, path in (("--creds", creds), (f"{t}ca", tls_ca), (f"{t}cert", tls_cert), (f"{t}key", tls_key)):
         if path is not None and not os.path.isfile(path):
-            user_error(f"{flag} {path!r}: no such file")
+            user_error(f"{given} {path!r}: no such file")
     if tls_key and not tls_cert:
         user_error(f"{t}key needs {t}cert")
     opts = NatsOptions(url, creds=creds, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key, name=name)
@@ -198,15 +226,19 @@ def nats_options(
 
 
 NATS_PANEL = "NATS connection"  # where --help shows the flags that apply to --nats only
+DEFAULT_MAX_SOURCES = 4096
 SIGN_KEY = typer.Option(None, "--sign-key", help="With --nats: " + SIGN_KEY_HELP, rich_help_panel=NATS_PANEL)
 INSECURE = typer.Option(False, "--insecure", help="With --nats: " + INSECURE_HELP, rich_help_panel=NATS_PANEL)
-MAX_SOURCES = typer.Option(4096, "--max-sources", help="With --nats: " + MAX_SOURCES_HELP, rich_help_panel=NATS_PANEL)
+MAX_SOURCES = typer.Option(
+    DEFAULT_MAX_SOURCES, "--max-sources", help="With --nats: " + MAX_SOURCES_HELP, rich_help_panel=NATS_PANEL
+)
 
 
 @dataclass(frozen=True)
 class NatsFlags:
-    """The NATS connection flags of one command line (each None when not given); `tls_flag` is how
-    this command spells its TLS flags (`--tls-` where free, `--nats-tls-` where `--tls-*` serve HTTPS)."""
+    """The NATS flags of one command line (each None when not given); `tls_flag` is how this command
+    spells its TLS flags (`--tls-` where free, `--nats-tls-` where `--tls-*` serve HTTPS). The trust
+    flags (sign_key, insecure, max_sources) are set by `@nats_feed_flags` / `@nats_signed_flags`."""
 
     creds: Optional[str] = None
     tls_ca: Optional[str] = None
@@ -214,6 +246,9 @@ class NatsFlags:
     tls_key: Optional[str] = None
     give_up_after: Optional[float] = None
     tls_flag: str = "--tls-"
+    sign_key: Optional[str] = None
+    insecure: bool = False
+    max_sources: int = DEFAULT_MAX_SOURCES
 
     def given(self) -> list[str]:
         t = self.tls_flag
@@ -236,60 +271,84 @@ class NatsFlags:
         name = f"kvevents-{prog}"
         return nats_options(url, self.creds, self.tls_ca, self.tls_cert, self.tls_key, name, self.tls_flag)
 
+    def bus_key(self, prog: str) -> Any:  # SignKey | None
+        """The SignKey of --sign-key (or $KVEVENTS_NATS_SIGN_KEY); None with --insecure; neither: exit 2."""
+        return bus_trust(prog, self.sign_key, self.insecure)
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 _NATS_TLS = (("ca", TLS_CA_HELP), ("cert", TLS_CERT_HELP), ("key", TLS_KEY_HELP))
+_TRUST = (("sign_key", Optional[str], SIGN_KEY), ("insecure", bool, INSECURE), ("max_sources", int, MAX_SOURCES))
 
 
-def _nats_flag_params(tls_flag: str) -> list[tuple[str, Any, Any]]:
-    """(parameter, annotation, typer.Option) of each NATS connection flag, TLS spelled `tls_flag`."""
+def _nats_flag_params(tls_flag: str, trust: int) -> list[inspect.Parameter]:
+    """The first `trust` trust flags, then each NATS connection flag (TLS spelled `tls_flag`)."""
     opt = functools.partial(typer.Option, rich_help_panel=NATS_PANEL)
     tls = [(f"nats_tls_{n}", Optional[str], opt(None, f"{tls_flag}{n}", metavar="FILE", help=h)) for n, h in _NATS_TLS]
-    return [
+    params = [
+        *_TRUST[:trust],
         ("nats_creds", Optional[str], opt(None, "--creds", metavar="FILE", help=CREDS_HELP)),
         *tls,
         ("nats_give_up_after", Optional[float], opt(None, "--give-up-after", metavar="S", help=GIVE_UP_HELP)),
     ]
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD  # inject gives them the placeholder's kind
+    return [inspect.Parameter(n, kind, default=o, annotation=a) for n, a, o in params]
+
+
+def _serves_https(fn: Callable[..., Any]) -> bool:
+    """Whether the command has a `--tls-cert` of its own (route's HTTPS front)."""
+    params = inspect.signature(fn).parameters.values()
+    return any("--tls-cert" in (getattr(p.default, "param_decls", None) or ()) for p in params)
+
+
+def _with_nats_flags(fn: F, trust: int) -> F:
+    """`fn` taking the NATS flags (the first `trust` trust flags first) as `nats_flags: NatsFlags`."""
+    tls_flag = "--nats-tls-" if _serves_https(fn) else "--tls-"
+
+    def build(
+        nats_creds: Optional[str] = None,
+        nats_tls_ca: Optional[str] = None,
+        nats_tls_cert: Optional[str] = None,
+        nats_tls_key: Optional[str] = None,
+        nats_give_up_after: Optional[float] = None,
+        **trust_flags: Any,
+    ) -> NatsFlags:
+        return NatsFlags(
+            nats_creds, nats_tls_ca, nats_tls_cert, nats_tls_key, nats_give_up_after, tls_flag, **trust_flags
+        )
+
+    return inject(fn, "nats_flags", _nats_flag_params(tls_flag, trust), build)
 
 
 def nats_flags(fn: F) -> F:
-    """Give a command the NATS connection flags; it receives them as `nats_flags: NatsFlags`. A
-    command whose own `--tls-cert` serves HTTPS (route) gets them as `--nats-tls-ca/-cert/-key`."""
-    sig = inspect.signature(fn, eval_str=True)
-    kept = [p for p in sig.parameters.values() if p.name != "nats_flags"]
-    tls_flag = "--nats-tls-" if "tls_cert" in sig.parameters else "--tls-"
-    params = _nats_flag_params(tls_flag)
-    extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=o, annotation=a) for n, a, o in params]
-    names = [n for n, _, _ in params]
-
-    @functools.wraps(fn)
-    def command(*args: Any, **kwargs: Any) -> Any:
-        creds, ca, cert, key, give_up = (kwargs.pop(n, None) for n in names)
-        flags = NatsFlags(creds, ca, cert, key, give_up, tls_flag)
-        return fn(*args, nats_flags=flags, **kwargs)
-
-    command.__signature__ = sig.replace(parameters=[*kept, *extra])  # type: ignore[attr-defined]
-    return command  # type: ignore[return-value]
+    """Give a command the NATS connection flags in place of its `nats_flags: NatsFlags` parameter. A
+    command whose own `--tls-cert` serves HTTPS (route) gets them as `--nats-tls-ca/-cert/-key`
+    (apply its HTTP flags' decorator first, below this one)."""
+    return _with_nats_flags(fn, 0)
 
 
-def jetstream_feed(
-    url: str,
-    stream: str,
-    prog: str,
-    flags: NatsFlags,
-    sign_key: Optional[str] = None,
-    insecure: bool = False,
-    **options: object,
-) -> Any:  # JetStreamFeed
+def nats_signed_flags(fn: F) -> F:
+    """`@nats_flags` after `--sign-key FILE` and `--insecure` (a command that checks signatures: doctor)."""
+    return _with_nats_flags(fn, 2)
+
+
+def nats_feed_flags(fn: F) -> F:
+    """`@nats_flags` after `--sign-key`, `--insecure` and `--max-sources` (a command that reads the
+    stream as a JetStreamFeed: route, record, fetch)."""
+    return _with_nats_flags(fn, 3)
+
+
+def jetstream_feed(url: str, stream: str, prog: str, flags: NatsFlags, **options: object) -> Any:  # JetStreamFeed
     """A JetStreamFeed for `route --nats` / `record --nats` / `fetch --nats` (one-line notice while
     NATS is unreachable; with --give-up-after, exit 2 once it has been for that long; no --sign-key
     and no --insecure: exit 2)."""
     from kvevents.jetstream.feed import JetStreamFeed
 
     opts = flags.options(url, prog)
-    key = bus_trust(prog, sign_key, insecure)
+    key = flags.bus_key(prog)
     if flags.give_up_after is not None:
         options["give_up_after_s"] = flags.give_up_after
+    options["max_sources"] = flags.max_sources
     log_to_stderr()
     try:
         return JetStreamFeed(opts, stream, on_unreachable=lambda m: say(prog, m), sign_key=key, **options)  # type: ignore[arg-type]

@@ -7,25 +7,21 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from kvevents.cli.app import CheckFailed, publisher_option, user_error
-from kvevents.cli.nats_trust import bus_trust
+from kvevents.cli.flag_groups import flag, flag_group
 from kvevents.cli.options import (
-    CURVE_CLIENT_CERT,
-    CURVE_SERVER_KEYS,
-    INSECURE,
-    MAX_SOURCES,
     NATS_STREAM,
-    SIGN_KEY,
+    CurveClients,
     NatsFlags,
     check_log_target,
     jetstream_feed,
-    nats_flags,
-    with_curve,
+    nats_feed_flags,
 )
 from kvevents.cli.output import err_console, err_line, log_to_stderr, note, out_console, warn, warn_damage
 from kvevents.recordlog import START_MODES, Recorder, RecordWriter
@@ -33,7 +29,36 @@ from kvevents.recordlog import START_MODES, Recorder, RecordWriter
 SILENCE_HINT_S = 3.0  # nothing received for this long: print what to check
 
 
-@nats_flags
+@dataclass(frozen=True)
+class LogFileFlags:
+    """How record writes its log: continue an existing one, overwrite it, fsync every record."""
+
+    append: bool = flag(False, "--append", help="Append to an existing log (a torn tail is cut first).")
+    force: bool = flag(False, "--force", help="Overwrite an existing file.")
+    fsync: bool = flag(False, "--fsync", help="fsync every record (survives power loss; slower).")
+
+    def writer(self, output: str) -> RecordWriter:
+        """The log's writer; a directory, a special file or (without --append/--force) an existing
+        log is one line and exit 2 before anything is written."""
+        check_log_target(output, self.append or self.force)
+        return RecordWriter(
+            output, append=self.append, durability="fsync" if self.fsync else "flush", on_damage=warn_damage
+        )
+
+
+START = typer.Option(
+    "snapshot",
+    "--from",
+    help="Where the log starts. snapshot (default): a reset "
+    "marker and the publisher's KVE/SNAPSHOT, then the batches after it (a publisher "
+    "without a replay endpoint or without snapshots: as oldest); oldest: the "
+    "publisher's kept history first; now: nothing before the first live batch.",
+)
+
+
+@nats_feed_flags
+@flag_group(LogFileFlags, "log")
+@flag_group(CurveClients, "curve")
 def record_cmd(
     publisher: list[str] = publisher_option([], "publisher"),
     output: str = typer.Option(..., "--output", "-o", help="Record log file to write."),
@@ -49,22 +74,9 @@ def record_cmd(
     count: Optional[int] = typer.Option(None, "--count", "-n", help="Stop after N batches (heartbeats count)."),
     duration: Optional[float] = typer.Option(None, "--duration", "-d", help="Stop after S seconds."),
     topic: str = typer.Option("", "--topic", help="ZeroMQ topic prefix to subscribe to (default: all)."),
-    append: bool = typer.Option(False, "--append", help="Append to an existing log (a torn tail is cut first)."),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
-    fsync: bool = typer.Option(False, "--fsync", help="fsync every record (survives power loss; slower)."),
-    start: str = typer.Option(
-        "snapshot",
-        "--from",
-        help="Where the log starts. snapshot (default): a reset "
-        "marker and the publisher's KVE/SNAPSHOT, then the batches after it (a publisher "
-        "without a replay endpoint or without snapshots: as oldest); oldest: the "
-        "publisher's kept history first; now: nothing before the first live batch.",
-    ),
-    curve_server_key: list[str] = CURVE_SERVER_KEYS,
-    curve_client_cert: Optional[str] = CURVE_CLIENT_CERT,
-    sign_key: Optional[str] = SIGN_KEY,
-    insecure: bool = INSECURE,
-    max_sources: int = MAX_SOURCES,
+    log: LogFileFlags = LogFileFlags(),
+    start: str = START,
+    curve: CurveClients = CurveClients(),
     nats_flags: NatsFlags = NatsFlags(),
 ) -> None:
     """Capture live batches, with the subscriber's gap repair, into a record log.
@@ -77,14 +89,12 @@ def record_cmd(
 
     _check_flags(start, count, duration, nats_url, publisher)
     nats_flags.check(nats_url)
-    sources = _sources(publisher, curve_server_key, curve_client_cert)
-    trust = {"sign_key": sign_key, "insecure": insecure, "max_sources": max_sources}
+    sources = _sources(publisher, curve)
     if nats_url is not None:
-        bus_trust("record", sign_key, insecure)  # no key and no --insecure: exit 2 before the log is made
-    check_log_target(output, append or force)
-    writer = RecordWriter(output, append=append, durability="fsync" if fsync else "flush", on_damage=warn_damage)
+        nats_flags.bus_key("record")  # no key and no --insecure: exit 2 before the log is made
+    writer = log.writer(output)
     rec = Recorder(writer, count=count, start=start)  # type: ignore[arg-type]
-    feed = _feed(rec, sources, topic, nats_url, stream, durable, output if append else None, nats_flags, trust)
+    feed = _feed(rec, sources, topic, nats_url, stream, durable, output if log.append else None, nats_flags)
     session = LiveRecording(
         feed,
         rec,
@@ -98,16 +108,30 @@ def record_cmd(
     if rec.error is not None:
         raise rec.error  # one line, exit 2 (the log keeps what was written before)
     _print_summary(session, sources, output, start, nats_url is None, interrupted)
+    _finish(session, rec.batches, sources, topic, count, duration, interrupted)
+
+
+def _finish(
+    session: Any,
+    batches: int,
+    sources: list[Any],
+    topic: str,
+    count: Optional[int],
+    duration: Optional[float],
+    interrupted: bool,
+) -> None:
+    """The exit status: 1 if nothing was received (130 after Ctrl-C, then with the hint as a warning),
+    130 after Ctrl-C, else 0 (a warning when --duration ended it before --count)."""
     if session.nothing_received():
-        hint = f"nothing received in {session.elapsed():.1f}s; {_silence_hint(sources, topic, feed)}"
+        hint = f"nothing received in {session.elapsed():.1f}s; {_silence_hint(sources, topic, session.feed)}"
         if interrupted:
             warn(hint)
             raise typer.Exit(130)
         raise CheckFailed(hint)
     if interrupted:
         raise typer.Exit(130)
-    if count is not None and rec.batches < count and not interrupted:
-        warn(f"stopped after {duration}s with {rec.batches} of {count} batches")
+    if count is not None and batches < count and not interrupted:
+        warn(f"stopped after {duration}s with {batches} of {count} batches")
 
 
 def _check_flags(
@@ -123,7 +147,7 @@ def _check_flags(
         user_error("give --publisher NAME=ENDPOINT[,REPLAY] ... or --nats URL --stream NAME (one of them)")
 
 
-def _sources(publisher: list[str], server_keys: list[str], client_cert: Optional[str]) -> list[Any]:
+def _sources(publisher: list[str], curve: CurveClients) -> list[Any]:
     """The --publisher sources (unique names), with their CURVE keys."""
     from kvevents.zeromq.subscriber import parse_source
 
@@ -131,7 +155,7 @@ def _sources(publisher: list[str], server_keys: list[str], client_cert: Optional
     names = [s.name for s in sources]
     if len(set(names)) != len(names):
         user_error(f"--publisher names must be unique, got {names}")
-    return with_curve(sources, server_keys, client_cert)
+    return curve.apply(sources)
 
 
 def _positions(path: str) -> dict:
@@ -153,7 +177,6 @@ def _feed(
     durable: Optional[str],
     appended: Optional[str],
     flags: NatsFlags,
-    trust: dict[str, Any],
 ) -> Any:
     """The Subscriber of the sources, or with --nats the JetStream feed (resuming at the positions
     of the `appended` log). --from now: the subscriber starts each stream at its first live batch
@@ -172,7 +195,6 @@ def _feed(
             on_reset=rec.on_reset,
             durable=durable,
             resume=resume,
-            **trust,
         )
     return Subscriber(
         sources,

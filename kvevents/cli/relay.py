@@ -5,21 +5,15 @@ from __future__ import annotations
 
 import signal
 import time
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import typer
 
 from kvevents.cli.app import user_error
 from kvevents.cli.config import takes_config
-from kvevents.cli.helpfmt import in_panel
-from kvevents.cli.options import (
-    CLIENT_CERT_HELP,
-    CURVE_ALLOW,
-    CURVE_SECRET,
-    SERVER_KEY_HELP,
-    curve_client,
-    curve_server,
-)
+from kvevents.cli.flag_groups import flag, flag_group
+from kvevents.cli.options import CLIENT_CERT_HELP, SERVER_KEY_HELP, CurveServerFlags, curve_client, curve_server
 from kvevents.cli.output import out_line, show_plain_bind_once
 
 _TAG = "kvevents relay:"
@@ -35,14 +29,37 @@ def _default_replay(endpoint: str, ranks: int) -> str:
     return endpoint + "-replay"
 
 
+@dataclass(frozen=True)
+class EngineCurveFlags:
+    """CURVE on the engine side: the engine's public certificate and this relay's client certificate."""
+
+    curve_server_key: Optional[str] = flag(None, "--curve-server-key", help="Engine side: " + SERVER_KEY_HELP)
+    curve_client_cert: Optional[str] = flag(None, "--curve-client-cert", help="Engine side: " + CLIENT_CERT_HELP)
+
+
+@dataclass(frozen=True)
+class RepublishFlags:
+    """What the relay's publishers keep and send besides the batches."""
+
+    buffer_steps: int = flag(10000, min=0, help="Batches the relay keeps for replay.")
+    heartbeat: float = flag(1.0, min=0.0, help="Heartbeat interval in seconds (0: none).")
+    metrics_port: Optional[int] = flag(
+        None, help="Serve Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed)."
+    )
+
+    def settings(self) -> dict[str, Any]:
+        """PublisherConfig's settings of these flags; a --metrics-port out of range: one line, exit 2."""
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            user_error(f"--metrics-port must be in 0..65535 (0: a free port), got {self.metrics_port}")
+        return {
+            "buffer_steps": self.buffer_steps,
+            "heartbeat_interval_s": self.heartbeat,
+            "metrics_port": self.metrics_port,
+        }
+
+
 def _build(
-    spec: str,
-    from_bind: bool,
-    server_key: Optional[str],
-    client_cert: Optional[str],
-    ranks: int,
-    topic: str,
-    settings: dict[str, Any],
+    spec: str, from_bind: bool, engine_curve: EngineCurveFlags, ranks: int, topic: str, settings: dict[str, Any]
 ) -> Any:
     """The Relay for the flags; every bad value is one line and exit 2, before a socket opens."""
     from kvevents.relay import Relay
@@ -54,7 +71,7 @@ def _build(
     except ValueError as exc:
         user_error(str(exc).replace("--publisher", "--from"))
     engine.bind = from_bind
-    engine.curve = curve_client(server_key, client_cert)
+    engine.curve = curve_client(engine_curve.curve_server_key, engine_curve.curve_client_cert)
     curve_server(settings.get("curve_secret_key_file"), settings.get("curve_allow_dir"))
     try:
         config = PublisherConfig(**settings)
@@ -73,6 +90,9 @@ _ENGINE, _OUT = "Engine side", "Republished"
 
 
 @takes_config
+@flag_group(RepublishFlags, "republish", _OUT)
+@flag_group(CurveServerFlags, "curve", _OUT)
+@flag_group(EngineCurveFlags, "engine_curve", _ENGINE)
 def relay(
     source: str = typer.Option(
         ...,
@@ -103,53 +123,47 @@ def relay(
         True, help="Bind the relay's live endpoint (consumers connect to it).", rich_help_panel=_OUT
     ),
     topic: str = typer.Option("", help="The engine's topic; the relay republishes under it.", rich_help_panel=_ENGINE),
-    buffer_steps: int = typer.Option(10000, min=0, help="Batches the relay keeps for replay.", rich_help_panel=_OUT),
-    heartbeat: float = typer.Option(
-        1.0, min=0.0, help="Heartbeat interval in seconds (0: none).", rich_help_panel=_OUT
-    ),
-    metrics_port: Optional[int] = typer.Option(
-        None, help="Serve Prometheus metrics on 127.0.0.1:PORT (0: a free port, printed).", rich_help_panel=_OUT
-    ),
-    curve_secret: Optional[str] = in_panel(CURVE_SECRET, _OUT),
-    curve_allow: Optional[str] = in_panel(CURVE_ALLOW, _OUT),
-    curve_server_key: Optional[str] = typer.Option(
-        None, "--curve-server-key", help="Engine side: " + SERVER_KEY_HELP, rich_help_panel=_ENGINE
-    ),
-    curve_client_cert: Optional[str] = typer.Option(
-        None, "--curve-client-cert", help="Engine side: " + CLIENT_CERT_HELP, rich_help_panel=_ENGINE
-    ),
+    republish: RepublishFlags = RepublishFlags(),
+    curve: CurveServerFlags = CurveServerFlags(),
+    engine_curve: EngineCurveFlags = EngineCurveFlags(),
     duration: Optional[float] = typer.Option(None, min=0.0, help="Stop after this many seconds (default: Ctrl-C)."),
 ) -> None:
     """Republish an engine's KV events with replay, snapshots, DESCRIBE, heartbeats and CURVE."""
-    if metrics_port is not None and not 0 <= metrics_port <= 65535:
-        user_error(f"--metrics-port must be in 0..65535 (0: a free port), got {metrics_port}")
     settings: dict[str, Any] = {
         "endpoint": endpoint,
         "bind": bind,
         "replay_endpoint": replay_endpoint or _default_replay(endpoint, ranks),
         "topic": topic,
-        "buffer_steps": buffer_steps,
-        "heartbeat_interval_s": heartbeat,
-        "metrics_port": metrics_port,
-        "curve_secret_key_file": curve_secret,
-        "curve_allow_dir": curve_allow,
+        **republish.settings(),
+        "curve_secret_key_file": curve.curve_secret,
+        "curve_allow_dir": curve.curve_allow,
     }
     show_plain_bind_once()
-    r = _build(source, from_bind, curve_server_key, curve_client_cert, ranks, topic, settings)
+    r = _build(source, from_bind, engine_curve, ranks, topic, settings)
+    _say_started(r)
+    interrupted = _run(r, duration)
+    _stop(r)
+    if interrupted:
+        raise typer.Exit(130)
+
+
+def _say_started(r: Any) -> None:
+    """A line per rank: where it reads from and republishes on, its epoch, its metrics."""
     for rank, (src, pub) in enumerate(zip(r.sources, r.publishers)):
         metrics = f" metrics http://127.0.0.1:{pub.metrics_port}/metrics" if pub.metrics_port is not None else ""
         out_line(
             f"{_TAG} rank {rank} from {src.endpoint} (replay {src.replay_endpoint or '-'}) -> live {pub.endpoint} "
             f"replay {pub.replay_endpoint or '-'} epoch {pub.epoch}{metrics}"
         )
-    interrupted = _run(r, duration)
+
+
+def _stop(r: Any) -> None:
+    """Stop the relay; a last line of what it relayed, the resets and what it could not republish."""
     s = r.stats()
     r.stop()
     kinds = ", ".join(f"{k} {v}" for k, v in s["relayed"].items())
     resets = ", ".join(f"{k} {v}" for k, v in s["resets"].items()) or "none"
     out_line(f"{_TAG} relayed {kinds}; resets {resets}; not republished {s['failed']}")
-    if interrupted:
-        raise typer.Exit(130)
 
 
 def _run(r: Any, duration: Optional[float]) -> bool:

@@ -11,13 +11,15 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from kvevents.cli.app import user_error
-from kvevents.cli.options import CURVE_ALLOW, CURVE_SECRET, curve_server
+from kvevents.cli.flag_groups import flag_group
+from kvevents.cli.options import CurveServerFlags
 from kvevents.cli.output import err_console, out_console, warn, warn_damage
 from kvevents.recordlog import parse_speed
 
 MAX_SKIPS_SHOWN = 5  # undecodable records named one by one; the summary counts them all
 
 
+@flag_group(CurveServerFlags, "curve")
 def replay_cmd(
     file: str = typer.Argument(..., help="Record log to replay."),
     to: str = typer.Option(
@@ -44,8 +46,7 @@ def replay_cmd(
         2.0, "--linger", help="Seconds to keep serving (heartbeats, replay) after the last batch."
     ),
     heartbeat: float = typer.Option(1.0, "--heartbeat", help="Publisher heartbeat interval in seconds (0: off)."),
-    curve_secret: Optional[str] = CURVE_SECRET,
-    curve_allow: Optional[str] = CURVE_ALLOW,
+    curve: CurveServerFlags = CurveServerFlags(),
 ) -> None:
     """Republish a record log through a real Publisher (new seqs, original payload bytes).
 
@@ -55,11 +56,12 @@ def replay_cmd(
     from kvevents.zeromq.publisher import Publisher
 
     rate = parse_speed(speed)
-    curve_server(curve_secret, curve_allow)  # bad key files: one line, exit 2
+    curve.server()  # bad key files: one line, exit 2
     sel: dict[str, Any] = {"from_seq": from_seq, "to_seq": to_seq}
     total = _selected(file, sel, source)
     first = first_record(file, sel, source)
-    pub = Publisher(publisher_config(first, to, replay_endpoint, topic, heartbeat, bind, (curve_secret, curve_allow)))
+    keys = (curve.curve_secret, curve.curve_allow)
+    pub = Publisher(publisher_config(first, to, replay_endpoint, topic, heartbeat, bind, keys))
     rep = Republisher(pub, file, sel, source, rate, loop)
     t0 = time.monotonic()
     try:

@@ -7,29 +7,18 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import typer
 
 from kvevents.cli.app import publisher_option, user_error
 from kvevents.cli.config import takes_config
-from kvevents.cli.helpfmt import in_panel
-from kvevents.cli.options import (
-    CURVE_CLIENT_CERT,
-    CURVE_SERVER_KEYS,
-    INSECURE,
-    MAX_SOURCES,
-    NATS_STREAM,
-    SIGN_KEY,
-    NatsFlags,
-    host_port,
-    jetstream_feed,
-    nats_flags,
-    with_curve,
-)
+from kvevents.cli.flag_groups import flag_group
+from kvevents.cli.options import NATS_STREAM, CurveClients, NatsFlags, host_port, jetstream_feed, nats_feed_flags
 from kvevents.cli.output import err_line
-from kvevents.cli.route_front import API_KEY_ENV, READ_ONLY_KEY_ENV, front_security, make_proxy, served, worker_urls
-from kvevents.cli.route_options import POLICY_HELP, routing_options
+from kvevents.cli.route_front import AuthFlags, ProxyFlags, make_proxy, served
+from kvevents.cli.route_options import CostFlags, IndexFlags, KeyingFlags
 from kvevents.cli.stopping import StopSignals
 
 _TAG = "kvevents route:"
@@ -37,135 +26,70 @@ _TAG = "kvevents route:"
 
 _SOURCES, _FRONT, _PROXY, _COST = "Sources and index", "HTTP front", "Proxy", "Cost routing"
 
+NATS_URL = typer.Option(
+    None,
+    "--nats",
+    help="Read a NATS JetStream stream (kvevents bridge) instead: server URL(s).",
+    rich_help_panel=_SOURCES,
+)
+HTTP = typer.Option(
+    "127.0.0.1:8080",
+    "--http",
+    help="HOST:PORT to serve POST /score, GET /workers, GET /metrics, GET /openapi.json.",
+    rich_help_panel=_FRONT,
+)
+SEED = typer.Option(None, "--seed", help="Seed of the random tie-break (default: random).", rich_help_panel=_COST)
+MAX_CONNECTIONS = typer.Option(
+    1000,
+    "--max-connections",
+    help="HTTP requests in service at once (idle connections do not count); past it requests queue "
+    "(up to 2,048, for up to 10 s), then get 503 with Retry-After.",
+    rich_help_panel=_FRONT,
+)
+TOKENIZER = typer.Option(
+    None,
+    "--tokenizer",
+    metavar="DIR",
+    help="A Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json with its chat "
+    "template): /score then takes prompt (text) or messages (chat) as the engine tokenizes them.",
+    rich_help_panel=_SOURCES,
+)
+
+
+@dataclass(frozen=True)
+class _Front:
+    """Where and how the HTTP front serves: address, connection cap, keys and TLS, proxy targets."""
+
+    host: str
+    port: int
+    max_connections: int
+    security: Any  # HttpSecurity
+    urls: list[Any]  # WorkerUrl
+    upstream_timeout: float
+
 
 @takes_config
-@nats_flags
+@nats_feed_flags  # above AuthFlags: route's own --tls-cert makes its NATS TLS flags --nats-tls-*
+@flag_group(IndexFlags, "index", _SOURCES)
+@flag_group(KeyingFlags, "keying", _SOURCES)
+@flag_group(CurveClients, "curve", "CURVE")
+@flag_group(ProxyFlags, "proxy", _PROXY)
+@flag_group(AuthFlags, "auth", _FRONT)
+@flag_group(CostFlags, "cost", _COST)
 def route_cmd(
     publisher: list[str] = publisher_option([], "publisher"),
-    nats_url: Optional[str] = typer.Option(
-        None,
-        "--nats",
-        help="Read a NATS JetStream stream (kvevents bridge) instead: server URL(s).",
-        rich_help_panel=_SOURCES,
-    ),
+    nats_url: Optional[str] = NATS_URL,
     stream: str = NATS_STREAM,
-    http: str = typer.Option(
-        "127.0.0.1:8080",
-        "--http",
-        help="HOST:PORT to serve POST /score, GET /workers, GET /metrics, GET /openapi.json.",
-        rich_help_panel=_FRONT,
-    ),
-    page_size: int = typer.Option(
-        16, "--page-size", help="Tokens per page, as the engines use (>= 1).", rich_help_panel=_SOURCES
-    ),
-    lora_strict: bool = typer.Option(
-        True,
-        "--lora-strict/--no-lora-strict",
-        help="Credit only copies of the request's lora_name.",
-        rich_help_panel=_SOURCES,
-    ),
-    stale_after: float = typer.Option(
-        5.0, "--stale-after", help="Seconds without a message before a source is stale.", rich_help_panel=_SOURCES
-    ),
-    seed: Optional[int] = typer.Option(
-        None, "--seed", help="Seed of the random tie-break (default: random).", rich_help_panel=_COST
-    ),
-    max_connections: int = typer.Option(
-        1000,
-        "--max-connections",
-        help="HTTP requests in service at once (idle connections do not count); past it requests queue "
-        "(up to 2,048, for up to 10 s), then get 503 with Retry-After.",
-        rich_help_panel=_FRONT,
-    ),
-    key_mode: list[str] = typer.Option(
-        [],
-        "--key-mode",
-        metavar="[NAME=]MODE",
-        help="MODE contract, tokens or auto: how a publisher's blocks are keyed "
-        "(auto, the default: detected from its first stored blocks; tokens: any engine, e.g. vLLM); "
-        "a bare MODE sets it for every publisher not named.",
-        rich_help_panel=_SOURCES,
-    ),
-    medium_weight: list[str] = typer.Option(
-        [],
-        "--medium-weight",
-        help="NAME=W: the credit of a page held on medium NAME (repeatable; W >= 0). Defaults: GPU 1.0, "
-        "CPU_PINNED and CPU (host memory) 0.8, STORAGE, DISK, EXTERNAL and FS 0.5, any other 0.5.",
-        rich_help_panel=_SOURCES,
-    ),
-    curve_server_key: list[str] = in_panel(CURVE_SERVER_KEYS, "CURVE"),
-    curve_client_cert: Optional[str] = in_panel(CURVE_CLIENT_CERT, "CURVE"),
-    tokenizer: Optional[str] = typer.Option(
-        None,
-        "--tokenizer",
-        metavar="DIR",
-        help="A Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json with its chat "
-        "template): /score then takes prompt (text) or messages (chat) as the engine tokenizes them.",
-        rich_help_panel=_SOURCES,
-    ),
-    proxy: bool = typer.Option(
-        False,
-        "--proxy",
-        help="Also serve OpenAI's /v1/completions, /v1/chat/completions and /v1/models, each request sent to "
-        "the best-ranked worker (README: The proxy).",
-        rich_help_panel=_PROXY,
-    ),
-    worker_url: list[str] = typer.Option(
-        [],
-        "--worker-url",
-        metavar="NAME=URL",
-        help="NAME=http://HOST:PORT: where the proxy sends publisher NAME's requests (every dp rank); "
-        "NAME#dpR=URL for rank R alone. Repeatable.",
-        rich_help_panel=_PROXY,
-    ),
-    upstream_timeout: float = typer.Option(
-        600.0,
-        "--upstream-timeout",
-        help="Proxy: seconds to wait for a worker's next byte (> 0).",
-        rich_help_panel=_PROXY,
-    ),
-    api_key: Optional[str] = typer.Option(
-        None,
-        "--api-key",
-        envvar=API_KEY_ENV,
-        help="A bearer token every endpoint but /healthz requires (Authorization: Bearer KEY).",
-        rich_help_panel=_FRONT,
-    ),
-    read_only_key: Optional[str] = typer.Option(
-        None,
-        "--read-only-key",
-        envvar=READ_ONLY_KEY_ENV,
-        help="A second token for GET /workers, /status.json, / and /metrics only (no copies by adapter).",
-        rich_help_panel=_FRONT,
-    ),
-    tls_cert: Optional[str] = typer.Option(
-        None, "--tls-cert", help="Serve HTTPS with this PEM certificate (chain).", rich_help_panel=_FRONT
-    ),
-    tls_key: Optional[str] = typer.Option(
-        None, "--tls-key", help="The PEM private key of --tls-cert.", rich_help_panel=_FRONT
-    ),
-    policy: str = typer.Option("cost", "--policy", help=POLICY_HELP, rich_help_panel=_COST),
-    prefill_load_scale: float = typer.Option(
-        1.0, "--prefill-load-scale", help="The cost's weight of prefill blocks.", rich_help_panel=_COST
-    ),
-    temperature: float = typer.Option(
-        0.0, "--temperature", help="> 0: draw the pick by softmax(-cost/T); 0: lowest.", rich_help_panel=_COST
-    ),
-    metrics_url: list[str] = typer.Option(
-        [],
-        "--metrics-url",
-        help="NAME=URL: scrape that publisher's engine /metrics (vLLM or SGLang) for its load.",
-        rich_help_panel=_COST,
-    ),
-    load_stale_after: float = typer.Option(
-        5.0, "--load-stale-after", help="Seconds before a load is load_stale.", rich_help_panel=_COST
-    ),
-    predicted_ttl: float = typer.Option(
-        2.0, "--predicted-ttl", help="Seconds a routed request's pages count as predicted.", rich_help_panel=_COST
-    ),
-    sign_key: Optional[str] = SIGN_KEY,
-    insecure: bool = INSECURE,
-    max_sources: int = MAX_SOURCES,
+    http: str = HTTP,
+    index: IndexFlags = IndexFlags(),
+    seed: Optional[int] = SEED,
+    max_connections: int = MAX_CONNECTIONS,
+    keying: KeyingFlags = KeyingFlags(),
+    curve: CurveClients = CurveClients(),
+    tokenizer: Optional[str] = TOKENIZER,
+    proxy: ProxyFlags = ProxyFlags(),
+    auth: AuthFlags = AuthFlags(),
+    cost: CostFlags = CostFlags(),
     nats_flags: NatsFlags = NatsFlags(),
 ) -> None:
     """Subscribe to publishers, keep a block index, and rank workers for requests over HTTP.
@@ -179,71 +103,25 @@ def route_cmd(
     Request and response schemas: GET /openapi.json (README: "The router's HTTP API").
     Ctrl-C prints a summary and exits 130.
     """
-    from kvevents.consumers.service.http_api import HttpLimits
-
-    _check_numbers(page_size, stale_after, max_connections)
+    index.check()
+    if max_connections < 1:
+        user_error(f"--max-connections must be >= 1, got {max_connections}")
     nats_flags.check(nats_url)
-    sources = _sources(publisher, nats_url, curve_server_key, curve_client_cert)
-    default_mode, modes = _key_modes(key_mode, sources)
+    sources = _sources(publisher, nats_url, curve)
+    modes = keying.modes(sources)
     host, port = host_port("--http", http)
-    settings: dict[str, Any] = dict(
-        page_size=page_size,
-        lora_strict=lora_strict,
-        seed=seed,
-        key_modes=modes,
-        default_key_mode=default_mode,
-        medium_weights=_medium_weights(medium_weight),
-        renderer=_renderer(tokenizer),
-        routing=routing_options(
-            policy,
-            prefill_load_scale,
-            temperature,
-            metrics_url,
-            load_stale_after,
-            predicted_ttl,
-            [s.name or "" for s in sources] if sources else None,
-        ),
-    )
-    urls = worker_urls(proxy, worker_url)
-    security = front_security(api_key, read_only_key, tls_cert, tls_key, host)
+    settings = _settings(index, seed, modes, keying, tokenizer, cost, sources)
+    urls = proxy.urls()
+    front = _Front(host, port, max_connections, auth.security(host), urls, proxy.upstream_timeout)
     # this command prints its own stale / back lines (below): the subscriber's warning would repeat them
     logging.getLogger("kvevents.zeromq.subscriber").setLevel(logging.ERROR)
-    trust: dict[str, Any] = dict(sign_key=sign_key, insecure=insecure, max_sources=max_sources)
-    service = _service(sources, nats_url, stream, stale_after, settings, nats_flags, trust)
-    t0 = time.monotonic()
-    try:
-        try:
-            front = make_proxy(service, urls, upstream_timeout, max_connections, security)
-            service.start()
-            limits = HttpLimits(max_connections=max_connections)
-            bound = service.serve_http(host, port, limits, security=security, proxy=front)
-        except ValueError as exc:
-            user_error(str(exc))
-        feeds = f"stream {stream}" if nats_url else f"{len(sources)} publisher(s)"
-        scheme = "https" if security.tls else "http"
-        err_line(f"{_TAG} {feeds} -> {scheme}://{bound[0]}:{bound[1]} (Ctrl-C to stop)")  # within 80 columns
-        for line in served(front):
-            err_line(f"{_TAG} {line}")
-        interrupted = _report(service, stale_after, page_size)
-    finally:
-        service.stop()
-    err_line(f"{_TAG} stopped after {time.monotonic() - t0:.1f}s: {_summary(service)}")
-    if interrupted:
+    service = _service(sources, nats_url, stream, index.stale_after, settings, nats_flags)
+    feeds = f"stream {stream}" if nats_url else f"{len(sources)} publisher(s)"
+    if _run(service, front, feeds, index):
         raise typer.Exit(130)
 
 
-def _check_numbers(page_size: int, stale_after: float, max_connections: int) -> None:
-    if page_size < 1:
-        user_error(f"--page-size must be >= 1, got {page_size}")
-    if not stale_after > 0:
-        user_error(f"--stale-after must be > 0, got {stale_after}")
-    if max_connections < 1:
-        user_error(f"--max-connections must be >= 1, got {max_connections}")
-
-
-def _sources(
-    publisher: list[str], nats_url: Optional[str], server_keys: list[str], client_cert: Optional[str]
-) -> list[Any]:
+def _sources(publisher: list[str], nats_url: Optional[str], curve: CurveClients) -> list[Any]:
     """The --publisher sources, with their CURVE keys (none with --nats)."""
     from kvevents.consumers.service.core import parse_publisher
 
@@ -253,27 +131,30 @@ def _sources(
         sources = [parse_publisher(spec) for spec in publisher]
     except ValueError as exc:
         user_error(str(exc))
-    return with_curve(sources, server_keys, client_cert)
+    return curve.apply(sources)
 
 
-def _key_modes(key_mode: list[str], sources: list[Any]) -> tuple[str, dict[str, str]]:
-    """--key-mode values -> (the default mode, {publisher name: mode})."""
-    from kvevents.consumers.keying import parse_key_modes
-
-    try:
-        return parse_key_modes(key_mode, [s.name or "" for s in sources])
-    except ValueError as exc:
-        user_error(str(exc))
-
-
-def _medium_weights(specs: list[str]) -> dict[str, float]:
-    """--medium-weight NAME=W values over the defaults (one line and exit 2 on a bad one)."""
-    from kvevents.consumers.router import parse_medium_weights
-
-    try:
-        return parse_medium_weights(specs)
-    except ValueError as exc:
-        user_error(str(exc))
+def _settings(
+    index: IndexFlags,
+    seed: Optional[int],
+    modes: tuple[str, dict[str, str]],
+    keying: KeyingFlags,
+    tokenizer: Optional[str],
+    cost: CostFlags,
+    sources: list[Any],
+) -> dict[str, Any]:
+    """The RouterService's settings from the flags (each checked: one line and exit 2)."""
+    default_mode, key_modes = modes
+    return dict(
+        page_size=index.page_size,
+        lora_strict=index.lora_strict,
+        seed=seed,
+        key_modes=key_modes,
+        default_key_mode=default_mode,
+        medium_weights=keying.weights(),
+        renderer=_renderer(tokenizer),
+        routing=cost.routing([s.name or "" for s in sources] if sources else None),
+    )
 
 
 def _renderer(directory: Optional[str]) -> Any:
@@ -295,15 +176,44 @@ def _service(
     stale_after: float,
     settings: dict[str, Any],
     flags: NatsFlags,
-    trust: dict[str, Any],
 ) -> Any:  # RouterService
     """The router service over the sources, or over the JetStream feed (one line while NATS is unreachable)."""
     from kvevents.consumers.service.core import RouterService
 
     if nats_url is not None:
-        feed = jetstream_feed(nats_url, stream, "route", flags, stale_after_s=stale_after, **trust)
+        feed = jetstream_feed(nats_url, stream, "route", flags, stale_after_s=stale_after)
         return RouterService(feed=feed, **settings)
     return RouterService(sources, stale_after_s=stale_after, **settings)
+
+
+def _start(service: Any, front: _Front) -> tuple[Any, tuple[str, int]]:
+    """Start the service and its HTTP front: (the proxy, None without --proxy; the bound address)."""
+    from kvevents.consumers.service.http_api import HttpLimits
+
+    try:
+        proxy = make_proxy(service, front.urls, front.upstream_timeout, front.max_connections, front.security)
+        service.start()
+        limits = HttpLimits(max_connections=front.max_connections)
+        bound = service.serve_http(front.host, front.port, limits, security=front.security, proxy=proxy)
+    except ValueError as exc:
+        user_error(str(exc))
+    return proxy, bound
+
+
+def _run(service: Any, front: _Front, feeds: str, index: IndexFlags) -> bool:
+    """Serve until Ctrl-C / SIGTERM or the feed's end, then stop and print the summary; True for Ctrl-C."""
+    t0 = time.monotonic()
+    try:
+        proxy, bound = _start(service, front)
+        scheme = "https" if front.security.tls else "http"
+        err_line(f"{_TAG} {feeds} -> {scheme}://{bound[0]}:{bound[1]} (Ctrl-C to stop)")  # within 80 columns
+        for line in served(proxy):
+            err_line(f"{_TAG} {line}")
+        interrupted = _report(service, index.stale_after, index.page_size)
+    finally:
+        service.stop()
+    err_line(f"{_TAG} stopped after {time.monotonic() - t0:.1f}s: {_summary(service)}")
+    return interrupted
 
 
 def _report(service: Any, stale_after: float, page_size: int) -> bool:

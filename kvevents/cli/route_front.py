@@ -1,5 +1,6 @@
-"""`kvevents route`'s HTTP front options: keys and TLS (kvevents.consumers.service.auth), the
-OpenAI-compatible proxy (kvevents.consumers.service.proxy), and the lines the command prints.
+"""`kvevents route`'s HTTP front options: keys and TLS (AuthFlags; kvevents.consumers.service.auth),
+the OpenAI-compatible proxy (ProxyFlags; kvevents.consumers.service.proxy), and the lines the
+command prints. The bundles (kvevents.cli.flag_groups) are filed under route's --help panels there.
 
 Each function turns a bad option into one line on stderr and exit 2 (kvevents.cli.app.user_error).
 """
@@ -7,9 +8,11 @@ Each function turns a bad option into one line on stderr and exit 2 (kvevents.cl
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from kvevents.cli.app import user_error
+from kvevents.cli.flag_groups import flag
 
 if TYPE_CHECKING:  # pragma: no cover
     from kvevents.consumers.service.auth import HttpSecurity
@@ -17,7 +20,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from kvevents.consumers.service.proxy import Proxy
     from kvevents.consumers.service.proxy_targets import WorkerUrl
 
-__all__ = ["API_KEY_ENV", "READ_ONLY_KEY_ENV", "front_security", "make_proxy", "served", "worker_urls"]
+__all__ = [
+    "API_KEY_ENV",
+    "READ_ONLY_KEY_ENV",
+    "AuthFlags",
+    "ProxyFlags",
+    "front_security",
+    "make_proxy",
+    "served",
+    "worker_urls",
+]
 
 API_KEY_ENV, READ_ONLY_KEY_ENV = "KVEVENTS_API_KEY", "KVEVENTS_READ_ONLY_KEY"
 
@@ -82,3 +94,53 @@ def served(proxy: Optional[Proxy]) -> list[str]:
     if proxy is not None:
         lines.append("proxy " + ", ".join(e.split()[-1] for e in proxy.endpoints))  # the paths, no methods
     return lines
+
+
+@dataclass(frozen=True)
+class AuthFlags:
+    """The HTTP front's keys (flag or environment variable) and TLS files."""
+
+    api_key: Optional[str] = flag(
+        None,
+        "--api-key",
+        envvar=API_KEY_ENV,
+        help="A bearer token every endpoint but /healthz requires (Authorization: Bearer KEY).",
+    )
+    read_only_key: Optional[str] = flag(
+        None,
+        "--read-only-key",
+        envvar=READ_ONLY_KEY_ENV,
+        help="A second token for GET /workers, /status.json, / and /metrics only (no copies by adapter).",
+    )
+    tls_cert: Optional[str] = flag(None, "--tls-cert", help="Serve HTTPS with this PEM certificate (chain).")
+    tls_key: Optional[str] = flag(None, "--tls-key", help="The PEM private key of --tls-cert.")
+
+    def security(self, host: str) -> HttpSecurity:
+        """front_security of these flags for a front served on `host`."""
+        return front_security(self.api_key, self.read_only_key, self.tls_cert, self.tls_key, host)
+
+
+@dataclass(frozen=True)
+class ProxyFlags:
+    """Whether route also proxies OpenAI requests, where to, and how long it waits for a worker."""
+
+    proxy: bool = flag(
+        False,
+        "--proxy",
+        help="Also serve OpenAI's /v1/completions, /v1/chat/completions and /v1/models, each request sent to "
+        "the best-ranked worker (README: The proxy).",
+    )
+    worker_url: list[str] = flag(
+        [],
+        "--worker-url",
+        metavar="NAME=URL",
+        help="NAME=http://HOST:PORT: where the proxy sends publisher NAME's requests (every dp rank); "
+        "NAME#dpR=URL for rank R alone. Repeatable.",
+    )
+    upstream_timeout: float = flag(
+        600.0, "--upstream-timeout", help="Proxy: seconds to wait for a worker's next byte (> 0)."
+    )
+
+    def urls(self) -> list[WorkerUrl]:
+        """The --worker-url specs, parsed (worker_urls: they need --proxy, and --proxy needs one)."""
+        return worker_urls(self.proxy, self.worker_url)

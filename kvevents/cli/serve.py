@@ -11,9 +11,10 @@ import typer
 
 from kvevents.cli.app import user_error
 from kvevents.cli.config import takes_config
-from kvevents.cli.helpfmt import in_panel
-from kvevents.cli.options import CURVE_ALLOW, CURVE_SECRET, check_endpoint, curve_server
+from kvevents.cli.flag_groups import flag_group
+from kvevents.cli.options import CurveServerFlags, check_endpoint
 from kvevents.cli.output import out_line, show_plain_bind_once
+from kvevents.cli.serve_options import EngineFlags, SimHttpFlags, WireFlags, WorkloadFlags
 
 STARTED = "kvevents serve:"
 
@@ -22,113 +23,48 @@ _WORK, _WIRE, _ENGINE, _MORE = "Workers and workload", "Endpoints and wire", "En
 
 
 @takes_config
+@flag_group(WorkloadFlags, "load", _WORK)
+@flag_group(WireFlags, "wire", _WIRE)
+@flag_group(CurveServerFlags, "curve", "CURVE")
+@flag_group(EngineFlags, "engine", _ENGINE)
+@flag_group(SimHttpFlags, "front", _MORE)
 def serve(
-    workers: int = typer.Option(
-        1, min=1, max=64, help="Simulated workers, one publisher each (DP ranks).", rich_help_panel=_WORK
-    ),
-    rate: float = typer.Option(
-        200.0, min=0.0, help="Requests per second, all workers (0: flat out).", rich_help_panel=_WORK
-    ),
-    duration: Optional[float] = typer.Option(
-        None, min=0.0, help="Stop after S seconds (default: Ctrl-C).", rich_help_panel=_WORK
-    ),
-    seed: int = typer.Option(0, help="Workload seed (worker i: seed + i).", rich_help_panel=_WORK),
-    page_size: int = typer.Option(16, min=1, help="Tokens per page.", rich_help_panel=_WORK),
-    capacity_pages: int = typer.Option(
-        4096, min=1, help="Device pages per worker (evicts beyond).", rich_help_panel=_WORK
-    ),
-    endpoint: str = typer.Option(
-        "tcp://127.0.0.1:5557", help="Worker 0's live PUB endpoint (worker i: port + i).", rich_help_panel=_WIRE
-    ),
-    replay_endpoint: Optional[str] = typer.Option(
-        None,
-        help="Worker 0's replay endpoint (worker i: port + i). Default: the port after the last live port; '': none.",
-        rich_help_panel=_WIRE,
-    ),
-    topic: str = typer.Option("", help="Topic frame of every message.", rich_help_panel=_WIRE),
-    heartbeat: float = typer.Option(1.0, min=0.0, help="Heartbeat every S seconds (0: none).", rich_help_panel=_WIRE),
-    bind: bool = typer.Option(True, help="Bind the live endpoint (else connect).", rich_help_panel=_WIRE),
-    epoch_in_batch: bool = typer.Option(
-        False,
-        "--epoch-in-batch",
-        help="Add the epoch as a 4th batch element (strict decoders reject it).",
-        rich_help_panel=_WIRE,
-    ),
-    curve_secret: Optional[str] = in_panel(CURVE_SECRET, "CURVE"),
-    curve_allow: Optional[str] = in_panel(CURVE_ALLOW, "CURVE"),
-    engine: str = typer.Option(
-        "contract",
-        "--engine",
-        help="contract, or vllm: what a vLLM 0.33 worker emits (no snapshots, no heartbeats).",
-        rich_help_panel=_ENGINE,
-    ),
-    hash_algo: Optional[str] = typer.Option(
-        None,
-        "--hash-algo",
-        help="With --engine vllm: sha256 (default) or sha256_cbor.",
-        rich_help_panel=_ENGINE,
-    ),
+    load: WorkloadFlags = WorkloadFlags(),
+    wire: WireFlags = WireFlags(),
+    curve: CurveServerFlags = CurveServerFlags(),
+    engine: EngineFlags = EngineFlags(),
     metrics_port: Optional[int] = typer.Option(
         None, help="Prometheus metrics on 127.0.0.1:PORT (0: any free port).", rich_help_panel=_MORE
     ),
-    http: Optional[str] = typer.Option(
-        None,
-        "--http",
-        help="/v1/completions, /metrics per worker (port+i).",
-        rich_help_panel=_MORE,
-    ),
-    prefill_us: float = typer.Option(
-        10.0,
-        "--prefill-us-per-token",
-        min=0.0,
-        help="--http: us/new token (10).",
-        show_default=False,
-        rich_help_panel=_MORE,
-    ),
-    decode_ms: float = typer.Option(
-        1.0,
-        "--decode-ms-per-token",
-        min=0.0,
-        help="--http: ms/max_tokens (1).",
-        show_default=False,
-        rich_help_panel=_MORE,
-    ),
-    max_running: int = typer.Option(
-        8, "--max-running", min=1, help="--http: run at once (8).", show_default=False, rich_help_panel=_MORE
-    ),
+    front: SimHttpFlags = SimHttpFlags(),
 ) -> None:
     """Run simulated engine workers, each publishing its KV events; a status line per second.
 
     Ctrl-C: the last status line, then exit 130 (0 at --duration or SIGTERM)."""
     from kvevents.sim.serve import ServeConfig
 
-    _check_choices(metrics_port, engine, hash_algo)
-    replay = _replay_endpoint(endpoint, replay_endpoint, workers)
-    cfg = ServeConfig(endpoint, replay, topic, workers, seed, page_size, capacity_pages, heartbeat, bind)
-    cfg.metrics_port, cfg.engine, cfg.epoch_in_batch = metrics_port, engine, epoch_in_batch
-    cfg.hash_algo = hash_algo or "sha256"
-    cfg.curve_secret_key_file, cfg.curve_allow_dir = curve_secret, curve_allow
-    curve_server(curve_secret, curve_allow)  # bad key files: one line, exit 2
-    show_plain_bind_once()
-    from kvevents.sim.timing import SimTiming
-
-    if _run(cfg, rate, duration, http, SimTiming(prefill_us * 1e-6, decode_ms * 1e-3, max_running)):
-        raise typer.Exit(130)  # Ctrl-C, after the last status line
-
-
-def _check_choices(metrics_port: Optional[int], engine: str, hash_algo: Optional[str]) -> None:
-    from kvevents.sim.worker import ENGINES
-
     if metrics_port is not None and not 0 <= metrics_port <= 65535:
         user_error(f"--metrics-port must be in 0..65535 (0: a free port), got {metrics_port}")
-    if engine not in ENGINES:
-        user_error(f"--engine must be one of {', '.join(ENGINES)}, got {engine!r}")
-    if hash_algo is not None and engine != "vllm":
-        user_error(
-            f"--hash-algo {hash_algo} is vLLM's hash: add --engine vllm (--engine {engine} hashes by the contract)"
-        )
-    if hash_algo not in (None, "sha256", "sha256_cbor"):
-        user_error(f"--hash-algo must be sha256 or sha256_cbor, got {hash_algo!r}")
+    engine.check()
+    replay = _replay_endpoint(wire.endpoint, wire.replay_endpoint, load.workers)
+    cfg = ServeConfig(
+        wire.endpoint,
+        replay,
+        wire.topic,
+        load.workers,
+        load.seed,
+        load.page_size,
+        load.capacity_pages,
+        wire.heartbeat,
+        wire.bind,
+    )
+    cfg.metrics_port, cfg.engine, cfg.epoch_in_batch = metrics_port, engine.engine, wire.epoch_in_batch
+    cfg.hash_algo = engine.hash_algo or "sha256"
+    cfg.curve_secret_key_file, cfg.curve_allow_dir = curve.curve_secret, curve.curve_allow
+    curve.server()  # bad key files: one line, exit 2
+    show_plain_bind_once()
+    if _run(cfg, load.rate, load.duration, front.http, front.timing()):
+        raise typer.Exit(130)  # Ctrl-C, after the last status line
 
 
 def _replay_endpoint(endpoint: str, replay_endpoint: Optional[str], workers: int) -> str:
