@@ -46,6 +46,14 @@ MAX_CONNECTIONS = typer.Option(
     "(up to 2,048, for up to 10 s), then get 503 with Retry-After.",
     rich_help_panel=_FRONT,
 )
+LONG_BODY_RATE = typer.Option(
+    48.0,
+    "--long-body-rate",
+    metavar="MIB_S",
+    help="MiB/s at which /score bodies over 64 KiB are read, all of them together (0: unpaced), "
+    "so a few huge bodies leave the router's time to normal requests.",
+    rich_help_panel=_FRONT,
+)
 TOKENIZER = typer.Option(
     None,
     "--tokenizer",
@@ -63,6 +71,7 @@ class _Front:
     host: str
     port: int
     max_connections: int
+    long_body_rate: float  # MiB/s
     security: Any  # HttpSecurity
     urls: list[Any]  # WorkerUrl
     upstream_timeout: float
@@ -84,6 +93,7 @@ def route_cmd(
     index: IndexFlags = IndexFlags(),
     seed: Optional[int] = SEED,
     max_connections: int = MAX_CONNECTIONS,
+    long_body_rate: float = LONG_BODY_RATE,
     keying: KeyingFlags = KeyingFlags(),
     curve: CurveClients = CurveClients(),
     tokenizer: Optional[str] = TOKENIZER,
@@ -106,13 +116,15 @@ def route_cmd(
     index.check()
     if max_connections < 1:
         user_error(f"--max-connections must be >= 1, got {max_connections}")
+    if not long_body_rate >= 0:
+        user_error(f"--long-body-rate must be >= 0 MiB/s, got {long_body_rate}")
     nats_flags.check(nats_url)
     sources = _sources(publisher, nats_url, curve)
     modes = keying.modes(sources)
     host, port = host_port("--http", http)
     settings = _settings(index, seed, modes, keying, tokenizer, cost, sources)
     urls = proxy.urls()
-    front = _Front(host, port, max_connections, auth.security(host), urls, proxy.upstream_timeout)
+    front = _Front(host, port, max_connections, long_body_rate, auth.security(host), urls, proxy.upstream_timeout)
     # this command prints its own stale / back lines (below): the subscriber's warning would repeat them
     logging.getLogger("kvevents.zeromq.subscriber").setLevel(logging.ERROR)
     service = _service(sources, nats_url, stream, index.stale_after, settings, nats_flags)
@@ -193,7 +205,8 @@ def _start(service: Any, front: _Front) -> tuple[Any, tuple[str, int]]:
     try:
         proxy = make_proxy(service, front.urls, front.upstream_timeout, front.max_connections, front.security)
         service.start()
-        limits = HttpLimits(max_connections=front.max_connections)
+        rate = int(front.long_body_rate * 1024 * 1024)
+        limits = HttpLimits(max_connections=front.max_connections, long_body_rate=rate)
         bound = service.serve_http(front.host, front.port, limits, security=front.security, proxy=proxy)
     except ValueError as exc:
         user_error(str(exc))

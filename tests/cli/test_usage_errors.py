@@ -24,6 +24,7 @@ from tests.helpers.repo import README
         (["hash", "-1", "5", "-p", "2"], "token id -1 at position 0 is not an integer in 0..4294967295"),
         (["hash", "1", "2", "-7", "-p", "2"], "token id -7 at position 2"),
         (["hash", "1", "2", "--pagesize", "2", "-p", "2"], "no such option: --pagesize"),
+        (["route", "--publisher", "w0=tcp://127.0.0.1:1", "--long-body-rate", "-1"], "--long-body-rate must be >= 0"),
     ],
 )
 def test_bad_input_is_one_clear_line_exit_2(args, words):

@@ -323,10 +323,10 @@ def test_long_bodies_are_read_at_their_rate_while_short_ones_are_served(front):
 LONG_TOKENS = 4_000_000
 
 
-def _route(pub: Publisher) -> tuple[subprocess.Popen, int]:
+def _route(pub: Publisher, *extra: str) -> tuple[subprocess.Popen, int]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvevents", "route", "--publisher", f"w0={pub.endpoint},{pub.replay_endpoint}"]
-        + ["--http", "127.0.0.1:0", "--seed", "0"],
+        + ["--http", "127.0.0.1:0", "--seed", "0", *extra],
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -352,6 +352,16 @@ def _probe(port: int, seconds: float) -> list[float]:
     return lat
 
 
+def _metric(port: int, sample: str) -> float:
+    """One sample's value from the route's GET /metrics."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        text = read_answer(s)[2].decode()
+    values = [line.rsplit(" ", 1)[1] for line in text.splitlines() if line.startswith(sample + " ")]
+    assert values, f"no {sample} in /metrics"
+    return float(values[0])
+
+
 def _p99(xs: list[float]) -> float:
     return sorted(xs)[int(0.99 * len(xs))]
 
@@ -375,7 +385,7 @@ def test_long_bodies_leave_normal_requests_fast():
     ids = [rng.randrange(1000) for _ in range(LONG_TOKENS)]
     big = request(json.dumps({"tokens": ids}, separators=(",", ":")).encode(), close=False)  # ~15.6 MB
     pub = Publisher(endpoint=EPH, replay_endpoint=EPH, bind=True, heartbeat_interval_s=0.1)
-    proc, port = _route(pub)
+    proc, port = _route(pub, "--long-body-rate", "64")
     stop, answers, lock = threading.Event(), [], threading.Lock()
 
     def hog() -> None:
@@ -403,6 +413,7 @@ def test_long_bodies_leave_normal_requests_fast():
             t.start()
         time.sleep(0.5)
         loaded = _probe(port, 4.0)
+        paced = _metric(port, 'kvevents_router_http_admission_total{outcome="long_paced"}')
     finally:
         stop.set()
         for t in hogs:
@@ -412,5 +423,6 @@ def test_long_bodies_leave_normal_requests_fast():
         proc.wait(10)
         pub.close(0.2)
     assert answers and set(answers) == {200}, answers
+    assert paced > 0  # 64 MiB/s for four clients sending as fast as loopback allows
     assert _p99(loaded) <= max(5 * _p99(idle), 25.0), (_p99(idle), _p99(loaded), len(loaded))
     assert grown < 150, f"route grew by {grown:.0f} MB"

@@ -100,7 +100,8 @@ class _Collector(Collector):
         yield req
         adm = CounterMetricFamily(
             METRIC_NAMES["http_admission"],
-            "HTTP requests admitted, queued and refused (503), idle connections closed; long_*: /score bodies over 64 KiB",
+            "HTTP requests admitted, queued and refused (503), idle connections closed; long_*: /score bodies over 64 KiB "
+            "(long_paced: pauses of their paced reading, long_paced_ms: milliseconds paused)",
             labels=["outcome"],
         )
         for outcome, n in sorted(snap.get("http", {}).items()):
