@@ -129,6 +129,24 @@ class RepairQueue:
             self._give_up(s, req, why)
         self.pump(s)
 
+    def _describe_unanswered(self, s: SourceState, req: Request) -> None:
+        """A DESCRIBE timed out. From a publisher that has answered one before, the request was lost
+        (its process restarting, say): ask again after a backoff, nothing applied unconfirmed
+        meanwhile; going on unconfirmed would take a new process's seqs for the old one's. Else
+        (vLLM, SGLang never answer) go on without: seqs alone find restarts."""
+        if req.superseded and s.describes:
+            return  # its stream was reset meanwhile and has asked for what it needs now
+        req.attempts += 1
+        if s.describes and req.attempts < self.max_attempts:
+            log.info("source %s: KVE/DESCRIBE timed out, asking again (%d)", s.name, req.attempts)
+            req.phase = Phase.QUEUED
+            s.not_before = self.clock() + min(5.0, 0.1 * 2**req.attempts)
+            s.queue.appendleft(req)
+            return
+        log.info("source %s: no KVE/DESCRIBE reply; restarts are found by seqs going backwards only", s.name)
+        req.attempts = 0  # the request itself (a replay, say) starts its own count
+        self._without_describe(s, req)
+
     def _send(self, s: SourceState, req: Request, body: bytes, timeout_s: float) -> None:
         """Send `body` for `req`, now the one in flight: no reply within `timeout_s` is a timeout,
         and no end within `request_budget_s` abandons it."""
@@ -146,8 +164,7 @@ class RepairQueue:
         self._commands.append(DropDealer(s.name))
         if req.phase is Phase.DESCRIBING:
             self.counters["describe_timeouts"] += 1
-            log.info("source %s: no KVE/DESCRIBE reply; restarts are found by seqs going backwards only", s.name)
-            return self._without_describe(s, req)
+            return self._describe_unanswered(s, req)
         self.counters["replay_timeouts"] += 1
         if req.superseded:
             return

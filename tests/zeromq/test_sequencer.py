@@ -160,3 +160,68 @@ def test_staleness_and_a_reconnect_make_the_next_batch_confirm_the_epoch():
     q.on_connect("w")  # the first connection is not a reconnect; the second is
     q.on_live("w", live(2))
     assert q.take() == ([], [Send("w", DESCRIBE_REQUEST)]) and q.counters["reconnects"] == 1
+
+
+def test_a_describe_lost_to_a_restarting_publisher_is_asked_again_not_given_up():
+    """A publisher that answered DESCRIBE before, silent now (its process restarting): the
+    DESCRIBE is asked again after a backoff, nothing is applied unconfirmed, and the new epoch is
+    a restart. Before, one lost DESCRIBE meant "no DESCRIBE here": the new process's seqs were
+    then replayed as the old one's, and the index stayed wrong until its next restart."""
+    clock = Clock()
+    q = joined(clock)
+    for s in (1, 2):
+        q.on_live("w", live(s))
+    assert seqs(q.take()[0]) == [1, 2]
+    q.on_live("w", live(5))  # the new process, heard from seq 5: looks like a gap
+    assert q.take() == ([], [Send("w", DESCRIBE_REQUEST)])
+    clock.t += 1.01
+    q.tick()  # lost with the old process
+    assert q.take() == ([], [DropDealer("w")])
+    q.on_live("w", live(6))  # held: not applied before the epoch is known
+    clock.t += 0.25
+    q.tick()
+    assert q.take() == ([], [Send("w", DESCRIBE_REQUEST)])  # asked again, not a replay of 3..4
+    q.on_reply("w", describe(8))
+    out, cmds = q.take()
+    assert [type(o) for o in out] == [Reset] and out[0].reason == "restart"
+    assert cmds == [Send("w", SNAPSHOT_REQUEST)]
+    assert q.counters["describe_timeouts"] == 1 and q.counters["restarts"] == 1 and q.counters["replays_requested"] == 0
+
+
+def test_after_a_reconnect_a_lost_describe_is_asked_again_before_any_batch_is_applied():
+    clock = Clock()
+    q = joined(clock)
+    q.on_live("w", live(1))
+    q.take()
+    q.on_connect("w")
+    q.on_connect("w")  # re-made: the publisher may be a new process
+    q.on_live("w", live(40))  # a new process, far ahead of the old seqs: nothing says restart yet
+    assert q.take() == ([], [Send("w", DESCRIBE_REQUEST)])
+    for _ in range(2):  # two DESCRIBEs lost, each asked again
+        clock.t += 1.01
+        q.tick()
+        assert q.take() == ([], [DropDealer("w")])
+        clock.t += 0.5
+        q.tick()
+        assert q.take() == ([], [Send("w", DESCRIBE_REQUEST)])
+    q.on_reply("w", describe(9))
+    out, cmds = q.take()
+    assert [type(o) for o in out] == [Reset] and cmds == [Send("w", SNAPSHOT_REQUEST)]
+
+
+def test_a_describe_that_answered_before_is_given_up_after_its_attempts():
+    """A publisher gone for good (or one that stopped answering DESCRIBE): after max_attempts the
+    stream goes on without, as for a publisher that never answered."""
+    clock = Clock()
+    q = joined(clock, max_attempts=2)
+    q.on_live("w", live(3))
+    assert q.take()[1] == [Send("w", DESCRIBE_REQUEST)]
+    clock.t += 1.01
+    q.tick()
+    clock.t += 0.5
+    q.tick()
+    assert q.take()[1] == [DropDealer("w"), Send("w", DESCRIBE_REQUEST)]
+    clock.t += 1.01
+    q.tick()  # the second attempt: given up, the replay itself goes out
+    assert q.take()[1] == [DropDealer("w"), Send("w", pack_seq(1))]
+    assert q.counters["describe_timeouts"] == 2
