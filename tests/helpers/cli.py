@@ -64,11 +64,11 @@ def _process_state_kept() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def invoke(*args: str, env: dict[str, str] | None = None, timeout: float | None = None) -> CliResult:
+def invoke(*args: str, env: dict[str, str | None] | None = None, timeout: float | None = None) -> CliResult:
     """`kvevents ARGS` in this process: its exit code, stdout and stderr (help at 120 columns, no
     colour); never a traceback on stderr. For commands that end by themselves (never one a test
     must signal); the loggers and signal handlers a command sets up are undone after it.
-    `timeout`: a command that should have ended but still runs then gets SIGINT (its Ctrl-C:
+    `env`: variables set for the run (None: unset). `timeout`: a command that should have ended but still runs then gets SIGINT (its Ctrl-C:
     exit 130, which fails the test's exit-code check) instead of hanging the test, e.g. a
     `route` that starts serving because a bad option was let through."""
     from kvevents.cli import main
