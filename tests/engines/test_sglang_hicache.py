@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engines.engine_tests import assert_checks, run_driver
+from tests.engines.engine_tests import DriverRun, assert_checks, run_driver
 from tests.engines.standins import HICACHE, TORCHVISION
 
 pytestmark = pytest.mark.engines
+RUN = DriverRun("sglang", "hicache")
 
 RULES = (
     "scenario_completes",
@@ -55,8 +56,8 @@ CLI = {
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return run_driver("sglang", tmp_path_factory.mktemp("hicache"), driver="hicache")
+def report(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> dict:
+    return run_driver(RUN, tmp_path_factory, pytestconfig)
 
 
 def test_stand_ins_named(report: dict) -> None:

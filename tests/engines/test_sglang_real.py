@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engines.engine_tests import assert_checks, run_driver
+from tests.engines.engine_tests import DriverRun, assert_checks, run_driver
 from tests.engines.standins import TORCHVISION
 
 pytestmark = pytest.mark.engines
+RUN = DriverRun("sglang", "sglang")
 
 ENGINE_PUBLISHER = {
     "gap_index_equals_engine_cache_every_step",
@@ -60,8 +61,8 @@ PLUGIN = {
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return run_driver("sglang", tmp_path_factory.mktemp("sglang"))
+def report(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> dict:
+    return run_driver(RUN, tmp_path_factory, pytestconfig)
 
 
 def test_stand_ins_named(report: dict) -> None:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engines.engine_tests import assert_checks, run_driver
+from tests.engines.engine_tests import DriverRun, assert_checks, run_driver
 
 pytestmark = pytest.mark.engines
+RUN = DriverRun("vllm", "vllm", (("VLLM_TARGET_DEVICE", "cpu"),))
 
 STANDINS: list[str] = []
 ASSERTED = {
@@ -30,8 +31,8 @@ ASSERTED = {
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return run_driver("vllm", tmp_path_factory.mktemp("vllm"), {"VLLM_TARGET_DEVICE": "cpu"})
+def report(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> dict:
+    return run_driver(RUN, tmp_path_factory, pytestconfig)
 
 
 def test_stand_ins_named(report: dict) -> None:
