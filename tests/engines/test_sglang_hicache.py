@@ -1,7 +1,7 @@
 """SGLang 0.5.20's HiCache storage tier over kvevents' backend (issue 25 part 5): the seed's end-to-end
 test on CPU, damaged page files, metrics, and `kvevents conformance storage`.
 
-Runs tests/engines/hicache_driver.py once in the SGLang venv (scripts/engine_env.sh sglang); ~30 s.
+Runs tests/engines/hicache_driver.py once in the SGLang venv (scripts/engine_env.sh sglang); ~18 s.
 SGLang's own HiRadixCache and HiCacheController move every page device -> host -> storage -> (evicted)
 -> prefetch -> host -> device; its `dynamic` factory builds kvevents.plugins.hicache.
 Stand-ins (tests/engines/standins.py), each needed only because this machine has no CUDA:

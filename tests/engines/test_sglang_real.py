@@ -1,7 +1,7 @@
 """SGLang 0.5.20's own RadixCache, ZmqEventPublisher, decoder and plug-in loading against kvevents
 (issue 25 parts 2 and 3).
 
-Runs tests/engines/sglang_driver.py once in the SGLang venv (scripts/engine_env.sh sglang); ~40 s.
+Runs tests/engines/sglang_driver.py once in the SGLang venv (scripts/engine_env.sh sglang); ~20 s.
 Stand-in: torchvision (tests/engines/standins.py, TORCHVISION): SGLang imports it at module level,
 and the only wheels in reach are CUDA-linked and cannot load beside CPU torch; nothing on the
 KV-cache or event paths calls it.

@@ -1,6 +1,6 @@
 """vLLM 0.33.0's own KVCacheManager / BlockPool and ZmqEventPublisher against kvevents (issue 25).
 
-Runs tests/engines/vllm_driver.py once in the vLLM venv (scripts/engine_env.sh vllm); ~30 s.
+Runs tests/engines/vllm_driver.py once in the vLLM venv (scripts/engine_env.sh vllm); ~14 s.
 Stand-ins: none (every vLLM import on these paths runs on CPU).
 """
 
