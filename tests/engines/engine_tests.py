@@ -3,8 +3,8 @@
 An engine and kvevents' suite cannot share one interpreter (their pins differ), so each engine's
 checks run as one subprocess inside its venv (tests/engines/*_driver.py) and report named checks;
 the tests here assert them. No venv (registry unreachable, install failed): the tests skip with
-one line saying so. Each such module names its run as `RUN = DriverRun(...)`; under pytest-xdist
-the runs start ahead of the tests (tests/engines/prestart.py).
+one line saying so. Each such module names its run `AHEAD = DriverRun(...)`: under pytest-xdist
+it starts ahead of the tests (tests/helpers/ahead.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.engines import prestart
+from tests.helpers import ahead
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -35,6 +35,13 @@ class DriverRun:
     engine: str
     driver: str
     env: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.driver
+
+    def outcome(self, tmp: Path, started: Callable[[subprocess.Popen[str]], None] | None = None) -> dict:
+        return driver_outcome(self, tmp, started)
 
 
 def engine_python(engine: str) -> tuple[str | None, str]:
@@ -81,13 +88,10 @@ def driver_outcome(run: DriverRun, tmp: Path, started: Callable[[subprocess.Pope
 
 def run_driver(run: DriverRun, tmp_path_factory: pytest.TempPathFactory, config: pytest.Config) -> dict[str, Any]:
     """The driver's report (checks, stand-ins, figures): the run started ahead of the tests when
-    there is one (tests/engines/prestart.py), else one run now; skips without the engine's venv."""
-    outcome = prestart.take(config, run) or driver_outcome(run, tmp_path_factory.mktemp(run.driver))
-    if "skip" in outcome:
-        pytest.skip(outcome["skip"])
-    if "fail" in outcome:
-        pytest.fail(outcome["fail"])
-    return outcome["report"]
+    there is one (tests/helpers/ahead.py), else one run now; skips without the engine's venv."""
+    outcome = ahead.take(config, run) or run.outcome(tmp_path_factory.mktemp(run.driver))
+    report: dict[str, Any] = ahead.result(outcome)
+    return report
 
 
 def assert_checks(report: dict[str, Any], *names: str) -> None:

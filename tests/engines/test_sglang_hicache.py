@@ -19,7 +19,7 @@ from tests.engines.engine_tests import DriverRun, assert_checks, run_driver
 from tests.engines.standins import HICACHE, TORCHVISION
 
 pytestmark = pytest.mark.engines
-RUN = DriverRun("sglang", "hicache")
+AHEAD = DriverRun("sglang", "hicache")
 
 RULES = (
     "scenario_completes",
@@ -57,7 +57,7 @@ CLI = {
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> dict:
-    return run_driver(RUN, tmp_path_factory, pytestconfig)
+    return run_driver(AHEAD, tmp_path_factory, pytestconfig)
 
 
 def test_stand_ins_named(report: dict) -> None:

@@ -18,7 +18,7 @@ from tests.engines.engine_tests import DriverRun, assert_checks, run_driver
 from tests.engines.standins import TORCHVISION
 
 pytestmark = pytest.mark.engines
-RUN = DriverRun("sglang", "sglang")
+AHEAD = DriverRun("sglang", "sglang")
 
 ENGINE_PUBLISHER = {
     "gap_index_equals_engine_cache_every_step",
@@ -62,7 +62,7 @@ PLUGIN = {
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> dict:
-    return run_driver(RUN, tmp_path_factory, pytestconfig)
+    return run_driver(AHEAD, tmp_path_factory, pytestconfig)
 
 
 def test_stand_ins_named(report: dict) -> None:

@@ -11,7 +11,7 @@ import pytest
 from tests.engines.engine_tests import DriverRun, assert_checks, run_driver
 
 pytestmark = pytest.mark.engines
-RUN = DriverRun("vllm", "vllm", (("VLLM_TARGET_DEVICE", "cpu"),))
+AHEAD = DriverRun("vllm", "vllm", (("VLLM_TARGET_DEVICE", "cpu"),))
 
 STANDINS: list[str] = []
 ASSERTED = {
@@ -32,7 +32,7 @@ ASSERTED = {
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> dict:
-    return run_driver(RUN, tmp_path_factory, pytestconfig)
+    return run_driver(AHEAD, tmp_path_factory, pytestconfig)
 
 
 def test_stand_ins_named(report: dict) -> None:
