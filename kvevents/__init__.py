@@ -11,6 +11,7 @@
 | `publisher.py` | Deprecated path, kept for one release: the publisher lives in `kvevents.zeromq.publisher`. |
 | `relay.py` | `kvevents relay`: kvevents' publisher beside an engine that cannot load it (vLLM 0.33, or any engine speaking  |
 | `subscriber.py` | Deprecated path, kept for one release: the subscriber lives in `kvevents.zeromq.subscriber`. |
+| `wire_values.py` | Raw msgpack values as the tolerant decoder reads them (schemas/README.md, "What a decoder must accept"). |
 | folders | one job each, listed with their module maps in README.md, "Layout and docs" |
 """
 

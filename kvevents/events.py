@@ -5,7 +5,8 @@ The public structs mirror vLLM >= 0.26 / SGLang >= 0.5.20: events are msgpack ma
 the publisher's epoch; see schemas/README.md, "Batch"). The keys vLLM 0.33
 requires are struct fields without defaults, so msgspec always writes them; optional fields
 default to None and are omitted. Decoding is tolerant (legacy positional events, uint64 or
-bytes hashes, unknown keys, trailing elements) and fails only with `DecodeError`.
+bytes hashes, unknown keys, trailing elements) and fails only with `DecodeError`; the checks of
+single raw values it builds events from live in kvevents.wire_values.
 """
 
 from __future__ import annotations
@@ -15,6 +16,19 @@ from typing import Annotated, Any, Literal, Sequence, Union
 import msgspec
 
 from kvevents.errors import DecodeError
+from kvevents.wire_values import (
+    INT64_MAX,
+    UINT64_MAX,
+    hash_list,
+    int_value,
+    optional_hash,
+    positional_fields,
+    signed_hash,
+    signed_hashes,
+    str_value,
+    token_id_list,
+    type_name,
+)
 
 __all__ = [
     "BlockStored",
@@ -32,11 +46,9 @@ __all__ = [
     "SCHEMA_ID",
     "is_rank",
     "rank_of",
+    "INT64_MAX",
+    "UINT64_MAX",
 ]
-
-INT64_MAX = 2**63 - 1
-UINT64_MAX = 2**64 - 1
-_WRAP = 2**64
 
 EventEncoding = Literal["map", "array"]
 
@@ -305,16 +317,6 @@ class _BatchIn(msgspec.Struct, array_like=True, gc=False):
 _fast_decoder = msgspec.msgpack.Decoder(_BatchIn)
 
 
-def _signed(hashes: list[int]) -> list[int]:
-    if hashes and max(hashes) > INT64_MAX:
-        return [h - _WRAP if h > INT64_MAX else h for h in hashes]
-    return hashes
-
-
-def _signed1(h: int | None) -> int | None:
-    return h - _WRAP if h is not None and h > INT64_MAX else h
-
-
 def _from_fast(b: _BatchIn) -> KVEventBatch:
     events: list[Event] = []
     append = events.append
@@ -322,8 +324,8 @@ def _from_fast(b: _BatchIn) -> KVEventBatch:
         if type(e) is _StoredIn:
             append(
                 BlockStored(
-                    _signed(e.block_hashes),
-                    _signed1(e.parent_block_hash),
+                    signed_hashes(e.block_hashes),
+                    signed_hash(e.parent_block_hash),
                     e.token_ids,
                     e.block_size,
                     e.lora_id,
@@ -334,7 +336,7 @@ def _from_fast(b: _BatchIn) -> KVEventBatch:
                 )
             )
         elif type(e) is _RemovedIn:
-            append(BlockRemoved(_signed(e.block_hashes), e.medium, e.lora_name))
+            append(BlockRemoved(signed_hashes(e.block_hashes), e.medium, e.lora_name))
         else:
             append(AllBlocksCleared())
     return KVEventBatch(b.ts, events, b.data_parallel_rank, b.epoch)
@@ -343,72 +345,20 @@ def _from_fast(b: _BatchIn) -> KVEventBatch:
 # ---------------------------------------------------------------- decoding: generic tolerant path
 
 
-def _tname(v: Any) -> str:
-    return "nil" if v is None else type(v).__name__
-
-
-def _hash(v: Any, where: str) -> int:
-    if isinstance(v, bool):
-        raise DecodeError(f"{where}: expected an integer or bytes hash, got bool")
-    if isinstance(v, int):
-        if v > UINT64_MAX or v < -(2**63):
-            raise DecodeError(f"{where}: hash {v} does not fit in 64 bits")
-        return v - _WRAP if v > INT64_MAX else v
-    if isinstance(v, (bytes, bytearray, memoryview)):
-        raw = bytes(v)
-        if len(raw) < 8:
-            raise DecodeError(f"{where}: bytes hash has {len(raw)} bytes, need at least 8")
-        return int.from_bytes(raw[:8], "big", signed=True)
-    raise DecodeError(f"{where}: expected an integer or bytes hash, got {_tname(v)}")
-
-
-def _hashes(v: Any, where: str) -> list[int]:
-    if not isinstance(v, list):
-        raise DecodeError(f"{where}: expected an array of hashes, got {_tname(v)}")
-    return [_hash(h, f"{where}[{i}]") for i, h in enumerate(v)]
-
-
-def _opt_hash(v: Any, where: str) -> int | None:
-    return None if v is None else _hash(v, where)
-
-
-def _int(v: Any, where: str, *, optional: bool = False) -> Any:
-    if v is None and optional:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise DecodeError(f"{where}: expected an integer{' or nil' if optional else ''}, got {_tname(v)}")
-    return v
-
-
-def _str(v: Any, where: str) -> str | None:
-    if v is None or isinstance(v, str):
-        return v
-    raise DecodeError(f"{where}: expected a string or nil, got {_tname(v)}")
-
-
-def _tokens(v: Any, where: str) -> list[int]:
-    if not isinstance(v, list):
-        raise DecodeError(f"{where}: expected an array of token ids, got {_tname(v)}")
-    for i, t in enumerate(v):
-        if isinstance(t, bool) or not isinstance(t, int):
-            raise DecodeError(f"{where}[{i}]: expected an integer token id, got {_tname(t)}")
-    return v
-
-
 def _stored(f: dict[str, Any], where: str) -> BlockStored:
     for key in ("block_hashes", "token_ids", "block_size"):
         if key not in f:
             raise DecodeError(f"{where} (BlockStored): missing required key {key!r}")
     return BlockStored(
-        block_hashes=_hashes(f["block_hashes"], f"{where}.block_hashes"),
-        parent_block_hash=_opt_hash(f.get("parent_block_hash"), f"{where}.parent_block_hash"),
-        token_ids=_tokens(f["token_ids"], f"{where}.token_ids"),
-        block_size=_int(f["block_size"], f"{where}.block_size"),
-        lora_id=_int(f.get("lora_id"), f"{where}.lora_id", optional=True),
-        medium=_str(f.get("medium"), f"{where}.medium"),
-        lora_name=_str(f.get("lora_name"), f"{where}.lora_name"),
-        cache_salt=_str(f.get("cache_salt"), f"{where}.cache_salt"),
-        session_id=_str(f.get("session_id"), f"{where}.session_id"),
+        block_hashes=hash_list(f["block_hashes"], f"{where}.block_hashes"),
+        parent_block_hash=optional_hash(f.get("parent_block_hash"), f"{where}.parent_block_hash"),
+        token_ids=token_id_list(f["token_ids"], f"{where}.token_ids"),
+        block_size=int_value(f["block_size"], f"{where}.block_size"),
+        lora_id=int_value(f.get("lora_id"), f"{where}.lora_id", optional=True),
+        medium=str_value(f.get("medium"), f"{where}.medium"),
+        lora_name=str_value(f.get("lora_name"), f"{where}.lora_name"),
+        cache_salt=str_value(f.get("cache_salt"), f"{where}.cache_salt"),
+        session_id=str_value(f.get("session_id"), f"{where}.session_id"),
     )
 
 
@@ -416,35 +366,10 @@ def _removed(f: dict[str, Any], where: str) -> BlockRemoved:
     if "block_hashes" not in f:
         raise DecodeError(f"{where} (BlockRemoved): missing required key 'block_hashes'")
     return BlockRemoved(
-        block_hashes=_hashes(f["block_hashes"], f"{where}.block_hashes"),
-        medium=_str(f.get("medium"), f"{where}.medium"),
-        lora_name=_str(f.get("lora_name"), f"{where}.lora_name"),
+        block_hashes=hash_list(f["block_hashes"], f"{where}.block_hashes"),
+        medium=str_value(f.get("medium"), f"{where}.medium"),
+        lora_name=str_value(f.get("lora_name"), f"{where}.lora_name"),
     )
-
-
-_STORED_POSITIONS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium")
-
-
-def _positional_fields(kind: str, items: list[Any], where: str) -> dict[str, Any]:
-    """Map a legacy positional event onto field names (SGLang <= 0.5.19, vLLM <= 0.23)."""
-    rest = items[1:]
-    if kind == "BlockStored":
-        if len(rest) < 4:
-            raise DecodeError(f"{where} (positional BlockStored): {len(rest)} fields, need at least 4")
-        fields = dict(zip(_STORED_POSITIONS, rest))
-        for extra in rest[len(_STORED_POSITIONS) : len(_STORED_POSITIONS) + 2]:
-            if isinstance(extra, dict):  # SGLang's trailing map, or our own extras map
-                for key in ("cache_salt", "session_id", "lora_name"):
-                    if key in extra:
-                        fields[key] = extra[key]
-            elif "lora_name" not in fields and (extra is None or isinstance(extra, str)):
-                fields["lora_name"] = extra  # vLLM's positional lora_name
-        return fields
-    if kind == "BlockRemoved":
-        if len(rest) < 1:
-            raise DecodeError(f"{where} (positional BlockRemoved): missing block_hashes")
-        return {"block_hashes": rest[0], "medium": rest[1] if len(rest) > 1 else None}
-    return {}
 
 
 def _event(raw: Any, where: str) -> Event:
@@ -455,11 +380,11 @@ def _event(raw: Any, where: str) -> Event:
         kind = raw[0]
         fields = None
     else:
-        raise DecodeError(f"{where}: expected an event map or array, got {_tname(raw)}")
+        raise DecodeError(f"{where}: expected an event map or array, got {type_name(raw)}")
     if kind not in ("BlockStored", "BlockRemoved", "AllBlocksCleared"):
         raise DecodeError(f"{where}: unknown event type {kind!r}")
     if fields is None:
-        fields = _positional_fields(kind, raw, where)
+        fields = positional_fields(kind, raw, where)
     if kind == "BlockStored":
         return _stored(fields, where)
     if kind == "BlockRemoved":
@@ -473,17 +398,17 @@ def _slow(payload: bytes) -> KVEventBatch:
     except (msgspec.DecodeError, RecursionError, ValueError, TypeError, OverflowError) as exc:
         raise DecodeError(f"payload is not valid msgpack: {exc}") from None
     if not isinstance(raw, list):
-        raise DecodeError(f"batch: expected an array [ts, events, rank, ...], got {_tname(raw)}")
+        raise DecodeError(f"batch: expected an array [ts, events, rank, ...], got {type_name(raw)}")
     if len(raw) < 2:
         raise DecodeError(f"batch: expected at least 2 elements [ts, events], got {len(raw)}")
     ts = raw[0]
     if isinstance(ts, bool) or not isinstance(ts, (int, float)):
-        raise DecodeError(f"batch[0] (ts): expected a number, got {_tname(ts)}")
+        raise DecodeError(f"batch[0] (ts): expected a number, got {type_name(ts)}")
     if not isinstance(raw[1], list):
-        raise DecodeError(f"batch[1] (events): expected an array, got {_tname(raw[1])}")
+        raise DecodeError(f"batch[1] (events): expected an array, got {type_name(raw[1])}")
     events = [_event(e, f"event {i}") for i, e in enumerate(raw[1])]
-    rank = _int(raw[2], "batch[2] (data_parallel_rank)", optional=True) if len(raw) > 2 else None
-    epoch = _int(raw[3], "batch[3] (epoch)", optional=True) if len(raw) > 3 else None
+    rank = int_value(raw[2], "batch[2] (data_parallel_rank)", optional=True) if len(raw) > 2 else None
+    epoch = int_value(raw[3], "batch[3] (epoch)", optional=True) if len(raw) > 3 else None
     return KVEventBatch(float(ts), events, rank, epoch)
 
 
@@ -499,5 +424,5 @@ def decode_batch(payload: bytes) -> KVEventBatch:
     except (TypeError, ValueError, RecursionError, OverflowError):
         pass
     if not isinstance(payload, (bytes, bytearray, memoryview)):
-        raise DecodeError(f"payload must be bytes, got {_tname(payload)}")
+        raise DecodeError(f"payload must be bytes, got {type_name(payload)}")
     return _slow(payload)

@@ -22,7 +22,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase  # noqa: E402
 from kvevents.testing.nats import NatsServer, nats_server_binary  # noqa: E402
 from kvevents.testing.zeromq import EPH  # noqa: E402
 from kvevents.zeromq.publisher import Publisher  # noqa: E402
-from tests.helpers import marks  # noqa: E402
+from tests.helpers import ahead, marks  # noqa: E402
 from tests.helpers.repo import GOLDEN_PATH  # noqa: E402
 
 # hypothesis keeps its caches and example database under tmp, never a `.hypothesis/` in the checkout
@@ -46,10 +46,27 @@ _NATS_FIXTURES = {"nats_server", "shared_nats_server"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """A test that uses a nats-server fixture is a `nats` test."""
+    """A test that uses a nats-server fixture is a `nats` test. The modules with a slow set-up run
+    ahead go last: under xdist their set-ups run meanwhile (tests/helpers/ahead.py)."""
     for item in items:
         if _NATS_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.nats)
+    items.sort(key=lambda item: ahead.of(item) is not None)  # stable: the order within stays
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reports the collection: no test is scheduled yet
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The slow set-ups of the selected modules start ahead of them (xdist's gw0 only)."""
+    runs: list[ahead.Ahead] = []
+    for item in session.items:
+        run = ahead.of(item)
+        if run is not None and run not in runs:
+            runs.append(run)
+    ahead.start(session.config, runs)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    ahead.finish(interrupted=exitstatus == pytest.ExitCode.INTERRUPTED or bool(session.shouldstop))
 
 
 @pytest.hookimpl(wrapper=True)

@@ -4,13 +4,12 @@ reports through the link; the target itself repairs as usual. Real CLI, real fil
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from kvevents.recordlog import RecordWriter, read_records, repair_log
+from tests.helpers.cli import CliResult, invoke
 
 PAYLOAD = b"\x94\xcbA\xd9T\xfc@\x00\x00\x00\x90\x00\x07"  # msgpack [ts, [], 0, 7]: an empty batch
 
@@ -27,11 +26,10 @@ def _damaged_log(path: Path, *, corrupt: bool) -> bytes:
     return bytes(raw)
 
 
-def _kv(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "kvevents", *args], capture_output=True, text=True, timeout=60)
+def _kv(*args: str) -> CliResult:
+    return invoke(*args)  # the real entry point, in process: a file command that ends by itself
 
 
-@pytest.mark.subprocess
 @pytest.mark.parametrize("extra", [[], ["--drop-corrupt"]])
 def test_repair_refuses_a_symlink_and_changes_nothing(tmp_path: Path, extra: list[str]) -> None:
     target = tmp_path / "real.kvlog"
@@ -47,7 +45,6 @@ def test_repair_refuses_a_symlink_and_changes_nothing(tmp_path: Path, extra: lis
     assert target.read_bytes() == before  # and its target was not touched
 
 
-@pytest.mark.subprocess
 def test_dry_run_reports_through_the_link_and_the_target_repairs(tmp_path: Path) -> None:
     target = tmp_path / "real.kvlog"
     before = _damaged_log(target, corrupt=False)

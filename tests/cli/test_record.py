@@ -1,7 +1,8 @@
 """`kvevents record` and `kvevents replay --to` as a newcomer meets them: where a capture starts
 (--from), honest results when nothing arrives, bad messages skipped, sizes that agree, a replayer
-that binds. Real publishers and sockets on 127.0.0.1, the CLI as a subprocess (in-process where it
-only reads a file or refuses a flag)."""
+that binds. Real publishers and sockets on 127.0.0.1, the CLI through its real entry point in
+process where the command ends by itself (a capture ends at --count: the engine steps on a
+thread meanwhile), as a subprocess where it is signalled or its stdout is read while it runs."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,37 +85,27 @@ def _capture(
     cache = RadixCache(PAGE, capacity_pages=64, on_events=pub.publish)
     reqs = iter(Workload(seed=3, page_size=PAGE).take(5000))
     out = tmp_path / f"{start}.kvlog"
-    try:
-        _step(cache, reqs, 40)
-        p = subprocess.Popen(
-            _kv(
-                "record",
-                "--publisher",
-                f"w0={pub.endpoint},{pub.replay_endpoint}",
-                "-o",
-                str(out),
-                "--count",
-                str(count),
-                "--duration",
-                "30",
-                "--from",
-                start,
-            ),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert p.stdout is not None
-        first = p.stdout.readline()
-        assert first.startswith("recording"), first
-        while p.poll() is None:  # the engine keeps stepping until the recorder has its count
+    done = threading.Event()
+
+    def engine() -> None:  # the engine keeps stepping until the recorder has its count
+        while not done.is_set():
             _step(cache, reqs)
             time.sleep(0.02)
-        rest, err = p.communicate(timeout=30)
+
+    stepper = threading.Thread(target=engine, daemon=True)
+    try:
+        _step(cache, reqs, 40)
+        stepper.start()
+        spec = f"w0={pub.endpoint},{pub.replay_endpoint}"
+        r = invoke("record", "--publisher", spec, "-o", str(out), "--count", str(count), "--duration", "30",
+                   "--from", start, timeout=60)  # fmt: skip
     finally:
+        done.set()
+        stepper.join(10)
         pub.close()
-    assert p.returncode == 0 and "Traceback" not in err, err
-    return list(read_records(out)), first + rest, err, out
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("recording"), r.stdout
+    return list(read_records(out)), r.stdout, r.stderr, out
 
 
 def _verified(out: Path) -> dict:
@@ -124,7 +116,6 @@ def _verified(out: Path) -> dict:
     return j
 
 
-@pytest.mark.subprocess
 def test_record_from_snapshot_is_the_default_and_verifies(tmp_path: Path) -> None:
     recs, stdout, _, out = _capture(tmp_path, "snapshot")
     assert recs[0].kind == "reset" and recs[0].reason == "first"
@@ -140,7 +131,6 @@ def test_record_from_snapshot_is_the_default_and_verifies(tmp_path: Path) -> Non
     assert "--from" in invoke("record", "--help").stdout
 
 
-@pytest.mark.subprocess
 def test_record_from_snapshot_keeps_one_starting_state_when_the_ring_has_wrapped(tmp_path: Path) -> None:
     """The subscriber cannot replay from seq 0 and resyncs by its own snapshot: the log holds one."""
     recs, _, _, out = _capture(tmp_path, "snapshot", buffer_steps=8)
@@ -151,7 +141,6 @@ def test_record_from_snapshot_keeps_one_starting_state_when_the_ring_has_wrapped
     _verified(out)
 
 
-@pytest.mark.subprocess
 def test_record_from_oldest_starts_with_the_kept_history(tmp_path: Path) -> None:
     recs, _, _, out = _capture(tmp_path, "oldest")
     assert [r.kind for r in recs[:3]] == ["replay"] * 3 and recs[0].seq == 0
@@ -159,7 +148,6 @@ def test_record_from_oldest_starts_with_the_kept_history(tmp_path: Path) -> None
     _verified(out)
 
 
-@pytest.mark.subprocess
 def test_record_from_now_leaves_the_history_out(tmp_path: Path) -> None:
     recs, stdout, _, out = _capture(tmp_path, "now")
     assert recs[0].kind == "live" and recs[0].seq is not None and recs[0].seq >= 40
@@ -167,7 +155,6 @@ def test_record_from_now_leaves_the_history_out(tmp_path: Path) -> None:
     _verified(out)
 
 
-@pytest.mark.subprocess
 def test_record_from_snapshot_without_snapshots_falls_back_to_oldest(tmp_path: Path) -> None:
     recs, _, err, out = _capture(tmp_path, "snapshot", snapshots=False)
     assert "no snapshot" in err and "oldest kept batch" in err

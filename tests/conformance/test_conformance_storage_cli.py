@@ -1,25 +1,20 @@
-"""`kvevents conformance storage` where SGLang is not installed: one line, exit 2 (run as a user would).
+"""`kvevents conformance storage` where SGLang is not installed: one line, exit 2 (through the real
+entry point, in process).
 Inside SGLang it is run by tests/engines/test_sglang_hicache.py (hicache_driver.py's cli_* checks)."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.helpers.repo import REPO
+from tests.helpers.cli import CliResult, invoke
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    cmd = [sys.executable, "-m", "kvevents", "conformance", "storage", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+def _run(*args: str) -> CliResult:
+    return invoke("conformance", "storage", *args, timeout=60)
 
 
-@pytest.mark.subprocess
 def test_without_sglang_it_says_so_in_one_line() -> None:
     if importlib.util.find_spec("sglang") is not None:
         pytest.skip("SGLang is installed here")
@@ -31,7 +26,6 @@ def test_without_sglang_it_says_so_in_one_line() -> None:
     assert "SGLang is needed" in lines[0] and "Traceback" not in p.stderr
 
 
-@pytest.mark.subprocess
 @pytest.mark.parametrize("config", ["{not json", "[1, 2]"])
 def test_bad_config_is_a_usage_error(config: str) -> None:
     p = _run("--module", "m", "--class", "C", "--config", config)

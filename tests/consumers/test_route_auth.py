@@ -6,22 +6,20 @@ from __future__ import annotations
 
 import base64
 import datetime
-import os
 import shutil
 import ssl
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
 from kvevents.consumers.service.auth import FULL, READ, HttpSecurity, access_of
+from tests.helpers.cli import CliResult, invoke
 from tests.helpers.proxy_rig import PAGE, Rig, Upstream
 
 DOC = list(range(50, 50 + 3 * PAGE))
 FULL_KEY, READ_KEY = "full-key-0123456789", "read-key-0123456789"
-CMD = [sys.executable, "-m", "kvevents"]
 
 
 @pytest.fixture
@@ -182,14 +180,11 @@ def test_https_with_a_key_serves_the_proxy_and_refuses_plain_http(tmp_path: Path
         HttpSecurity(None, None, str(key), str(cert)).check_tls()
 
 
-def _route(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*CMD, "route", "--publisher", "w0=tcp://127.0.0.1:1", *args],
-        capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})},
-    )  # fmt: skip
+def _route(*args: str, env: dict[str, str] | None = None) -> CliResult:
+    """`kvevents route` in process; each of these ends by itself (the watchdog stops one that serves)."""
+    return invoke("route", "--publisher", "w0=tcp://127.0.0.1:1", *args, env=env, timeout=30)
 
 
-@pytest.mark.subprocess
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -206,7 +201,6 @@ def test_route_refuses_bad_front_options_in_one_line(args: tuple[str, ...], mess
     assert proc.returncode == 2 and message in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
 
 
-@pytest.mark.subprocess
 def test_route_warns_once_when_it_serves_beyond_loopback_without_a_key() -> None:
     # 192.0.2.1 (TEST-NET-1) is not on this machine: the bind fails after the warning, nothing listens
     proc = _route("--http", "192.0.2.1:0")

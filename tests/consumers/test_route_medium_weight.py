@@ -19,6 +19,7 @@ from kvevents.consumers.router import DEFAULT_MEDIUM_WEIGHTS, PrefixRouter, pars
 from kvevents.events import BlockStored, KVEventBatch
 from kvevents.hashing import Namespace, event_hashes_int64
 from kvevents.zeromq.publisher import Publisher
+from tests.helpers.cli import invoke
 
 PAGE = 4
 TOKENS = list(range(100, 140))  # 10 pages
@@ -58,15 +59,11 @@ def test_parse_medium_weights_overrides_the_defaults_and_refuses_bad_specs() -> 
             parse_medium_weights([bad])
 
 
-@pytest.mark.subprocess
 @pytest.mark.parametrize("spec", ["CPU", "CPU=-1", "CPU=fast", "=0.5", "CPU=nan"])
 def test_route_refuses_a_bad_medium_weight_in_one_line(spec: str) -> None:
-    proc = subprocess.run(
-        [*KVEVENTS, "route", "--publisher", "w=tcp://127.0.0.1:5999", "--medium-weight", spec, "--http", "127.0.0.1:0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = invoke(
+        "route", "--publisher", "w=tcp://127.0.0.1:5999", "--medium-weight", spec, "--http", "127.0.0.1:0", timeout=30
+    )  # in process: refused before anything starts (the watchdog stops a route that serves)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and "--medium-weight" in proc.stderr and "Traceback" not in proc.stderr
 

@@ -48,7 +48,8 @@ class _Pages:
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/metrics"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # poll 0.02 s: shutdown() waits out one poll (0.5 s by default)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
         self.thread.start()
 
     def close(self) -> None:

@@ -3,8 +3,8 @@
 Run by tests/engines/test_sglang_hicache.py as `python hicache_driver.py TMPDIR`; prints one
 KVEVENTS-REPORT line (harness.Report). Real: SGLang's HiRadixCache, HiCacheController, host pool,
 its storage threads and its `dynamic` backend factory building kvevents.plugins.hicache; kvevents'
-BlockIndex and PrefixRouter fed by the cache's own events; `kvevents conformance storage` as a
-subprocess. Stand-ins (standins.py): TORCHVISION, and HICACHE's three CUDA-only spots of the host tier.
+BlockIndex and PrefixRouter fed by the cache's own events; `kvevents conformance storage` through
+its entry point in this process, and as a subprocess without the CPU stand-ins. Stand-ins (standins.py): TORCHVISION, and HICACHE's three CUDA-only spots of the host tier.
 """
 
 from __future__ import annotations
@@ -53,24 +53,54 @@ def passes(report: Report, name: str, opts: StorageOptions) -> None:
     report.check(name, rep.ok and rep.results[0].status.value == "pass", f"failed {rep.failed()}")
 
 
+CLI_ARGS = ["conformance", "storage", "--seed", "3", "--json"]
+
+
+def cli_args(module: str, cls: str, config: dict[str, Any]) -> list[str]:
+    return [*CLI_ARGS, "--module", module, "--class", cls, "--config", json.dumps(config)]
+
+
 def cli(tmp: str, standins_: str, module: str, cls: str, config: dict[str, Any]) -> subprocess.Popen[str]:
     """`python -m kvevents conformance storage ... --json` in this venv (the stand-ins come from
     hicache_site/sitecustomize.py, never from kvevents)."""
     env = dict(os.environ, KVEVENTS_TEST_STANDINS=standins_)
     env["PYTHONPATH"] = os.pathsep.join([str(HERE / "hicache_site"), str(HERE), str(REPO)])
-    cmd = [sys.executable, "-m", "kvevents", "conformance", "storage", "--module", module, "--class", cls]
-    cmd += ["--config", json.dumps(config), "--seed", "3", "--json"]
+    cmd = [sys.executable, "-m", "kvevents", *cli_args(module, cls, config)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp)
 
 
-def cli_checks(report: Report, tmp: str) -> None:
-    good = cli(tmp, "hicache", OURS.module, OURS.class_name, {"path": f"{tmp}/cli-pages", "fsync": False})
-    bad = cli(tmp, "hicache", "broken_hicache", "ClaimsEverything", {})
-    cuda = cli(tmp, "torchvision", OURS.module, OURS.class_name, {"path": f"{tmp}/cli-cuda"})
-    runs = {}
-    for name, proc in (("good", good), ("bad", bad), ("cuda", cuda)):
-        out, err = proc.communicate(timeout=300)
-        runs[name] = (proc.returncode, out, err)
+def cli_in_process(tmp: str, module: str, cls: str, config: dict[str, Any]) -> tuple[int, str, str]:
+    """The same command through kvevents' real entry point in this process, which already has the
+    HiCache stand-ins sitecustomize.py would install (exit code, stdout, stderr)."""
+    from typer.testing import CliRunner
+
+    from kvevents.cli import main as kvevents_main
+
+    here = os.getcwd()
+    os.chdir(tmp)
+    try:
+        with CliRunner().isolation() as (out, err, _mixed):
+            try:
+                code: Any = kvevents_main(cli_args(module, cls, config))
+            except SystemExit as exc:
+                code = exc.code
+            sys.stdout.flush()
+            sys.stderr.flush()
+            return int(code or 0), out.getvalue().decode(), err.getvalue().decode()
+    finally:
+        os.chdir(here)
+
+
+def cli_checks(report: Report, tmp: str, cuda: subprocess.Popen[str]) -> None:
+    """`kvevents conformance storage` passes ours and fails a namespace-blind backend (in process,
+    with the CPU stand-ins); without them (`cuda`, a subprocess started at the driver's start: its
+    interpreter must not have them) it exits 2 with one line."""
+    runs = {
+        "good": cli_in_process(tmp, OURS.module, OURS.class_name, {"path": f"{tmp}/cli-pages", "fsync": False}),
+        "bad": cli_in_process(tmp, "broken_hicache", "ClaimsEverything", {}),
+    }
+    out, err = cuda.communicate(timeout=300)
+    runs["cuda"] = (cuda.returncode, out, err)
     rc, out, err = runs["good"]
     ok = rc == 0 and json.loads(out)["ok"]
     report.check("cli_passes_kvevents_backend", ok, f"rc {rc} {err.strip()[-500:]}")
@@ -90,6 +120,7 @@ def cli_checks(report: Report, tmp: str) -> None:
 def main(tmp: str) -> None:
     report = Report("sglang-hicache")
     report.standins = list(STANDINS)
+    cuda = cli(tmp, "torchvision", OURS.module, OURS.class_name, {"path": f"{tmp}/cli-cuda"})  # overlaps the rest
     t = time.monotonic()
     with report.guard("seed_run"):
         seed_scenario(report, tmp)
@@ -109,7 +140,10 @@ def main(tmp: str) -> None:
     report.figures["in_process_s"] = round(time.monotonic() - t, 2)
     t = time.monotonic()
     with report.guard("cli_run"):
-        cli_checks(report, tmp)
+        cli_checks(report, tmp, cuda)
+    if cuda.poll() is None:  # cli_checks failed before reading it
+        cuda.kill()
+        cuda.communicate()
     report.figures["cli_s"] = round(time.monotonic() - t, 2)
     report.figures["rules"] = len(RULES)
     report.emit()

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 import zmq
-from harness import Consumer, Report, Route, diff_counts
+from harness import Consumer, Report, Route, diff_counts, wait_for
 from sglang.srt.disaggregation.kv_events import EventPublisherFactory, KVEventBatch
 from sglang.srt.distributed.parallel_state_wrapper import ParallelState
 from sglang.srt.managers.scheduler_components.kv_events_publisher import SchedulerKvEventsPublisher
@@ -181,7 +181,9 @@ class PluginRun:
         r.check(
             "plugin_describe_epoch", desc.get("epoch") == pub.publisher.epoch and desc.get("page_size") == PAGE, desc
         )
-        time.sleep(0.5)  # idle: heartbeats are due every 0.2 s (KVEVENTS_HEARTBEAT_S)
+        wait_for(
+            lambda: pub.stats()["heartbeats"] >= 1, 5.0
+        )  # idle: heartbeats are due every 0.2 s (KVEVENTS_HEARTBEAT_S)
         stats = pub.stats()
         r.check("plugin_heartbeats", stats["heartbeats"] >= 1, stats)
         port = pub.publisher.metrics_port

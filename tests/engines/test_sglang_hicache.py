@@ -1,7 +1,7 @@
 """SGLang 0.5.20's HiCache storage tier over kvevents' backend (issue 25 part 5): the seed's end-to-end
 test on CPU, damaged page files, metrics, and `kvevents conformance storage`.
 
-Runs tests/engines/hicache_driver.py once in the SGLang venv (scripts/engine_env.sh sglang); ~30 s.
+Runs tests/engines/hicache_driver.py once in the SGLang venv (scripts/engine_env.sh sglang); ~18 s.
 SGLang's own HiRadixCache and HiCacheController move every page device -> host -> storage -> (evicted)
 -> prefetch -> host -> device; its `dynamic` factory builds kvevents.plugins.hicache.
 Stand-ins (tests/engines/standins.py), each needed only because this machine has no CUDA:
@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engines.engine_tests import assert_checks, run_driver
+from tests.engines.engine_tests import DriverRun, assert_checks, run_driver
 from tests.engines.standins import HICACHE, TORCHVISION
 
 pytestmark = pytest.mark.engines
+AHEAD = DriverRun("sglang", "hicache")
 
 RULES = (
     "scenario_completes",
@@ -55,8 +56,8 @@ CLI = {
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return run_driver("sglang", tmp_path_factory.mktemp("hicache"), driver="hicache")
+def report(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> dict:
+    return run_driver(AHEAD, tmp_path_factory, pytestconfig)
 
 
 def test_stand_ins_named(report: dict) -> None:

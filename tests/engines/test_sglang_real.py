@@ -1,7 +1,7 @@
 """SGLang 0.5.20's own RadixCache, ZmqEventPublisher, decoder and plug-in loading against kvevents
 (issue 25 parts 2 and 3).
 
-Runs tests/engines/sglang_driver.py once in the SGLang venv (scripts/engine_env.sh sglang); ~40 s.
+Runs tests/engines/sglang_driver.py once in the SGLang venv (scripts/engine_env.sh sglang); ~20 s.
 Stand-in: torchvision (tests/engines/standins.py, TORCHVISION): SGLang imports it at module level,
 and the only wheels in reach are CUDA-linked and cannot load beside CPU torch; nothing on the
 KV-cache or event paths calls it.
@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engines.engine_tests import assert_checks, run_driver
+from tests.engines.engine_tests import DriverRun, assert_checks, run_driver
 from tests.engines.standins import TORCHVISION
 
 pytestmark = pytest.mark.engines
+AHEAD = DriverRun("sglang", "sglang")
 
 ENGINE_PUBLISHER = {
     "gap_index_equals_engine_cache_every_step",
@@ -60,8 +61,8 @@ PLUGIN = {
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return run_driver("sglang", tmp_path_factory.mktemp("sglang"))
+def report(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> dict:
+    return run_driver(AHEAD, tmp_path_factory, pytestconfig)
 
 
 def test_stand_ins_named(report: dict) -> None:

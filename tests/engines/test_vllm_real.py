@@ -1,6 +1,6 @@
 """vLLM 0.33.0's own KVCacheManager / BlockPool and ZmqEventPublisher against kvevents (issue 25).
 
-Runs tests/engines/vllm_driver.py once in the vLLM venv (scripts/engine_env.sh vllm); ~30 s.
+Runs tests/engines/vllm_driver.py once in the vLLM venv (scripts/engine_env.sh vllm); ~14 s.
 Stand-ins: none (every vLLM import on these paths runs on CPU).
 """
 
@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.engines.engine_tests import assert_checks, run_driver
+from tests.engines.engine_tests import DriverRun, assert_checks, run_driver
 
 pytestmark = pytest.mark.engines
+AHEAD = DriverRun("vllm", "vllm", (("VLLM_TARGET_DEVICE", "cpu"),))
 
 STANDINS: list[str] = []
 ASSERTED = {
@@ -30,8 +31,8 @@ ASSERTED = {
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    return run_driver("vllm", tmp_path_factory.mktemp("vllm"), {"VLLM_TARGET_DEVICE": "cpu"})
+def report(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> dict:
+    return run_driver(AHEAD, tmp_path_factory, pytestconfig)
 
 
 def test_stand_ins_named(report: dict) -> None:

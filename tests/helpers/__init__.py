@@ -14,4 +14,5 @@
 | `route_live.py` | a live `kvevents route` fed by a `kvevents serve` subprocess |
 | `recordlog.py` | event streams and small record logs |
 | `strict_decoders.py` | strict external decoders (vLLM's and SGLang's field lists) |
+| `ahead.py` | slow module set-ups (engine drivers, the wheel's venv) run ahead of their tests under xdist |
 """

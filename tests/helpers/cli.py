@@ -12,10 +12,12 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -62,18 +64,27 @@ def _process_state_kept() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def invoke(*args: str, env: dict[str, str] | None = None) -> CliResult:
+def invoke(*args: str, env: dict[str, str | None] | None = None, timeout: float | None = None) -> CliResult:
     """`kvevents ARGS` in this process: its exit code, stdout and stderr (help at 120 columns, no
     colour); never a traceback on stderr. For commands that end by themselves (never one a test
-    must signal); the loggers and signal handlers a command sets up are undone after it."""
+    must signal); the loggers and signal handlers a command sets up are undone after it.
+    `env`: variables set for the run (None: unset). `timeout`: a command that should have ended but still runs then gets SIGINT (its Ctrl-C:
+    exit 130, which fails the test's exit-code check) instead of hanging the test, e.g. a
+    `route` that starts serving because a bad option was let through."""
     from kvevents.cli import main
 
     runner = CliRunner()
+    watchdog = None if timeout is None else threading.Timer(timeout, os.kill, (os.getpid(), signal.SIGINT))
     with _process_state_kept(), runner.isolation(env={**_ENV, **(env or {})}) as (out, err, _mixed):
+        if watchdog is not None:
+            watchdog.start()
         try:
             code: Any = main(list(args))
         except SystemExit as exc:
             code = exc.code
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
         sys.stdout.flush()
         sys.stderr.flush()
         result = CliResult(int(code or 0), out.getvalue().decode(), err.getvalue().decode())

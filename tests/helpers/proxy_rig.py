@@ -97,7 +97,8 @@ class Upstream:
         self.httpd.daemon_threads = True
         self.httpd.owner = self
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        # poll 0.02 s: shutdown() waits out one poll (0.5 s by default)
+        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.02,), daemon=True)
         self._thread.start()
 
     def close(self) -> None:

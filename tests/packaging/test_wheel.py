@@ -18,10 +18,12 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import ahead
 from tests.helpers.repo import REPO
 
 _IGNORE = shutil.ignore_patterns(
@@ -52,10 +54,9 @@ def _env() -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh venv with the wheel built from this working tree installed; returns its bin/."""
-    root = tmp_path_factory.mktemp("wheel")
+def _build(root: Path) -> ahead.Outcome:
+    """Build the wheel from this working tree and install it into a fresh venv under `root`:
+    {"report": {"bin": its bin/}}, or {"skip": why} when pip cannot build offline."""
     src, wheels, env_dir = root / "src", root / "wheels", root / "venv"
     shutil.copytree(REPO, src, symlinks=True, ignore=_IGNORE)  # build out of tree: no build/ in the checkout
     built = subprocess.run(
@@ -89,8 +90,8 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
             )
         )
         if offline:
-            pytest.skip(f"pip cannot build the wheel offline: {built.stderr.strip().splitlines()[-1]}")
-        raise AssertionError(f"wheel build failed:\n{built.stderr[-3000:]}")
+            return {"skip": f"pip cannot build the wheel offline: {built.stderr.strip().splitlines()[-1]}"}
+        return {"fail": f"wheel build failed:\n{built.stderr[-3000:]}"}
     (wheel,) = wheels.glob("kvevents-*.whl")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True, timeout=120, cwd=root)
     py = env_dir / "bin" / "python"
@@ -117,7 +118,30 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=root,
         env=_env(),
     )
-    return env_dir / "bin"
+    return {"report": {"bin": str(env_dir / "bin")}}
+
+
+@dataclass(frozen=True)
+class WheelVenv:
+    """The module's slow set-up (about 8 s: an isolated build, a C compile, a venv), run ahead
+    of its tests under xdist (tests/helpers/ahead.py)."""
+
+    name: str = "wheel"
+
+    def outcome(self, tmp: Path, started: object = None) -> ahead.Outcome:
+        if os.environ.get("KVEVENTS_SKIP_WHEEL") == "1":  # the module's tests skip: nothing to build
+            return {"skip": "KVEVENTS_SKIP_WHEEL=1"}
+        return _build(tmp)
+
+
+AHEAD = WheelVenv()
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Path:
+    """A fresh venv with the wheel built from this working tree installed; returns its bin/."""
+    outcome = ahead.take(pytestconfig, AHEAD) or AHEAD.outcome(tmp_path_factory.mktemp("wheel"))
+    return Path(ahead.result(outcome)["bin"])
 
 
 def _site_dirs() -> list[str]:

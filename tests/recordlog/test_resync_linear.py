@@ -8,13 +8,9 @@ import json
 import os
 import random
 import struct
-import subprocess
-import sys
 import time
 import zlib
 from pathlib import Path
-
-import pytest
 
 from kvevents.consumers.indexer import BlockIndex
 from kvevents.hashing import Namespace
@@ -22,6 +18,7 @@ from kvevents.recordlog import RecordReader, apply_log, inspect_log, verify_log
 from kvevents.recordlog.crcshift import range_crc, zeros
 from kvevents.recordlog.format import HEADER_BYTES, SYNC, encode_record
 from kvevents.recordlog.rangecheck import RangeChecker
+from tests.helpers.cli import invoke
 from tests.helpers.recordlog import PAGE, chain_events, payload
 
 MB = 1 << 20
@@ -95,15 +92,11 @@ def test_inspect_verify_and_index_read_past_the_markers(tmp_path: Path) -> None:
     assert len(index) == len(want) > 0 and index.block_counts() == want.block_counts()
 
 
-@pytest.mark.subprocess
 def test_cli_inspect_and_index_read_past_the_markers(tmp_path: Path) -> None:
     p = tmp_path / "false.kvlog"
     pays, _at = _crafted(p, 4 * MB)
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     for args in (["log", "inspect", str(p), "--json"], ["log", "index", str(p), "--json"]):
-        r = subprocess.run(
-            [sys.executable, "-m", "kvevents", *args], capture_output=True, text=True, timeout=60, env=env
-        )
+        r = invoke(*args, timeout=60)  # the real entry point, in process
         assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
         assert json.loads(r.stdout)["records"] == len(pays)
 

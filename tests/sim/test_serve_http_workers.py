@@ -4,8 +4,6 @@ or each a free port), and answers `stream: true` as an event stream (issue 26 pa
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 
 import httpx
@@ -16,6 +14,7 @@ pytestmark = pytest.mark.subprocess  # kvevents serve and route as a user runs t
 from kvevents.sim.http import serve_http, worker_addresses
 from kvevents.sim.worker import SimWorker
 from kvevents.zeromq.publisher import Publisher
+from tests.helpers.cli import invoke
 
 
 def test_worker_addresses_offset_the_port_or_take_free_ones() -> None:
@@ -26,10 +25,9 @@ def test_worker_addresses_offset_the_port_or_take_free_ones() -> None:
 
 
 def test_serve_refuses_ports_past_the_last_in_one_line() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "kvevents", "serve", "--endpoint", "tcp://127.0.0.1:*", "--replay-endpoint", "",
-         "--workers", "2", "--http", "127.0.0.1:65535", "--duration", "0.1"],
-        capture_output=True, text=True, timeout=60,
+    proc = invoke(
+        "serve", "--endpoint", "tcp://127.0.0.1:*", "--replay-endpoint", "",
+        "--workers", "2", "--http", "127.0.0.1:65535", "--duration", "0.1", timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "need ports" in proc.stderr, proc.stderr
 

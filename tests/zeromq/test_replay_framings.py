@@ -10,8 +10,6 @@ counted resync, never the live stream. Real sockets; each engine and subscriber 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +26,7 @@ from kvevents.testing.zeromq import apply, stored
 from kvevents.zeromq.framing import NO_TOPIC_FRAMING, TOPIC_FRAMING
 from kvevents.zeromq.subscriber import Delivery, Reset, Source, Subscriber
 from kvevents.zeromq.wire import END_SEQ, pack_seq
+from tests.helpers.cli import CliResult, invoke
 from tests.helpers.conformance_fakes import FakeEngine, observe_fake
 from tests.helpers.payloads import batch as payload
 
@@ -223,13 +222,11 @@ def test_doctor_names_the_framing(engines, framing) -> None:
     assert checks["describe answers"].status == "skip" and "not offered" in checks["describe answers"].detail
 
 
-def _kv(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "kvevents", *args], capture_output=True, text=True, timeout=timeout)
-    assert "Traceback" not in r.stderr, r.stderr
-    return r
+def _kv(*args: str, timeout: float = 60) -> CliResult:
+    """The real entry point in process (these commands end by themselves; no traceback, checked)."""
+    return invoke(*args, timeout=timeout)
 
 
-@pytest.mark.subprocess
 def test_doctor_cli_shows_the_3_frame_framing(engines) -> None:
     eng = _engine(engines, framing=3)
     _ring(eng, 5)
@@ -242,7 +239,6 @@ def test_doctor_cli_shows_the_3_frame_framing(engines) -> None:
     assert "3-frame" in said and "SGLang <= 0.5.20" in said, r.stdout + r.stderr
 
 
-@pytest.mark.subprocess
 @pytest.mark.parametrize("framing", [3, 4])
 def test_tail_announces_the_framing_and_repairs(engines, framing) -> None:
     eng = _engine(engines, framing=framing)
@@ -261,7 +257,6 @@ def test_tail_announces_the_framing_and_repairs(engines, framing) -> None:
     assert lines.index(notes[0]) < lines.index(batches[0])
 
 
-@pytest.mark.subprocess
 def test_tail_against_a_garbage_endpoint_goes_on_live(engines) -> None:
     eng = _engine(engines, framing=3, replay_mode="garbage")
     _ring(eng)
