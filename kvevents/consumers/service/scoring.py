@@ -179,9 +179,10 @@ class Scorer:
         hints = self.service.router.loads
         gathered = vec.any and len(vec.prefill) > 0
         rows = vec.rows([row[2] for row in ranked]) if gathered else None
-        out = []
+        out: list[dict[str, Any]] = []
         append = out.append
-        load, last_score, last_rounded = _NO_LOAD, None, 0.0
+        load: tuple[float, float, int | None, str | None] = _NO_LOAD
+        last_score, last_rounded = None, 0.0
         for i, (cost, _, wi) in enumerate(ranked):
             key, m = keys[wi], found.get(wi)
             source = key.source
