@@ -73,13 +73,7 @@ def remove_each(
     if not views:  # the worker holds nothing
         return len(hashes), 0, []
     if native.active() and type(hashes) is list:
-        unknown, ambiguous, removed, deleted = native.remove_each(
-            [t.cview() for _, t in views], [v for v, _ in views], extra, mi, col, wi, hashes, prefer, exact
-        )
-        for (_, t), d in zip(views, deleted):
-            if d:
-                t.note_deleted(d)
-        return unknown, ambiguous, removed
+        return _remove_compiled(views, extra, mi, col, wi, hashes, prefer, exact)
     bit = 1 << (wi % WORD)
     unknown = ambiguous = 0
     removed = [0] * len(views)
@@ -110,6 +104,29 @@ def remove_each(
     return unknown, ambiguous, removed
 
 
+def _remove_compiled(
+    views: Views, extra: Extra, mi: int, col: int, wi: int, hashes: list[int], prefer: int | None, exact: bool
+) -> tuple[int, int, list[int]]:
+    """remove_each's compiled loop; where it stopped because a shared record's copy did not fit a
+    pool, that pool grows and the loop goes on from there (as the Python twin's alloc grows it)."""
+    unknown = ambiguous = 0
+    removed = [0] * len(views)
+    start = 0
+    while True:
+        u, a, rem, deleted, stop, stop_view, need = native.remove_each(
+            [t.cview() for _, t in views], [v for v, _ in views], extra, mi, col, wi, hashes[start:], prefer, exact
+        )
+        unknown, ambiguous = unknown + u, ambiguous + a
+        for pos, ((_, t), r, d) in enumerate(zip(views, rem, deleted)):
+            removed[pos] += r
+            if d:
+                t.note_deleted(d)
+        if stop < 0:
+            return unknown, ambiguous, removed
+        start += stop
+        views[stop_view][1].pool.grow(need)
+
+
 def clear_worker(t: HashTable, cols: list[int], bit: int) -> int:
     """Clear one worker's `bit` in each of `cols` in every slot of `t`, slot by slot (slots left
     with no holder are deleted); returns the bits cleared."""
@@ -124,7 +141,7 @@ def clear_worker(t: HashTable, cols: list[int], bit: int) -> int:
     cleared = 0
     for s in np.unique(live[which[hit]]).tolist():
         for col in cols:
-            cleared += t.clear_bit(s, col, bit)
+            cleared += t.clear_bit_every(s, col, bit)
     return cleared
 
 

@@ -277,12 +277,15 @@ class HashTable:
         find1, place1, set_bit, pool = self.find1, self.place1, holders.set_bit, self.pool
         pv, sv = self._pv, self._sv
         dup: list[int] = []
+        ps = find1(prev) if prev is not None else -1
+        pw = self._rv[ps] if ps >= 0 else 0  # the previous key's rows word (its record may be shared)
         for h in hashes:
             s = find1(h)
             if s < 0:
                 s = place1(h)
-            if set_bit(self._rv, pool, s, col, bit):
+            if set_bit(self._rv, pool, s, col, bit, pw):
                 dup.append(h)
+            pw = self._rv[s]
             if prev is not None:
                 pv[s] = prev
                 sv[s] |= HAS_PARENT
@@ -318,10 +321,20 @@ class HashTable:
     def clear_bit(self, s: int, col: int, bit: int) -> bool:
         """Clear `bit` of slot `s` in column `col` (True if it was set); a slot left with no holder
         is deleted."""
-        got = holders.clear_bit(self._rv, self.pool, s, col, bit)
+        got, _ = holders.clear_bit(self._rv, self.pool, s, col, bit)
         if got == 2:
             self.delete1(s)
         return got > 0
+
+    def clear_bit_every(self, s: int, col: int, bit: int) -> int:
+        """clear_worker's `clear_bit`: a shared record changes in place for every slot naming it (all
+        of them are cleared in the same pass); the slots cleared. A record a sharer left with one pair
+        goes inline here first."""
+        holders.settle_inline(self._rv, self.pool, s)
+        got, k = holders.clear_bit(self._rv, self.pool, s, col, bit, True)
+        if got == 2:
+            self.delete1(s)
+        return k
 
     def reserve(self, n: int) -> None:
         """Make room for `n` more keys (may rebuild: slot numbers change)."""

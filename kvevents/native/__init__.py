@@ -253,9 +253,10 @@ def remove_each(
     hashes: list[int],
     prefer: int | None,
     exact: bool,
-) -> tuple[int, int, list[int], list[int]]:
+) -> tuple[int, int, list[int], list[int], int, int, int]:
     """The remove loop over table views (view ids `vids`): (unknown, ambiguous, copies removed per
-    view, rows deleted per view)."""
+    view, rows deleted per view, stop, stop view, need): stop -1 when every hash was done, else the
+    first hash not done, whose shared record's copy needs `need` more words in view `stop view`'s pool."""
     return _c.remove_each(views, vids, extra, mi, col, wi, hashes, prefer, exact)
 
 

@@ -87,11 +87,17 @@ typedef struct {
     int64_t need;
 } StoreCounts;
 
-/* The store loop: each key found or placed, `bit` set in column col (keys that had it go to dups), its
- * parent recorded. It stops before the first key whose record does not fit the pool (c->stop, c->need).
- * 0, or -1 on error. */
+/* The store loop: each key found or placed, `bit` set in column col (keys that had it go to dups; a key
+ * whose holders become the previous key's names its record), its parent recorded. It stops before the
+ * first key whose record does not fit the pool (c->stop, c->need). 0, or -1 on error. */
 static int store_loop(View *v, const int64_t *hs, PyObject **items, Py_ssize_t n, uint64_t col, uint64_t bit,
                       int have_prev, int64_t prev, PyObject *dups, StoreCounts *c) {
+    uint64_t pw = 0; /* the previous key's rows word */
+    if (have_prev) {
+        Py_ssize_t ps = probe(v, prev, home_of(v, prev));
+        if (ps == -2) return -1;
+        if (ps >= 0) pw = v->rows[ps];
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t h = hs[i];
         Py_ssize_t home = home_of(v, h);
@@ -103,10 +109,11 @@ static int store_loop(View *v, const int64_t *hs, PyObject **items, Py_ssize_t n
             c->live++;
             v->rows[s] = col << 32 | bit;
         } else {
-            int rc = set_bit(v, s, col, bit, &dup, &c->need);
+            int rc = set_bit(v, s, col, bit, pw, &dup, &c->need);
             if (rc < 0) return -1;
             if (rc == 1) { c->stop = i; return 0; }
         }
+        pw = v->rows[s];
         if (dup && PyList_Append(dups, items[i]) < 0) return -1;
         if (have_prev) {
             v->parent[s] = prev;
@@ -165,12 +172,23 @@ static int delete_slot(View *v, Py_ssize_t s) {
     return 0;
 }
 
-/* Clear `bit` of column col in slot s, deleting a slot left with no holder: 0 not set, 1 cleared, 2 the
- * slot went too, -1 error. */
-static int clear_and_delete(View *v, Py_ssize_t s, uint64_t col, uint64_t bit) {
-    int rc = clear_bit(v, s, col, bit);
+/* Clear `bit` of column col in slot s (`all`, *k: as clear_bit), deleting a slot left with no holder: 0
+ * not set, 1 cleared, 2 the slot went too, -1 error. */
+static int clear_and_delete(View *v, Py_ssize_t s, uint64_t col, uint64_t bit, int all, Py_ssize_t *k) {
+    int rc = clear_bit(v, s, col, bit, all, k);
     if (rc == 2 && delete_slot(v, s) < 0) return -1;
     return rc;
+}
+
+/* Would take_extra take a copy (a count other than 0 under the key)? 1, 0, or -1 on error. */
+static int has_extra(PyObject *extra, PyObject *vid, PyObject *mi, PyObject *wi, PyObject *h) {
+    PyObject *key = PyTuple_Pack(4, vid, mi, wi, h);
+    if (!key) return -1;
+    PyObject *more = PyDict_GetItemWithError(extra, key);
+    Py_DECREF(key);
+    if (!more) return PyErr_Occurred() ? -1 : 0;
+    int z = PyObject_Not(more);
+    return z < 0 ? -1 : !z;
 }
 
 /* Take one extra copy of (vid, mi, wi, h) from `extra` if there is one: 1 taken, 0 none, -1 error. */
@@ -224,17 +242,34 @@ typedef struct {
     uint64_t col, bit;
     int64_t prefer;
     int have_prefer, exact;
-    Py_ssize_t unknown, ambiguous, *removed, *deleted;
+    Py_ssize_t unknown, ambiguous, *removed, *deleted, stop, stop_view;
+    int64_t need;
 } RemoveArgs;
 
+/* Does hash i's clear need pool room that is not there (a shared record's copy)? 1 (a->stop, stop_view
+ * and need set: nothing done for it), 0, -1 on error. */
+static int remove_stops(View *views, RemoveArgs *a, PyObject *h, Py_ssize_t i, Py_ssize_t holder, Py_ssize_t slot) {
+    int64_t need = clear_need(&views[holder], slot, a->col, a->bit);
+    if (need <= 0) return (int)need;
+    int taken = PyDict_GET_SIZE(a->extra) ? has_extra(a->extra, a->vido[holder], a->mio, a->wio, h) : 0;
+    if (taken) return taken < 0 ? -1 : 0;
+    a->stop = i;
+    a->stop_view = holder;
+    a->need = need;
+    return 1;
+}
+
 /* The remove loop: for each hash, its holder's extra copy taken, or its bit cleared (slots left empty
- * deleted, counted per view). 0, or -1 on error. */
+ * deleted, counted per view). It stops before the first hash whose clear needs pool room (a->stop).
+ * 0, or -1 on error. */
 static int remove_loop(View *views, Py_ssize_t nv, RemoveArgs *a, const int64_t *hs, PyObject **items, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t holder, slot = -1;
+        Py_ssize_t holder, slot = -1, k;
         int several = find_holder(views, a->vids, nv, hs[i], a->col, a->bit, a->prefer, a->have_prefer, &holder, &slot);
         if (several < 0) return -1;
         if (holder < 0) { a->unknown++; continue; }
+        int stops = remove_stops(views, a, items[i], i, holder, slot);
+        if (stops) return stops < 0 ? -1 : 0;
         if (several && !(a->exact && a->have_prefer && a->vids[holder] == a->prefer)) a->ambiguous++;
         a->removed[holder]++;
         if (PyDict_GET_SIZE(a->extra)) {
@@ -242,7 +277,7 @@ static int remove_loop(View *views, Py_ssize_t nv, RemoveArgs *a, const int64_t 
             if (t < 0) return -1;
             if (t) continue;
         }
-        int d = clear_and_delete(&views[holder], slot, a->col, a->bit);
+        int d = clear_and_delete(&views[holder], slot, a->col, a->bit, 0, &k);
         if (d < 0) return -1;
         a->deleted[holder] += d == 2;
     }
@@ -279,10 +314,13 @@ static PyObject *counts_list(const Py_ssize_t *c, Py_ssize_t n) {
 }
 
 /* remove_each(cviews, vids, extra, mi, col, wi, hashes, prefer, exact) -> (unknown, ambiguous, [copies
- * removed per view], [rows deleted per view]). The twin of consumers.copies.remove_each. */
+ * removed per view], [rows deleted per view], stop, stop view, need). The twin of
+ * consumers.copies.remove_each. stop is -1 when every hash was done, else the first hash not done: view
+ * `stop view`'s pool needs `need` more words first (the caller grows it and goes on from there). */
 PyObject *kv_remove_each(PyObject *self, PyObject *args) {
     PyObject *tvs, *vidl, *colo, *hashes, *prefo;
     RemoveArgs a = {0};
+    a.stop = a.stop_view = -1;
     if (!PyArg_ParseTuple(args, "O!O!O!OOOOOp", &PyList_Type, &tvs, &PyList_Type, &vidl, &PyDict_Type, &a.extra,
                           &a.mio, &colo, &a.wio, &hashes, &prefo, &a.exact))
         return NULL;
@@ -309,7 +347,7 @@ PyObject *kv_remove_each(PyObject *self, PyObject *args) {
     a.deleted = a.removed + nv;
     if (remove_loop(views, nv, &a, hs, PySequence_Fast_ITEMS(hashes), n) < 0) goto out;
     if ((rl = counts_list(a.removed, nv)) && (dl = counts_list(a.deleted, nv)))
-        ret = Py_BuildValue("(nnOO)", a.unknown, a.ambiguous, rl, dl);
+        ret = Py_BuildValue("(nnOOnnL)", a.unknown, a.ambiguous, rl, dl, a.stop, a.stop_view, (long long)a.need);
 out:
     Py_XDECREF(rl); Py_XDECREF(dl);
     for (int i = 0; i < loaded; i++) kv_view_release(&views[i]);
@@ -327,7 +365,8 @@ static int cols_of(PyObject *cols, uint64_t *out, Py_ssize_t *n) {
 }
 
 /* clear_worker(cview, cols, bit) -> (bits cleared, rows deleted): `bit` of each of `cols` cleared in every
- * live slot, slot by slot (a slot left with no holder deleted). The twin of consumers.copies.clear_worker. */
+ * live slot, slot by slot (a slot left with no holder deleted; a shared record changes once for all the
+ * slots naming it, which are all cleared, and counts for each). The twin of consumers.copies.clear_worker. */
 PyObject *kv_clear_worker(PyObject *self, PyObject *args) {
     PyObject *tv, *cols, *bito;
     if (!PyArg_ParseTuple(args, "OO!O", &tv, &PyList_Type, &cols, &bito)) return NULL;
@@ -342,10 +381,12 @@ PyObject *kv_clear_worker(PyObject *self, PyObject *args) {
         uint64_t r = v.rows[s];
         if (!(v.state[s] & KV_LIVE) || !r) continue;
         if (r < KV_ROW_REF && !(r & bit)) continue; /* inline, without this worker's bit */
+        if (settle_inline(&v, s) < 0) { err = 1; break; }
         for (Py_ssize_t c = 0; c < nc; c++) {
-            int rc = clear_and_delete(&v, s, cl[c], bit);
+            Py_ssize_t k;
+            int rc = clear_and_delete(&v, s, cl[c], bit, 1, &k);
             if (rc < 0) { err = 1; break; }
-            cleared += rc > 0;
+            cleared += k;
             if (rc == 2) { deleted++; break; }
         }
     }

@@ -62,7 +62,7 @@ def remove_each(
     prefer: int | None,
     exact: bool,
     /,
-) -> tuple[int, int, list[int], list[int]]: ...
+) -> tuple[int, int, list[int], list[int], int, int, int]: ...
 def store_event(
     view: _CView,
     hashes: list[int],

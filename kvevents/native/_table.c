@@ -14,12 +14,12 @@ PyObject *kv_layout(PyObject *self, PyObject *noargs) {
         if (!s) { Py_DECREF(fields); return NULL; }
         PyTuple_SET_ITEM(fields, i, s);
     }
-    return Py_BuildValue("{sisisisisisKsKsisisKsisisisN}", "SLOTS", KV_SLOTS, "EMPTY", KV_EMPTY, "LIVE", KV_LIVE,
+    return Py_BuildValue("{sisisisisisKsKsisisKsisisisisN}", "SLOTS", KV_SLOTS, "EMPTY", KV_EMPTY, "LIVE", KV_LIVE,
                          "TOMB", KV_TOMB, "HAS_PARENT", KV_HAS_PARENT, "MIX", (unsigned long long)KV_MIX,
                          "LIVE_BYTES", (unsigned long long)KV_LIVE_BYTES, "WORD", KV_WORD, "EXTRA_ROWS",
                          KV_EXTRA_ROWS, "ROW_REF", (unsigned long long)KV_ROW_REF, "ROW_CLS_SHIFT", KV_ROW_CLS_SHIFT,
                          "POOL_CLASSES", KV_POOL_CLASSES,
-                         "POOL_MIN_WORDS", KV_POOL_MIN_WORDS, "CVIEW", fields);
+                         "POOL_MIN_WORDS", KV_POOL_MIN_WORDS, "REC_SHARES_SHIFT", KV_REC_SHARES_SHIFT, "CVIEW", fields);
 }
 
 void kv_view_release(View *v) {

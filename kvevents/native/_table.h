@@ -22,6 +22,8 @@
 #define KV_ROW_CLS(r) ((int)(((r) >> KV_ROW_CLS_SHIFT) & 0x7F))
 #define KV_POOL_CLASSES 26                        /* record sizes POOL_MIN_WORDS << 0..25 words */
 #define KV_POOL_MIN_WORDS 4                       /* the smallest record: a header and 3 pairs */
+#define KV_REC_SHARES_SHIFT 40                    /* a record header: shares << 40 | len << 8 | cls */
+#define KV_REC_SHARES_MAX ((1ULL << 24) - 1)      /* slots beyond the first that may name one record */
 enum { PM_TOP, PM_IN_USE, PM_FREE, PM_LEN = PM_FREE + KV_POOL_CLASSES }; /* pmeta's fields */
 /* HashTable.cview(): the 10-tuple's fields, in order */
 enum { CV_KEYS, CV_STATE, CV_PARENT, CV_ROWS, CV_OVERFLOW, CV_NSHIFT, CV_VACANT, CV_SPILL, CV_POOL, CV_PMETA, CV_LEN };

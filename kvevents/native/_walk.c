@@ -35,7 +35,9 @@ static HOT_INLINE int probe_block(Walk *W, Py_ssize_t lo) {
 }
 
 /* Read the rows words of pages [lo, lo + BLOCK) (probed a block ago), prefetching their records whole
- * (up to 4 lines: the class in the rows word gives the size before the header arrives). */
+ * (up to 4 lines: the class in the rows word gives the size before the header arrives), each once: pages
+ * of a chain with the same holders name one record, and the walk skips a page whose rows words are the
+ * page before's without reading it. */
 static HOT_INLINE void load_block(Walk *W, Py_ssize_t lo) {
     const Py_ssize_t n = W->n, nv = W->nv;
     size_t at = ring_at(W, lo);
@@ -47,6 +49,7 @@ static HOT_INLINE void load_block(Walk *W, Py_ssize_t lo) {
             uint64_t r = s >= 0 ? W->views[v].rows[s] : 0;
             rw[v * BLOCK + (i - lo)] = r;
             uint64_t o = r & KV_ROW_OFFSET;
+            if (i > lo && r == rw[v * BLOCK + (i - lo) - 1]) continue; /* the page before's (shared) record */
             if (r >= KV_ROW_REF && o < (uint64_t)W->views[v].npool) {
                 const uint64_t *rec = W->views[v].pool + o;
                 Py_ssize_t words = (Py_ssize_t)KV_POOL_MIN_WORDS << KV_ROW_CLS(r), most = W->views[v].npool - (Py_ssize_t)o;

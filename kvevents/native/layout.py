@@ -9,7 +9,8 @@ view (`HashTable.cview()`).
 A slot's holders (consumers/holders.py): one uint64 `rows` word per slot, 0 (nobody), an inline
 pair `col << 32 | bits` (every holder in one column: one medium, one group of WORD workers), or
 `ROW_REF | cls << ROW_CLS_SHIFT | offset` of a record in the table's uint64 `pool`: a header
-`len << 8 | cls`, then `len` pairs, in a block of `POOL_MIN_WORDS << cls` words (the class in the
+`shares << REC_SHARES_SHIFT | len << 8 | cls` (shares: how many more slots name the record, copy on
+write), then `len` pairs, in a block of `POOL_MIN_WORDS << cls` words (the class in the
 rows word too, so a lookup can prefetch the whole record before its header arrives). `pmeta` (int64): the pool's bump pointer, the
 words its live records take, then one free-list head per class (0: none; word 0 is never a record).
 """
@@ -32,6 +33,7 @@ __all__ = [
     "ROW_CLS_SHIFT",
     "POOL_CLASSES",
     "POOL_MIN_WORDS",
+    "REC_SHARES_SHIFT",
     "PMETA_TOP",
     "PMETA_IN_USE",
     "PMETA_FREE",
@@ -50,6 +52,7 @@ ROW_REF = 1 << 63  # a rows word with this bit names the slot's record: its clas
 ROW_CLS_SHIFT = 56  # the record's class sits at bits 56..62, its offset below
 POOL_CLASSES = 26  # record sizes POOL_MIN_WORDS << 0 .. << 25 words
 POOL_MIN_WORDS = 4  # the smallest record: a header and 3 pairs
+REC_SHARES_SHIFT = 40  # a record header `shares << 40 | len << 8 | cls`: shares = slots naming it, less one
 PMETA_TOP, PMETA_IN_USE, PMETA_FREE = 0, 1, 2  # pmeta[2 + cls]: the free list of class cls
 # HashTable.cview(): the view tuple's fields, in order
 CVIEW = ("keys", "state", "parent", "rows", "overflow", "nshift", "vacant", "spill", "pool", "pmeta")
@@ -69,6 +72,7 @@ TABLE_LAYOUT: Mapping[str, int | tuple[str, ...]] = {
     "ROW_CLS_SHIFT": ROW_CLS_SHIFT,
     "POOL_CLASSES": POOL_CLASSES,
     "POOL_MIN_WORDS": POOL_MIN_WORDS,
+    "REC_SHARES_SHIFT": REC_SHARES_SHIFT,
     "CVIEW": CVIEW,
 }
 

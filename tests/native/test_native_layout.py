@@ -123,12 +123,13 @@ def test_the_python_table_follows_the_layout():
         r = int(t.rows[s])
         if k > 2:
             assert r == 1 << 32 | 0b100  # inline: column 1, the bits
-        else:  # a record: header (length 2, class 0), then the pairs in the order they came
+        else:  # one record for both (the same holders): header (1 share, length 2, class 0), then the pairs
             o = r & ((1 << layout.ROW_CLS_SHIFT) - 1)
-            assert r >> layout.ROW_CLS_SHIFT == 1 << 7 | 0 and t.pool.words[o] == 2 << 8  # the ref bit, class 0
+            assert r >> layout.ROW_CLS_SHIFT == 1 << 7 | 0  # the ref bit, class 0
+            assert t.pool.words[o] == 1 << layout.REC_SHARES_SHIFT | 2 << 8 and r == int(t.rows[t.find1(1)])
             assert t.pool.words[o + 1 : o + 3].tolist() == [1 << 32 | 0b100, 9 << 32 | 0b1]
-    assert t.pool.meta[layout.PMETA_IN_USE] == 2 * layout.POOL_MIN_WORDS
-    assert t.pool.meta[layout.PMETA_TOP] == 1 + 2 * layout.POOL_MIN_WORDS
+    assert t.pool.meta[layout.PMETA_IN_USE] == layout.POOL_MIN_WORDS
+    assert t.pool.meta[layout.PMETA_TOP] == 1 + layout.POOL_MIN_WORDS
     assert t.state[t.keys == VACANT].tolist() == [layout.EMPTY] * int((t.keys == VACANT).sum())
     t.clear_bit(t.find1(5), 1, 0b100)
     assert t.state[t.keys == VACANT].tolist().count(layout.TOMB) == 1

@@ -171,28 +171,40 @@ class Scorer:
         publisher_stale: frozenset[str],
         explain: bool,
     ) -> list[dict[str, Any]]:
-        """The answer's worker objects (loads read for the listed workers only, in one gather each)."""
+        """The answer's worker objects (loads read for the listed workers only, in one gather each).
+        Some 30-170 per answer at fleet scale, so the loop is kept lean: x >= 0 rounded to 6 decimals
+        inline (3.6, not 3.5999999999999996), a run of workers sharing one score object rounds it once."""
         page_size = self.service.router.page_size
         expected, bound = self.loads.expected, self.loads.stale_after_s
         hints = self.service.router.loads
         gathered = vec.any and len(vec.prefill) > 0
         rows = vec.rows([row[2] for row in ranked]) if gathered else None
-        out = []
+        out: list[dict[str, Any]] = []
+        append = out.append
+        load: tuple[float, float, int | None, str | None] = _NO_LOAD
+        last_score, last_rounded = None, 0.0
         for i, (cost, _, wi) in enumerate(ranked):
             key, m = keys[wi], found.get(wi)
+            source = key.source
             if rows is not None:
                 pre, dec, q, a, code = rows[i]
                 load = (pre, dec, None if q != q else int(q), LOAD_SOURCES[int(code) - 1] if code else None)
-                stale = now - a > bound if a != _NEVER else key.source in expected
+                stale = now - a > bound if a != _NEVER else source in expected
             else:
-                load, stale = _NO_LOAD, key.source in expected
-            pages = m.pages if m is not None else 0
+                stale = source in expected
+            if m is not None:
+                pages, score = m.pages, m.score
+                if score is not last_score:  # consecutive matched workers often share one score object
+                    last_score, last_rounded = score, int(score * 1e6 + 0.5) / 1e6 if score < 1e15 else score
+                rounded = last_rounded
+            else:
+                pages, rounded = 0, 0.0
             extra = predicted.get(wi, 0) if predicted else 0
             entry: dict[str, Any] = {
-                "worker": key.source,
+                "worker": source,
                 "dp_rank": key.dp_rank,
-                "cost": _round6(cost),
-                "score": _round6(m.score) if m is not None else 0.0,
+                "cost": int(cost * 1e6 + 0.5) / 1e6 if cost < 1e15 else cost,  # 6 decimals, 3x cheaper than round()
+                "score": rounded,
                 "matched_pages": pages,
                 "matched_tokens": pages * page_size,
                 "overlap_blocks": pages + extra,
@@ -203,11 +215,11 @@ class Scorer:
                 "load": _hint(hints, key) if hints else 0.0,
                 "load_source": load[3],
                 "load_stale": stale,
-                "stale": key.source in publisher_stale,
+                "stale": source in publisher_stale,
             }
             if explain:
                 entry["pages_by_medium"] = {str(k): v for k, v in m.pages_by_medium.items()} if m is not None else {}
-            out.append(entry)
+            append(entry)
         return out
 
 
@@ -226,8 +238,3 @@ def _hint(hints: Mapping[Any, float], key: WorkerKey) -> float:
     """The caller's load hint (PrefixRouter.set_load) by key, else by display label, else 0."""
     got = hints.get(key)
     return float(got if got is not None else hints.get(key.label, 0.0))
-
-
-def _round6(x: float) -> float:
-    """x >= 0 to 6 decimals (for people: 3.6, not 3.5999999999999996); ~3x cheaper than round(x, 6)."""
-    return int(x * 1e6 + 0.5) / 1e6 if x < 1e15 else x
