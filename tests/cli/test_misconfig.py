@@ -97,10 +97,10 @@ def test_doctor_names_a_curve_key_that_is_not_the_publishers(tmp_path: Path) -> 
     server, server_secret = generate_keypair(tmp_path, "server")
     other, _ = generate_keypair(tmp_path, "other")
     with LivePublisher("contract", page=16, curve_secret_key_file=str(server_secret)) as p:
-        r = invoke("doctor", p.endpoint, "--curve-server-key", str(other), "--timeout", "0.5", "--json")
+        r = invoke("doctor", p.endpoint, "--curve-server-key", str(other), "--timeout", "1", "--json")
         assert r.returncode == 1
         assert "--curve-server-key is not this publisher's public key" in _sockets_check(r.stdout)["hint"]
-        r = invoke("doctor", p.endpoint, "--timeout", "0.5", "--json")  # no key at all
+        r = invoke("doctor", p.endpoint, "--timeout", "1", "--json")  # no key at all
         assert r.returncode == 1 and f"{p.endpoint} requires CURVE" in _sockets_check(r.stdout)["hint"]
         r = invoke("doctor", p.endpoint, "--curve-server-key", str(server), "--timeout", "1", "--json")
         assert _sockets_check(r.stdout)["status"] == "ok"
