@@ -186,12 +186,11 @@ class Scorer:
         for i, (cost, _, wi) in enumerate(ranked):
             key, m = keys[wi], found.get(wi)
             source = key.source
+            stale = source in expected
             if rows is not None:
                 pre, dec, q, a, code = rows[i]
                 load = (pre, dec, None if q != q else int(q), LOAD_SOURCES[int(code) - 1] if code else None)
-                stale = now - a > bound if a != _NEVER else source in expected
-            else:
-                stale = source in expected
+                stale = now - a > bound if a != _NEVER else stale
             if m is not None:
                 pages, score = m.pages, m.score
                 if score is not last_score:  # consecutive matched workers often share one score object
