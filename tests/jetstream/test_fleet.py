@@ -25,14 +25,20 @@ def _bridge(url: str, engines: list[Engine], snapshot_every_s: float = 0.5) -> B
     return b
 
 
-def _each_once(url: str, e: Engine) -> None:
-    """The stream holds every batch of the engine exactly once, seqs 0..n in order."""
+def _each_once(url: str, e: Engine, ordered: bool = True) -> None:
+    """The stream holds every batch of the engine exactly once, seqs 0..n (in order, unless a crash
+    lost some in flight: the bridge re-sends those after its publish timeout, after later ones,
+    and consumers order by engine seq)."""
+    last = e.last_seq()
     wait_until(
-        f"{e.name} stored up to {e.last_seq()}",
-        lambda: len(stored_seqs(url, live_subject("KV", e.name, 0))) > e.last_seq() - 1,
+        f"{e.name} stored up to {last}",
+        lambda: set(range(last + 1)) <= set(stored_seqs(url, live_subject("KV", e.name, 0))),
+        timeout=15,
     )
     seqs = stored_seqs(url, live_subject("KV", e.name, 0))
-    assert seqs == list(range(len(seqs))), "a batch stored twice, missing or out of order"
+    assert len(seqs) == len(set(seqs)), "a batch stored twice"
+    if ordered:
+        assert seqs == list(range(len(seqs))), "a batch stored out of order"
 
 
 def test_two_engines_two_ha_bridges_two_routers(nats_server):
@@ -132,7 +138,7 @@ def test_nats_server_restart_loses_nothing_acknowledged(nats_server):
         wait_until("router caught up after the server restart", caught_up([r], [e]), lambda: r.pump(0.02), timeout=30)
         seqs = stored_seqs(nats_server.url, live_subject("KV", "w0", 0))
         assert seqs[: len(acked)] == acked  # nothing acknowledged was lost
-        _each_once(nats_server.url, e)
+        _each_once(nats_server.url, e, ordered=False)  # what died with the connection comes late
     finally:
         r.stop()
         bridge.stop()
