@@ -136,15 +136,14 @@ class RepairQueue:
         (vLLM, SGLang never answer) go on without: seqs alone find restarts."""
         if req.superseded and s.describes:
             return  # its stream was reset meanwhile and has asked for what it needs now
-        req.attempts += 1
-        if s.describes and req.attempts < self.max_attempts:
-            log.info("source %s: KVE/DESCRIBE timed out, asking again (%d)", s.name, req.attempts)
+        req.describe_attempts += 1
+        if s.describes and req.describe_attempts < self.max_attempts:
+            log.info("source %s: KVE/DESCRIBE timed out, asking again (%d)", s.name, req.describe_attempts)
             req.phase = Phase.QUEUED
-            s.not_before = self.clock() + min(5.0, 0.1 * 2**req.attempts)
+            s.not_before = self.clock() + min(5.0, 0.1 * 2**req.describe_attempts)
             s.queue.appendleft(req)
             return
         log.info("source %s: no KVE/DESCRIBE reply; restarts are found by seqs going backwards only", s.name)
-        req.attempts = 0  # the request itself (a replay, say) starts its own count
         self._without_describe(s, req)
 
     def _send(self, s: SourceState, req: Request, body: bytes, timeout_s: float) -> None:

@@ -65,6 +65,7 @@ class Request:
     deadline: float = 0.0  # no reply by then: timed out (each reply moves it on)
     give_up_at: float = 0.0  # not finished by then, replies or not: abandoned (never moves)
     attempts: int = 0
+    describe_attempts: int = 0  # DESCRIBEs lost before it (counted apart: a replay keeps its own retries)
     got_any: bool = False  # a reply to the replay or snapshot request came
     failed: bool = False  # replay could not fill the gap / snapshot unusable
     superseded: bool = False  # the stream was reset meanwhile: discard the outcome
