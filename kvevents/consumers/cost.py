@@ -21,16 +21,17 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from kvevents import native
 from kvevents.consumers.loads import LoadVectors
 from kvevents.consumers.worker_key import WorkerKey
 
-__all__ = ["POLICIES", "CostSettings", "WorkerSlots", "rank_workers"]
+__all__ = ["POLICIES", "CostSettings", "WorkerSlots", "Ranking", "rank_workers", "rank_columns"]
 
 POLICIES: tuple[str, ...] = ("cost", "prefix")
 _MIX = 0x9E3779B97F4A7C15
@@ -69,6 +70,8 @@ class WorkerSlots:
         self.dead = np.zeros(0, np.intp)  # slots of no worker (freed indices)
         self.live: list[int] = []
         self.by_key: dict[WorkerKey, int] = {}
+        self.sources: list[str | None] = []  # per slot: its worker's source (None: no worker)
+        self.dp_ranks: list[int] = []  # per slot: its worker's dp rank
 
     def of(self, keys: Mapping[int, WorkerKey]) -> WorkerSlots:
         if keys is not self._keys:
@@ -79,7 +82,46 @@ class WorkerSlots:
             self.alive[self.live] = True
             self.dead = np.nonzero(~self.alive)[0]
             self.by_key = {k: wi for wi, k in keys.items()}
+            self.sources = [None] * n
+            self.dp_ranks = [0] * n
+            for wi, k in keys.items():
+                self.sources[wi], self.dp_ranks[wi] = k.source, k.dp_rank
         return self
+
+
+@dataclass(slots=True)
+class Ranking:
+    """The answer's workers best first, as columns: worker index, cost, and each row's position among
+    the ranked inputs (the credited workers, then the others; -1: a drawn pick that was neither)."""
+
+    worker: np.ndarray  # int64
+    cost: np.ndarray  # float64
+    at: np.ndarray  # intp
+    salt: int = 0  # the request's tie salt
+
+    @classmethod
+    def empty(cls) -> Ranking:
+        return cls(np.zeros(0, np.int64), np.zeros(0), np.zeros(0, np.intp))
+
+    def ties(self) -> np.ndarray:
+        """Each row's tie order (the request's random order of equals; 0 for a drawn pick added)."""
+        return np.where(self.at >= 0, _ties(self.worker, self.salt), np.uint64(0))
+
+    def rows(self) -> list[tuple[float, int, int]]:
+        """(cost, tie order, worker index) per row, best first."""
+        return list(zip(self.cost.tolist(), self.ties().tolist(), self.worker.tolist()))
+
+
+def _ties(workers: np.ndarray, salt: int) -> np.ndarray:
+    """Per worker index its tie order under `salt`: ((wi + 1) ^ salt) * _MIX mod 2**64, distinct per worker."""
+    return ((workers.astype(np.uint64) + np.uint64(1)) ^ np.uint64(salt)) * _MIX_U
+
+
+def _cost_order(costs: np.ndarray, listed: np.ndarray, salt: int) -> np.ndarray:
+    """The rows' order by (cost, tie order): one compiled sort, else numpy's lexsort of the two."""
+    if native.active():
+        return np.frombuffer(native.cost_order(costs, listed, salt), np.intp)
+    return np.lexsort((_ties(listed, salt), costs))
 
 
 def rank_workers(
@@ -92,39 +134,58 @@ def rank_workers(
     rng: random.Random,
     hints: Mapping[Any, float] | None = None,
 ) -> list[tuple[float, int, int]]:
-    """The answer's workers as (cost, tie order, worker index), best first: every worker with credit (it
-    matched) plus those of the `top_k` lowest-cost ones that did not (with temperature, the drawn
-    pick first). `credit`: worker index -> overlap credit (weighted matched + predicted pages)."""
+    """`rank_columns` of a credit mapping, as (cost, tie order, worker index) rows, best first."""
+    wi = np.fromiter(credit, np.int64, len(credit))
+    have = np.fromiter(credit.values(), np.float64, len(credit))
+    return rank_columns(keys, slots, wi, have, loads, request_pages, settings, rng, hints).rows()
+
+
+def rank_columns(
+    keys: Mapping[int, WorkerKey],
+    slots: WorkerSlots,
+    credited: np.ndarray,
+    credit: np.ndarray,
+    loads: LoadVectors,
+    request_pages: int,
+    settings: CostSettings,
+    rng: random.Random,
+    hints: Mapping[Any, float] | None = None,
+) -> Ranking:
+    """The answer's workers best first: every worker with credit (it matched; `credited` int64 worker
+    indices, distinct, `credit` their overlap credit: weighted matched + predicted pages) plus those
+    of the `top_k` lowest-cost ones that did not (with temperature, the drawn pick first)."""
     if not keys:
-        return []
+        return Ranking.empty()
     salt = rng.getrandbits(64)
     scale = float(settings.prefill_load_scale)
-    vector = _cost_vector(loads, credit, request_pages, scale, slots) if loads.any or settings.temperature else None
-    listed = [*credit, *_others(keys, slots, credit, vector, settings.top_k, salt, rng)]
+    need_vector = loads.any or settings.temperature
+    vector = _cost_vector(loads, credited, credit, request_pages, scale, slots) if need_vector else None
+    others = _others(keys, slots, credited, vector, settings.top_k, salt, rng)
+    listed = np.concatenate((credited, np.array(others, np.int64))) if others else credited
+    have = np.concatenate((credit, np.zeros(len(others)))) if others else credit
     if vector is not None:
-        costs = vector.take(listed).tolist()
-        rows = [(c, (((wi + 1) ^ salt) * _MIX) & _M64, wi) for c, wi in zip(costs, listed)]
+        costs = vector.take(listed)
     else:  # the tie order: the request's random order of equals
-        full = float(request_pages)
-        rows = [(scale * max(full - credit.get(wi, 0.0), 0.0), (((wi + 1) ^ salt) * _MIX) & _M64, wi) for wi in listed]
+        costs = np.maximum(float(request_pages) - have, 0.0) * scale
     if settings.policy == "cost":
-        rows.sort()
+        order = _cost_order(costs, listed, salt)
     else:
-        load_of = _load_term(loads, scale)
-        rows.sort(key=lambda r: (-credit.get(r[2], 0.0), load_of(r[2]), _hint(hints, keys[r[2]]), r[1]))
+        hint = np.array([_hint(hints, keys[wi]) for wi in listed.tolist()]) if hints else np.zeros(len(listed))
+        order = np.lexsort((_ties(listed, salt), hint, _load_terms(loads, scale, listed), -have))
+    out = Ranking(listed[order], costs[order], order, salt)
     if settings.temperature and vector is not None:
-        _draw_first(rows, vector, slots, settings.temperature, rng)
-    return rows
+        out = _draw_first(out, vector, slots, settings.temperature, rng)
+    return out
 
 
 def _cost_vector(
-    loads: LoadVectors, credit: Mapping[int, float], request_pages: int, scale: float, slots: WorkerSlots
+    loads: LoadVectors, credited: np.ndarray, credit: np.ndarray, request_pages: int, scale: float, slots: WorkerSlots
 ) -> np.ndarray:
     """Every worker slot's cost (dead slots: infinite)."""
     n = len(slots.alive)
     have = np.zeros(n)
-    if credit:
-        have[list(credit)] = list(credit.values())
+    if len(credited):
+        have[credited] = credit
     if len(loads.prefill) == n:
         cost = loads.prefill + float(request_pages)
         cost -= have
@@ -141,7 +202,7 @@ def _cost_vector(
 def _others(
     keys: Mapping[int, WorkerKey],
     slots: WorkerSlots,
-    matched: Mapping[int, float],
+    credited: np.ndarray,
     cost: np.ndarray | None,
     k: int,
     salt: int,
@@ -150,10 +211,10 @@ def _others(
     """The workers among the k lowest-cost ones that did not match (ties in the request's random order)."""
     k = min(k, len(keys))
     if cost is None:  # no loads: a match costs less than any other worker, and those all cost the same
-        want = min(k - len(matched), len(keys) - len(matched))
+        want = min(k - len(credited), len(keys) - len(credited))
         if want <= 0:
             return []
-        return _spread(slots.live, want, matched, salt)
+        return _spread(slots.live, want, set(credited.tolist()), salt)
     part = np.argpartition(cost, k - 1)[:k]
     thr = cost[part].max()
     if np.count_nonzero(cost <= thr) > k:  # equals at the cut: take them in the request's random order
@@ -163,10 +224,11 @@ def _others(
         tb = ((ties.astype(np.uint64) + np.uint64(1)) ^ np.uint64(salt)) * _MIX_U
         ties = ties[np.argpartition(tb, need - 1)[:need]] if need > 0 else ties[:0]
         part = np.concatenate((below, ties))
+    matched = set(credited.tolist())
     return [wi for wi in part.tolist() if wi not in matched]
 
 
-def _spread(live: list[int], want: int, skip: Mapping[int, float], salt: int) -> list[int]:
+def _spread(live: list[int], want: int, skip: set[int], salt: int) -> list[int]:
     """`want` distinct workers of `live` not in `skip`, in an order drawn from `salt`: a random start
     and a random step coprime with the fleet size visit every slot once, so this is O(want + skipped)."""
     n = len(live)
@@ -185,20 +247,24 @@ def _spread(live: list[int], want: int, skip: Mapping[int, float], salt: int) ->
     return out
 
 
-def _draw_first(
-    out: list[tuple[float, int, int]], cost: np.ndarray, slots: WorkerSlots, temperature: float, rng: random.Random
-) -> None:
-    """Move a pick drawn by softmax(-normalised cost / temperature) to the front (added if absent)."""
+def _draw_first(out: Ranking, cost: np.ndarray, slots: WorkerSlots, temperature: float, rng: random.Random) -> Ranking:
+    """The ranking with a pick drawn by softmax(-normalised cost / temperature) first (added if absent)."""
     live = slots.live
     c = cost[live]
     lo, hi = float(c.min()), float(c.max())
     norm = (c - lo) / (hi - lo) if hi > lo and math.isfinite(hi) else np.zeros(len(c))
     pick = live[_draw(np.exp(-norm / temperature), rng)]
-    for i, row in enumerate(out):
-        if row[2] == pick:
-            out.insert(0, out.pop(i))
-            return
-    out.insert(0, (float(cost[pick]), 0, pick))
+    found = np.flatnonzero(out.worker == pick)
+    if len(found):
+        i = int(found[0])
+        order = np.concatenate(([i], np.arange(i), np.arange(i + 1, len(out.worker))))
+        return Ranking(out.worker[order], out.cost[order], out.at[order], out.salt)
+    return Ranking(
+        np.concatenate(([pick], out.worker)).astype(np.int64),
+        np.concatenate(([float(cost[pick])], out.cost)),
+        np.concatenate((np.array([-1], np.intp), out.at)),
+        out.salt,
+    )
 
 
 def _draw(weights: np.ndarray, rng: random.Random) -> int:
@@ -206,13 +272,14 @@ def _draw(weights: np.ndarray, rng: random.Random) -> int:
     return int(min(np.searchsorted(cum, rng.random() * cum[-1], side="right"), len(cum) - 1))
 
 
-def _load_term(loads: LoadVectors, scale: float) -> Callable[[int], float]:
+def _load_terms(loads: LoadVectors, scale: float, listed: np.ndarray) -> np.ndarray:
+    """Per listed worker `scale * prefill + decode` (0 for a worker beyond the load vectors)."""
     n = len(loads.prefill)
-
-    def load_of(wi: int) -> float:
-        return float(scale * loads.prefill[wi] + loads.decode[wi]) if wi < n else 0.0
-
-    return load_of
+    out = np.zeros(len(listed))
+    inside = listed < n
+    at = listed[inside]
+    out[inside] = scale * loads.prefill[at] + loads.decode[at]
+    return out
 
 
 def _hint(hints: Mapping[Any, float] | None, key: WorkerKey) -> float:

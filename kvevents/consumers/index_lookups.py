@@ -15,7 +15,15 @@ import numpy as np
 
 from kvevents import native
 from kvevents.consumers.index_reports import IndexReports
-from kvevents.consumers.lookup import PrefixMatch, WordLayout, bind_walk, make_plan, walk_plan
+from kvevents.consumers.lookup import (
+    MatchColumns,
+    PrefixMatch,
+    WordLayout,
+    bind_walk,
+    bind_walk_columns,
+    make_plan,
+    walk_plan,
+)
 from kvevents.consumers.table import HashTable
 
 __all__ = ["IndexLookups"]
@@ -41,7 +49,7 @@ class IndexLookups(IndexReports):
         self._layout_cache: tuple[int, Callable[[str | None], float], list[float], list[WordLayout]] | None = None
         # (lora_name, strict, medium_weight) -> the compiled walk bound to its plan and layout; valid
         # until _forget_lookups() or a table's cview() changes (then all go: they pin their tables' arrays)
-        self._walkers: dict[tuple[Any, ...], Callable[[np.ndarray], PrefixMatch]] = {}
+        self._walkers: dict[tuple[Any, ...], Callable[[np.ndarray], Any]] = {}  # PrefixMatch or MatchColumns
         self._walkers_at = 0  # _table_changes[0] when they were bound
 
     def _forget_lookups(self) -> None:
@@ -101,6 +109,35 @@ class IndexLookups(IndexReports):
                 self._walkers.clear()
             self._walkers[key] = bound
         return bound(hashes)
+
+    def prefix_columns(
+        self,
+        hashes: np.ndarray,
+        lora_name: str | None = None,
+        *,
+        strict: bool = True,
+        medium_weight: Callable[[str | None], float] = lambda medium: 1.0,
+    ) -> MatchColumns:
+        """`prefix_match` as columns (worker index, prefix pages, score; no pages by medium), for a
+        caller ranking every matched worker: the compiled walk then builds no object per worker."""
+        if self._walkers_at != self._table_changes[0]:
+            self._walkers.clear()
+            self._walkers_at = self._table_changes[0]
+        key = (lora_name, strict, medium_weight, MatchColumns)
+        bound = self._walkers.get(key)
+        if bound is not None and len(hashes) and native.active():
+            return bound(hashes)  # type: ignore[no-any-return]
+        plan = self._lookup_plan(lora_name, strict)
+        if plan and self._by_index and len(hashes) and native.active():
+            weights, layout = self._layout(medium_weight)
+            bound = bind_walk_columns(plan, layout, self._media, weights)
+            if bound is not None:
+                if lora_name is None or len(lora_name) <= _CACHED_NAME_MAX:
+                    if len(self._walkers) >= _PLANS_MAX:
+                        self._walkers.clear()
+                    self._walkers[key] = bound
+                return bound(hashes)
+        return MatchColumns.of(self.prefix_match(hashes, lora_name, strict=strict, medium_weight=medium_weight))
 
     def _layout(self, medium_weight: Callable[[str | None], float]) -> tuple[list[float], list[WordLayout]]:
         """Medium weights, and per worker word its columns best weight first; cached until the

@@ -19,7 +19,18 @@ from kvevents.consumers.holders import LOW, expand_rows
 from kvevents.consumers.table import HashTable
 from kvevents.native.layout import WORD
 
-__all__ = ["WORD", "WorkerMatch", "PrefixMatch", "WordLayout", "walk", "walk_plan", "bind_walk", "page_masks"]
+__all__ = [
+    "WORD",
+    "WorkerMatch",
+    "PrefixMatch",
+    "MatchColumns",
+    "WordLayout",
+    "walk",
+    "walk_plan",
+    "bind_walk",
+    "bind_walk_columns",
+    "page_masks",
+]
 
 
 @dataclass(slots=True)
@@ -38,6 +49,35 @@ class PrefixMatch:
 
     pages: int  # pages looked up
     workers: dict[int, WorkerMatch] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class MatchColumns:
+    """A lookup's result as columns, for a caller that ranks every matched worker (the /score answer):
+    three arrays of equal length, in PrefixMatch.workers' order, and no object per worker."""
+
+    pages: int  # pages looked up
+    worker: np.ndarray  # int64 worker index
+    matched: np.ndarray  # int64 consecutive prefix pages
+    score: np.ndarray  # float64 weighted score
+
+    @classmethod
+    def of(cls, found: PrefixMatch) -> MatchColumns:
+        """The columns of a PrefixMatch (the Python twin of the compiled columns walk)."""
+        ws = found.workers
+        return cls(
+            found.pages,
+            np.fromiter(ws, np.int64, len(ws)),
+            np.fromiter((m.pages for m in ws.values()), np.int64, len(ws)),
+            np.fromiter((m.score for m in ws.values()), np.float64, len(ws)),
+        )
+
+    @classmethod
+    def from_bytes(cls, pages: int, raw: bytes) -> MatchColumns:
+        """The compiled walk's columns (bytes of int64 workers, int64 pages, float64 scores)."""
+        n = len(raw) // 24
+        ints = np.frombuffer(raw, np.int64, 2 * n)
+        return cls(pages, ints[:n], ints[n:], np.frombuffer(raw, np.float64, n, 16 * n))
 
 
 @dataclass(slots=True)
@@ -100,6 +140,23 @@ def bind_walk(
         [(t.cview(), f) for t, f in plan], layout, media, weights, PrefixMatch, WorkerMatch
     )
     return bound
+
+
+def bind_walk_columns(
+    plan: list[tuple[HashTable, np.ndarray | None]],
+    layout: list[WordLayout],
+    media: list[str | None],
+    weights: list[float],
+) -> Callable[[np.ndarray], MatchColumns] | None:
+    """`bind_walk` returning MatchColumns (the same walk; no object per matched worker)."""
+    if not native.active() or not all(type(w) is float for w in weights):
+        return None
+    raw = native.bind_walk_columns([(t.cview(), f) for t, f in plan], layout, media, weights)
+
+    def columns(hashes: np.ndarray) -> MatchColumns:
+        return MatchColumns.from_bytes(len(hashes), raw(hashes))
+
+    return columns
 
 
 def walk(m: np.ndarray, layout: list[WordLayout], media: list[str | None], weights: list[float]) -> PrefixMatch:

@@ -18,7 +18,7 @@ import numpy as np
 
 from kvevents.consumers.indexer import BlockIndex
 from kvevents.consumers.keys import request_keys
-from kvevents.consumers.lookup import PrefixMatch
+from kvevents.consumers.lookup import MatchColumns, PrefixMatch
 from kvevents.consumers.table import as_hashes
 from kvevents.consumers.worker_key import WorkerKey
 from kvevents.hashing import (
@@ -235,6 +235,12 @@ class PrefixRouter:
         """The index's per-worker prefix match of these hashes, weighted by this router's media
         (unranked: kvevents.consumers.cost ranks it for /score)."""
         return self.index.prefix_match(
+            as_hashes(hashes), lora_name, strict=self.lora_strict, medium_weight=self._weight
+        )
+
+    def match_columns(self, hashes: Sequence[int] | np.ndarray, lora_name: str | None = None) -> MatchColumns:
+        """`match` as columns (worker index, prefix pages, score): for ranking every matched worker."""
+        return self.index.prefix_columns(
             as_hashes(hashes), lora_name, strict=self.lora_strict, medium_weight=self._weight
         )
 

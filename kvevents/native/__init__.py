@@ -21,6 +21,7 @@ Callers ask `active()` and call the functions below; nothing else imports the ex
 | `_walk.h`, `_walk_args.c` | the walk's state; its arguments parsed, checked and flattened |
 | `_walk_layout.c` | the walk's WordLayouts packed once into one buffer (a lookup reads no attribute) |
 | `_walk.c` | the index walk: pipelined probes, per-word AND, results (twin of lookup.py's walk_plan) |
+| `_rows.c` | the /score answer: its ranking order (twin in consumers/cost.py) and worker dicts from the ranking's columns (twin in consumers/service/answer_rows.py) |
 | `_apply.c` | the store/remove/clear loops and one-key checks (twins in consumers/table.py, copies.py, indexer.py) |
 """
 
@@ -68,6 +69,10 @@ __all__ = [
     "store_event",
     "holds_bit",
     "sha_impl",
+    "bind_walk",
+    "bind_walk_columns",
+    "score_rows",
+    "cost_order",
 ]
 
 
@@ -208,6 +213,14 @@ def bind_walk(plan: list, layout: list, media: list, weights: list, prefix_cls: 
     return functools.partial(_c.walk_with, (plan, packed, media, weights, prefix_cls, worker_cls, *extra))
 
 
+def bind_walk_columns(plan: list, layout: list, media: list, weights: list) -> Any:
+    """`bind_walk` whose callable returns the matched workers as columns: bytes of three native arrays
+    (worker index int64, prefix pages int64, score float64), in PrefixMatch.workers' order."""
+    return functools.partial(
+        _c.walk_with, (plan, _c.pack_layout(layout), media, weights, None, None, builtins.sum, None, None)
+    )
+
+
 def _walk_extra(prefix_cls: type, worker_cls: type) -> tuple:
     extra = _WALK_EXTRA.get((prefix_cls, worker_cls))
     if extra is None:
@@ -268,3 +281,28 @@ def clear_worker(view: tuple, cols: list[int], bit: int) -> tuple[int, int]:
 def holds_bit(views: list[tuple], h: int, cols: list[int], bit: int) -> bool:
     """Does any view hold key `h` with `bit` set in one of `cols`?"""
     return _c.holds_bit(views, h, cols, bit)
+
+
+def score_rows(
+    template: dict[str, Any],
+    sources: list[Any],
+    dp_ranks: list[Any],
+    worker: Any,
+    at: Any,
+    cost: Any,
+    matched_pages: Any,
+    matched_score: Any,
+    predicted: Any,
+    page_size: int,
+    names: tuple[str, ...],
+    extra: tuple[list[Any], ...],
+) -> list[dict[str, Any]]:
+    """The /score answer's worker dicts from the ranking's columns (twin: consumers/service/answer_rows.py)."""
+    return _c.score_rows(
+        template, sources, dp_ranks, worker, at, cost, matched_pages, matched_score, predicted, page_size, names, extra
+    )
+
+
+def cost_order(cost: Any, worker: Any, salt: int) -> bytes:
+    """Native intp bytes: the rows' order by (cost, the worker's tie order under `salt`) (twin: consumers/cost.py)."""
+    return _c.cost_order(cost, worker, salt)

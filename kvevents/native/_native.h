@@ -55,6 +55,11 @@ KV_HIDDEN PyObject *kv_walk(PyObject *self, PyObject *args);
 KV_HIDDEN PyObject *kv_walk_with(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 KV_HIDDEN PyObject *kv_pack_layout(PyObject *self, PyObject *layout); /* _walk_layout.c */
 
+/* _rows.c: the /score answer's ranking order, and its worker objects from the ranking's columns */
+KV_HIDDEN int kv_rows_init(void);
+KV_HIDDEN PyObject *kv_score_rows(PyObject *self, PyObject *args);
+KV_HIDDEN PyObject *kv_cost_order(PyObject *self, PyObject *args);
+
 /* _apply.c: the store, remove and clear loops */
 KV_HIDDEN PyObject *kv_all_int64(PyObject *self, PyObject *args);
 KV_HIDDEN PyObject *kv_set_bits_each(PyObject *self, PyObject *args);

@@ -64,6 +64,8 @@ static PyMethodDef methods[] = {
     {"remove_each", kv_remove_each, METH_VARARGS, "the remove loop of consumers.copies.remove_each"},
     {"store_event", kv_store_event, METH_VARARGS, "one BlockStored: checks, the parent probe and the store loop"},
     {"clear_worker", kv_clear_worker, METH_VARARGS, "the clear loop of consumers.copies.clear_worker"},
+    {"cost_order", kv_cost_order, METH_VARARGS, "cost_order(cost, worker, salt) -> the rows' order by (cost, tie)"},
+    {"score_rows", kv_score_rows, METH_VARARGS, "the /score answer's worker dicts from the ranking's columns"},
     {"holds_bit", kv_holds_bit, METH_VARARGS, "does any view hold a key with a bit in the columns"},
     {NULL, NULL, 0, NULL},
 };
@@ -73,6 +75,6 @@ static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "kvevents.native._spe
 
 PyMODINIT_FUNC PyInit__speedups(void) {
     kv_chain_init();
-    if (kv_walk_init() < 0) return NULL;
+    if (kv_walk_init() < 0 || kv_rows_init() < 0) return NULL;
     return PyModule_Create(&moddef);
 }

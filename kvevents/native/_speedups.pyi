@@ -75,3 +75,19 @@ def store_event(
 ) -> tuple[list[int], int, int, int, int, bool] | None: ...
 def clear_worker(view: _CView, cols: list[int], bit: int, /) -> tuple[int, int]: ...
 def holds_bit(views: list[_CView], h: int, cols: list[int], bit: int, /) -> bool: ...
+def score_rows(
+    template: dict[str, Any],
+    sources: list[Any],
+    dp_ranks: list[Any],
+    worker: Buffer,
+    at: Buffer,
+    cost: Buffer,
+    matched_pages: Buffer,
+    matched_score: Buffer,
+    predicted: Buffer | None,
+    page_size: int,
+    names: tuple[str, ...],
+    extra: tuple[list[Any], ...],
+    /,
+) -> list[dict[str, Any]]: ...
+def cost_order(cost: Buffer, worker: Buffer, salt: int, /) -> bytes: ...

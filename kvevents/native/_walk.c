@@ -265,8 +265,40 @@ static int emit_worker(Walk *W, Py_ssize_t w, int b) {
     return rc;
 }
 
+/* Columns mode: the matched workers as bytes of three native arrays of equal length: worker index
+ * (int64), prefix pages (int64), score (float64), in the order PrefixMatch.workers would list them. */
+static int emit_columns(Walk *W, Py_ssize_t total) {
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total * 24);
+    if (!out) return -1;
+    int64_t *wi = (int64_t *)PyBytes_AS_STRING(out), *pg = wi + total;
+    double *sc = (double *)(pg + total);
+    Py_ssize_t k = 0;
+    for (Py_ssize_t w = 0; w < W->nw; w++)
+        for (int e = 0; e < W->nend[w]; e++, k++) {
+            int b = W->endorder[w * KV_WORD + e];
+            long long pages = W->ends[w * KV_WORD + b];
+            wi[k] = W->wword[w] * KV_WORD + b;
+            pg[k] = pages;
+            if (W->wstart[w + 1] - W->wstart[w] == 1) {
+                sc[k] = (double)pages * W->wts[W->wmi[W->wstart[w]]];
+                continue;
+            }
+            PyObject *bym = PyDict_New(), *p = NULL, *s = NULL; /* the twin's sum() of the weighted terms */
+            if (!bym || multi_media(W, w, b, pages, bym, &p, &s) < 0) { Py_XDECREF(bym); Py_DECREF(out); return -1; }
+            sc[k] = PyFloat_AsDouble(s);
+            Py_DECREF(bym); Py_DECREF(p); Py_DECREF(s);
+        }
+    Py_SETREF(W->result, out);
+    return 0;
+}
+
 /* The results, word by word in layout order, workers in the order their prefixes ended. */
 static int emit_results(Walk *W) {
+    if (W->pm_cls == Py_None) {
+        Py_ssize_t total = 0;
+        for (Py_ssize_t w = 0; w < W->nw; w++) total += W->nend[w];
+        return total ? emit_columns(W, total) : 0;
+    }
 #if PY_VERSION_HEX < 0x030D0000
     Py_ssize_t total = 0;
     for (Py_ssize_t w = 0; w < W->nw; w++) total += W->nend[w];
@@ -303,7 +335,8 @@ static int walk_run(Walk *W) {
 }
 
 /* walk(hashes, plan, layout, media, weights, PrefixMatch, WorkerMatch, builtin sum[, wm_fields, pm_fields])
- * -> PrefixMatch, or NotImplemented when the weights are not all floats.
+ * -> PrefixMatch, or NotImplemented when the weights are not all floats; with PrefixMatch None, the
+ * matched workers as columns (emit_columns: bytes, empty when none matched) instead of objects.
  * plan: list of (cview, filter uint64[columns] or None); layout: list of WordLayout (word, cols, alive).
  * The twin of consumers.lookup.walk_plan: masks = OR over the plan of page_masks(t, hashes) & filter,
  * then consumers.lookup.walk(masks, ...). */

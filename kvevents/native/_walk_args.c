@@ -101,8 +101,13 @@ int kv_walk_parse(Walk *W, PyObject *args) {
     return 0;
 }
 
-/* The PrefixMatch(n) to fill, and its workers dict. */
+/* The PrefixMatch(n) to fill, and its workers dict; in columns mode (PrefixMatch class None) no worker
+ * matched yet: empty bytes, replaced by the columns when any does. */
 int kv_walk_result(Walk *W) {
+    if (W->pm_cls == Py_None) {
+        W->result = PyBytes_FromStringAndSize(NULL, 0);
+        return W->result ? 0 : -1;
+    }
     if (W->pm_fields) { /* PrefixMatch's two slots set directly: no __init__ frame */
         PyTypeObject *cls = (PyTypeObject *)W->pm_cls;
         PyObject *r = W->result = cls->tp_alloc(cls, 0);

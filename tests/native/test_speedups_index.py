@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from kvevents import native
 from kvevents.consumers.copies import clear_worker, remove_each, store_each
 from kvevents.consumers.indexer import BlockIndex
-from kvevents.consumers.lookup import PrefixMatch, WorkerMatch
+from kvevents.consumers.lookup import MatchColumns, PrefixMatch, WorkerMatch
 from kvevents.consumers.table import VACANT, HashTable
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from kvevents.native.layout import CVIEW
@@ -106,6 +106,7 @@ def test_apply_and_walk_equal_the_python_paths(ops, many, requests):
                         want = slow.prefix_match(q, lora, strict=strict, medium_weight=weight)
                     assert got == want
                     assert list(got.workers) == list(want.workers)  # the same order too
+                    _columns_equal(fast.prefix_columns(q, lora, strict=strict, medium_weight=weight), want)
         for h in req[:5]:
             assert fast.holds(h) == slow.holds(h)
             assert fast.workers_for(h) == slow.workers_for(h)
@@ -417,6 +418,7 @@ def test_many_workers_on_one_chain_equal_the_python_walk(workers, rnd):
                 want = slow.prefix_match(np.array(q, np.int64), medium_weight=weight)
             assert got == want and list(got.workers) == list(want.workers)
             assert len(got.workers) == workers
+            _columns_equal(fast.prefix_columns(np.array(q, np.int64), medium_weight=weight), want)
 
 
 @settings(max_examples=40, derandomize=True, deadline=None)
@@ -441,6 +443,16 @@ def test_lookups_between_changes_equal_the_python_walk(ops, requests):
                 with native.python_only():
                     want = slow.prefix_match(q, lora, medium_weight=weight)
                 assert got == want and list(got.workers) == list(want.workers)
+                _columns_equal(fast.prefix_columns(q, lora, medium_weight=weight), want)
+
+
+def _columns_equal(got: MatchColumns, want: PrefixMatch) -> None:
+    """The compiled columns walk lists the Python walk's workers, in its order, with its pages and scores."""
+    exp = MatchColumns.of(want)
+    assert got.pages == exp.pages
+    assert got.worker.tolist() == exp.worker.tolist()
+    assert got.matched.tolist() == exp.matched.tolist()
+    assert got.score.tolist() == exp.score.tolist()
 
 
 def _ONE(medium: str | None) -> float:

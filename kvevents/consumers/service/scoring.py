@@ -17,9 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from kvevents.consumers.cost import CostSettings, WorkerSlots, rank_workers
+from kvevents.consumers.cost import CostSettings, Ranking, WorkerSlots, rank_columns
 from kvevents.consumers.loads import LOAD_SOURCES, LoadBoard, LoadVectors, WorkerLoad
+from kvevents.consumers.lookup import MatchColumns, WorkerMatch
 from kvevents.consumers.predictions import PredictedBlocks
+from kvevents.consumers.service.answer_rows import answer_rows
 from kvevents.consumers.service.seams import InflightSource, ScoringService
 from kvevents.consumers.table import as_hashes
 from kvevents.consumers.worker_key import WorkerKey
@@ -29,7 +31,6 @@ __all__ = ["Scorer", "InflightSource", "RoutingOptions"]
 #: The router's own in-flight count per worker (prefill blocks, decode blocks), e.g. from its proxy.
 _EWMA = 0.05  # weight of each request in the mean request size
 _NEVER = -float("inf")  # LoadVectors.at of a worker with no load
-_NO_LOAD: tuple[float, float, None, None] = (0.0, 0.0, None, None)
 
 
 @dataclass(frozen=True)
@@ -85,21 +86,21 @@ class Scorer:
         lora = req.lora_name
         with svc.lock:
             now = self.loads.clock()
-            found = svc.router.match(hashes, lora).workers
+            found = svc.router.match_columns(hashes, lora)
             keys = svc.index.keys_by_index()
             slots = self.slots.of(keys)
             predicted = self._predicted(found, keys, hashes, lora, now)
-            credit = {wi: m.score for wi, m in found.items()}
+            credited, credit = found.worker, found.score
             if predicted:
                 gpu = float(svc.router.medium_weights.get("GPU", 1.0))
-                for wi, extra_pages in predicted.items():
-                    credit[wi] = credit.get(wi, 0.0) + gpu * extra_pages
+                credited, credit = _with_predicted(found, predicted, gpu)
             vec = self._vectors(keys, inflight, given, now)
-            ranked = rank_workers(keys, slots, credit, vec, pages, settings, self._rng, svc.router.loads)
-            if ranked and req.route:
-                self.predictions.credit(keys[ranked[0][2]], hashes, lora, now)
+            ranking = rank_columns(keys, slots, credited, credit, vec, pages, settings, self._rng, svc.router.loads)
+            if len(ranking.worker) and req.route:
+                self.predictions.credit(keys[int(ranking.worker[0])], hashes, lora, now)
             stale, any_stale = svc.freshness.read()
-            workers = self._entries(ranked, keys, found, predicted, vec, now, stale, req.explain)
+            explained = svc.router.match(hashes, lora).workers if req.explain else None
+            workers = self._entries(ranking, keys, found, predicted, vec, now, stale, explained)
         self._mean_pages = pages if self._mean_pages is None else (1 - _EWMA) * self._mean_pages + _EWMA * pages
         first = workers[0] if workers else None
         best = first if first is not None and first["overlap_blocks"] else None
@@ -119,14 +120,14 @@ class Scorer:
         }
 
     def _predicted(
-        self, found: Mapping[int, Any], keys: Mapping[int, WorkerKey], hashes: np.ndarray, lora: str | None, now: float
+        self, found: MatchColumns, keys: Mapping[int, WorkerKey], hashes: np.ndarray, lora: str | None, now: float
     ) -> dict[int, int]:
         """Worker index -> predicted pages continuing its prefix (beyond what the index holds)."""
         preds = self.predictions
         if not len(preds):
             return {}
         preds.expire(now)
-        held = {keys[wi]: m.pages for wi, m in found.items()}
+        held = {keys[wi]: n for wi, n in zip(found.worker.tolist(), found.matched.tolist())}
         by_key = self.slots.by_key
         out: dict[int, int] = {}
         for key, run in preds.extend(hashes, lora, held, now).items():
@@ -162,64 +163,74 @@ class Scorer:
 
     def _entries(
         self,
-        ranked: list[tuple[float, int, int]],
+        ranking: Ranking,
         keys: Mapping[int, WorkerKey],
-        found: Mapping[int, Any],
+        found: MatchColumns,
         predicted: Mapping[int, int],
         vec: LoadVectors,
         now: float,
         publisher_stale: frozenset[str],
-        explain: bool,
+        explained: Mapping[int, WorkerMatch] | None,
     ) -> list[dict[str, Any]]:
-        """The answer's worker objects (loads read for the listed workers only, in one gather each).
-        Some 30-170 per answer at fleet scale, so the loop is kept lean: x >= 0 rounded to 6 decimals
-        inline (3.6, not 3.5999999999999996), a run of workers sharing one score object rounds it once."""
-        page_size = self.service.router.page_size
-        expected, bound = self.loads.expected, self.loads.stale_after_s
-        hints = self.service.router.loads
-        gathered = vec.any and len(vec.prefill) > 0
-        rows = vec.rows([row[2] for row in ranked]) if gathered else None
-        out: list[dict[str, Any]] = []
-        append = out.append
-        load: tuple[float, float, int | None, str | None] = _NO_LOAD
-        last_score, last_rounded = None, 0.0
-        for i, (cost, _, wi) in enumerate(ranked):
-            key, m = keys[wi], found.get(wi)
-            source = key.source
-            stale = source in expected
-            if rows is not None:
-                pre, dec, q, a, code = rows[i]
-                load = (pre, dec, None if q != q else int(q), LOAD_SOURCES[int(code) - 1] if code else None)
-                stale = now - a > bound if a != _NEVER else stale
-            if m is not None:
-                pages, score = m.pages, m.score
-                if score is not last_score:  # consecutive matched workers often share one score object
-                    last_score, last_rounded = score, int(score * 1e6 + 0.5) / 1e6 if score < 1e15 else score
-                rounded = last_rounded
-            else:
-                pages, rounded = 0, 0.0
-            extra = predicted.get(wi, 0) if predicted else 0
-            entry: dict[str, Any] = {
-                "worker": source,
-                "dp_rank": key.dp_rank,
-                "cost": int(cost * 1e6 + 0.5) / 1e6 if cost < 1e15 else cost,  # 6 decimals, 3x cheaper than round()
-                "score": rounded,
-                "matched_pages": pages,
-                "matched_tokens": pages * page_size,
-                "overlap_blocks": pages + extra,
-                "predicted_blocks": extra,
-                "active_prefill_blocks": load[0],
-                "active_decode_blocks": load[1],
-                "queue": load[2],
-                "load": _hint(hints, key) if hints else 0.0,
-                "load_source": load[3],
-                "load_stale": stale,
-                "stale": source in publisher_stale,
-            }
-            if explain:
-                entry["pages_by_medium"] = {str(k): v for k, v in m.pages_by_medium.items()} if m is not None else {}
-            append(entry)
-        return out
+        """The answer's worker objects (kvevents.consumers.service.answer_rows): the fields that vary
+        only with loads, hints, publisher staleness or `explain` are gathered for the listed workers."""
+        expected, hints = self.loads.expected, self.service.router.loads
+        wis = (
+            ranking.worker.tolist() if vec.any or expected or hints or publisher_stale or explained is not None else []
+        )
+        sources = self.slots.sources
+        extra: dict[str, list[Any]] = {}
+        if vec.any and len(vec.prefill) > 0:
+            extra.update(self._load_columns(vec, wis, now))
+        elif expected:
+            extra["load_stale"] = [sources[wi] in expected for wi in wis]
+        if hints:
+            extra["load"] = [_hint(hints, keys[wi]) for wi in wis]
+        if publisher_stale:
+            extra["stale"] = [sources[wi] in publisher_stale for wi in wis]
+        if explained is not None:
+            extra["pages_by_medium"] = [
+                {str(k): v for k, v in explained[wi].pages_by_medium.items()} if wi in explained else {} for wi in wis
+            ]
+        more = np.array([predicted.get(wi, 0) for wi in ranking.worker.tolist()], np.int64) if predicted else None
+        return answer_rows(ranking, found, self.slots, more, self.service.router.page_size, extra)
+
+    def _load_columns(self, vec: LoadVectors, wis: list[int], now: float) -> dict[str, list[Any]]:
+        """The listed workers' load fields, read in one gather (a load older than the bound is stale;
+        a worker never measured is stale when its source is expected to report)."""
+        expected, bound, sources = self.loads.expected, self.loads.stale_after_s, self.slots.sources
+        pre, dec, queue, source, stale = [], [], [], [], []
+        for wi, (p, d, q, at, code) in zip(wis, vec.rows(wis)):
+            pre.append(p)
+            dec.append(d)
+            queue.append(None if q != q else int(q))
+            source.append(LOAD_SOURCES[int(code) - 1] if code else None)
+            stale.append(now - at > bound if at != _NEVER else sources[wi] in expected)
+        return {
+            "active_prefill_blocks": pre,
+            "active_decode_blocks": dec,
+            "queue": queue,
+            "load_source": source,
+            "load_stale": stale,
+        }
+
+
+def _with_predicted(found: MatchColumns, predicted: Mapping[int, int], gpu: float) -> tuple[np.ndarray, np.ndarray]:
+    """The credited workers and their credit: the matched ones' scores plus predicted pages at the GPU
+    weight, then the workers credited by predictions alone."""
+    at = {wi: i for i, wi in enumerate(found.worker.tolist())}
+    credit = found.score.copy()
+    new_wi, new_credit = [], []
+    for wi, pages in predicted.items():
+        i = at.get(wi)
+        if i is None:
+            new_wi.append(wi)
+            new_credit.append(0.0 + gpu * pages)
+        else:
+            credit[i] = float(credit[i]) + gpu * pages
+    if not new_wi:
+        return found.worker, credit
+    return np.concatenate((found.worker, np.array(new_wi, np.int64))), np.concatenate((credit, new_credit))
 
 
 def _request_loads(entries: Any, now: float) -> list[tuple[WorkerKey, WorkerLoad]]:

@@ -1,0 +1,176 @@
+"""The /score answer built from columns: the compiled ranking order and rows against their Python
+twins, bad columns refused, and whole answers (loads, predictions, hints, policies, temperature,
+explain) equal on the compiled and the pure-Python paths."""
+
+from __future__ import annotations
+
+import json
+import random
+from contextlib import nullcontext
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvevents import native
+from kvevents.consumers.cost import _ties
+from kvevents.consumers.loads import WorkerLoad
+from kvevents.consumers.service.answer_rows import ROW_TEMPLATE, rows_py
+from kvevents.consumers.service.core import RouterService
+from kvevents.consumers.service.score_body import ScoreBody
+from kvevents.consumers.worker_key import WorkerKey
+from kvevents.events import BlockStored, KVEventBatch
+
+compiled = pytest.mark.skipif(not native.active(), reason="kvevents.native._speedups not built")
+
+COSTS = st.one_of(
+    st.sampled_from([0.0, -0.0, 1.0, 2.5, float("inf"), float("nan"), 512.0]),
+    st.floats(-1e18, 1e18, allow_nan=False),
+)
+
+
+@compiled
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(
+    st.lists(st.tuples(COSTS, st.integers(0, 5000)), max_size=300, unique_by=lambda t: t[1]), st.integers(0, 2**64 - 1)
+)
+def test_cost_order_is_numpys_lexsort_of_cost_then_tie(rows, salt):
+    cost = np.array([c for c, _ in rows], np.float64)
+    worker = np.array([w for _, w in rows], np.int64)
+    got = np.frombuffer(native.cost_order(cost, worker, salt), np.intp)
+    assert got.tolist() == np.lexsort((_ties(worker, salt), cost)).tolist()
+
+
+@st.composite
+def _columns(draw):
+    nsrc = draw(st.integers(1, 40))
+    sources = [f"w{i}" for i in range(nsrc)]
+    dps = [draw(st.integers(0, 3)) for _ in range(nsrc)]
+    n = draw(st.integers(0, 30))
+    nm = draw(st.integers(0, 30))
+    worker = np.array([draw(st.integers(0, nsrc - 1)) for _ in range(n)], np.int64)
+    at = np.array([draw(st.integers(-1, nm + 2)) for _ in range(n)], np.intp)
+    cost = np.array([draw(COSTS) for _ in range(n)], np.float64)
+    pages = np.array([draw(st.sampled_from([0, 1, 255, 256, 257, 512, 10**12])) for _ in range(nm)], np.int64)
+    score = np.array([draw(COSTS) for _ in range(nm)], np.float64)
+    predicted = draw(st.none() | st.just(np.array([draw(st.integers(0, 600)) for _ in range(n)], np.int64)))
+    names = tuple(draw(st.lists(st.sampled_from(["queue", "load", "stale", "pages_by_medium"]), unique=True)))
+    extra = tuple([draw(st.sampled_from([None, 1, 0.5, True, "x"])) for _ in range(n)] for _ in names)
+    return (
+        ROW_TEMPLATE,
+        sources,
+        dps,
+        worker,
+        at,
+        cost,
+        pages,
+        score,
+        predicted,
+        draw(st.integers(1, 64)),
+        names,
+        extra,
+    )
+
+
+@compiled
+@settings(max_examples=150, derandomize=True, deadline=None)
+@given(_columns())
+def test_score_rows_are_the_python_rows(args):
+    got, want = native.score_rows(*args), rows_py(*args)
+    assert json.dumps(got) == json.dumps(want)  # the same keys, in the same order, the same values
+    assert got == want or any(v != v for row in want for v in row.values() if isinstance(v, float))  # NaN != NaN
+
+
+@pytest.mark.parametrize("path", ["c", "python"])
+def test_bad_columns_are_refused_with_value_error(path):
+    if path == "c" and not native.active():
+        pytest.skip("kvevents.native._speedups not built")
+    build = native.score_rows if path == "c" else rows_py
+    i64, f64 = (lambda *v: np.array(v, np.int64)), (lambda *v: np.array(v, np.float64))
+    ok = (ROW_TEMPLATE, ["w0"], [0], i64(0), np.array([0], np.intp), f64(1.0), i64(3), f64(3.0), None, 16, (), ())
+    assert build(*ok)[0]["matched_tokens"] == 48
+    with pytest.raises(ValueError, match="worker 5"):
+        build(*ok[:3], i64(5), *ok[4:])
+    if path == "c":  # the twin trusts its caller's shapes; the compiled rows check them
+        with pytest.raises(ValueError, match="column cost"):
+            build(*ok[:5], f64(1.0, 2.0), *ok[6:])
+        with pytest.raises(ValueError, match="extra column 0"):
+            build(*ok[:10], ("queue",), ([1, 2],))
+
+
+class _NoFeed:
+    def start(self):
+        return self
+
+    def stop(self) -> None:
+        pass
+
+    def poll(self, timeout_s: float = 0.0) -> list:
+        return []
+
+    def status(self) -> dict:
+        return {}
+
+    def counters(self) -> dict:
+        return {}
+
+
+def _answers(seed: int) -> list[str]:
+    """A fleet of 80 workers over two media and a long chain; answers under every option, as JSON."""
+    rnd = random.Random(seed)
+    svc = RouterService(feed=_NoFeed(), page_size=4, seed=seed)
+    chain = [rnd.randrange(-(2**63), 2**63) for _ in range(40)]
+    for w in range(80):
+        upto = rnd.choice([40, 40, rnd.randrange(1, 41)])
+        medium = rnd.choice(["GPU", "GPU", "CPU_PINNED"])
+        svc.index.apply(f"w{w}", KVEventBatch(0.0, [BlockStored(chain[:upto], None, [], 4, None, medium, None)], 0))
+    tokens = [rnd.randrange(50_000) for _ in range(160)]
+    hashes = svc.router.hash_array(tokens)
+    for w in range(80):  # the chain above under this request's own hashes too
+        upto = rnd.randrange(0, 41)
+        if upto:
+            batch = KVEventBatch(0.0, [BlockStored(hashes[:upto].tolist(), None, [], 4, None, "GPU", None)], 0)
+            svc.index.apply(f"w{w}", batch)
+    out = []
+    fresh = tokens[:80] + [rnd.randrange(50_000) for _ in range(80)]  # pages 20-39 held by nobody
+    bodies = [
+        ScoreBody(tokens=tokens, route=False),
+        ScoreBody(tokens=tokens, route=False, policy="prefix"),
+        ScoreBody(tokens=tokens, route=False, explain=True, top_k=3),
+        ScoreBody(tokens=tokens[:37], route=True),  # credits predictions for the next ones
+        ScoreBody(tokens=tokens, route=True),
+        ScoreBody(tokens=fresh, route=True),  # its pick is credited pages nobody holds...
+        ScoreBody(tokens=fresh, route=False),  # ...so it is listed with predicted pages
+        ScoreBody(tokens=tokens, route=False, temperature=0.5),
+    ]
+    for body in bodies:
+        out.append(json.dumps(svc.answer_score(body, body.tokens)))
+    at = svc.loads.clock() + 1e9
+    for w in range(0, 80, 3):
+        svc.loads.put(WorkerKey(f"w{w}"), WorkerLoad(float(w % 7), float(w % 5), w % 4 or None, at, "metrics"))
+    svc.router.set_load(WorkerKey("w4"), 3.0)
+    for body in bodies:
+        out.append(json.dumps(svc.answer_score(body, body.tokens)))
+    return out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_whole_answers_equal_on_the_compiled_and_python_paths(seed):
+    fast = _answers(seed)
+    with native.python_only():
+        slow = _answers(seed)
+    assert fast == slow
+    first = json.loads(fast[0])
+    assert first["workers"] and first["workers"][0]["matched_pages"] > 0
+    loaded = [row for a in fast[6:] for row in json.loads(a)["workers"]]
+    assert any(row["active_prefill_blocks"] for row in loaded) and any(row["load"] for row in loaded)
+    assert any(row["predicted_blocks"] for a in fast for row in json.loads(a)["workers"])
+
+
+def test_a_fresh_service_answers_with_no_workers_on_either_path():
+    for ctx in (nullcontext(), native.python_only()):
+        with ctx:
+            svc = RouterService(feed=_NoFeed(), page_size=4, seed=0)
+            got = svc.answer_score(ScoreBody(tokens=list(range(12)), route=True), list(range(12)))
+            assert got["workers"] == [] and got["pick"] is None
