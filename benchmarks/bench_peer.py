@@ -27,6 +27,8 @@ fresh index and then times every request; the sides take turns round by round, s
 slows them alike. p50/p99 per round; the machine is shared, so compare p50s and rounds. Apply and
 the lookups are also timed in process CPU time (`*_cpu`: the peer's includes its tree's background
 thread), which a busy machine's descheduling does not inflate.
+`lookup_columns` (kvevents only) is the same walk as the lookup /score runs it
+(`PrefixRouter.match_columns`: the matched workers as arrays, no object per worker).
 `same_walk` (kvevents only) times one deep lookup again and again, as many times as there are
 requests: identical warm work, so its p99 over its p50 is the machine's own jitter in that round.
 
@@ -35,7 +37,8 @@ answer from a request's token list (hash 8,192 tokens + lookup + predictions + l
 + the matched workers and top_k others as JSON-ready objects), what Dynamo's `full` covers and more;
 `answer_routed` the same as routing decisions (each credits the pick with predicted pages, so the
 round's later requests find them); `answer_loaded` routed, with a scraped load for every worker
-(the cost vectors over the whole fleet); `answer_packed` from the packed ids the HTTP front decodes.
+(the cost vectors over the whole fleet); `answer_packed` from the packed ids the HTTP front decodes
+(a /score body's token array is read straight into them, never into a list), without predictions.
 `--scale` runs one such run per point of a scale curve (benchmarks/peer_scale.py: each point in a
 process of its own, the record-log cold start of the largest point, results.json and one SVG per
 figure against the worker count). `--record-log PATH` writes the point's batches as a record log.
@@ -75,6 +78,8 @@ _U64 = (1 << 64) - 1
 PHASES = (
     "lookup",
     "lookup_cpu",
+    "lookup_columns",
+    "lookup_columns_cpu",
     "full",
     "hash",
     "same_walk",
@@ -275,7 +280,17 @@ class Ours:
             c0 = cpu()
             lookup(hs)
             lcpu.append(cpu() - c0)
+        columns, ccols, ccpu = self.router.match_columns, [], []
+        for hs in self.hashed:  # the lookup /score runs: the same walk, its result as columns
+            t0 = pc()
+            columns(hs)
+            ccols.append(pc() - t0)
+        for hs in self.hashed:
+            c0 = cpu()
+            columns(hs)
+            ccpu.append(cpu() - c0)
         out = {"lookup": look, "full": full, "hash": hsh, "same_walk": noise, "lookup_cpu": lcpu}
+        out |= {"lookup_columns": ccols, "lookup_columns_cpu": ccpu}
         out.update(self.answers())
         return out
 
@@ -293,6 +308,7 @@ class Ours:
                 times.append(pc() - t0)
             phases[phase] = times
         packed = [(ScoreHead(tokens=b"", route=False), pack_tokens(t)) for t in self.reqs]
+        svc.predictions.expire(float("inf"))  # as `answer`: no predictions (the routed phase made some)
         times = []
         for head, ids in packed:
             t0 = pc()

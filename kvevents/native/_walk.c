@@ -159,6 +159,64 @@ static HOT_INLINE int step_words(Walk *W, Py_ssize_t i) {
     return kept > 0;
 }
 
+/* One page for layouts of one column per word (no per-medium credit): one pass over the page's pairs
+ * instead of spreading them into the row and stepping every word still matching. A word's bits are
+ * OR-ed over its pairs (several views), AND-ed into its prefix; words the page names no pair of end
+ * here. Same results as spread_page + step_words. 1 while any word matches, -1 on a bad record. */
+static HOT_INLINE int step_pairs(Walk *W, const uint64_t *rw, Py_ssize_t k, Py_ssize_t i) {
+    const uint32_t now_tick = ++W->tick;
+    uint64_t *acc = W->acc, *held = W->held;
+    uint32_t *stamp = W->stampw;
+    Py_ssize_t ntouch = 0;
+    for (Py_ssize_t v = 0; v < W->nv; v++) {
+        uint64_t r = rw[v * BLOCK + k], *p = &r;
+        if (!r) continue;
+        const uint64_t *f = W->filt[v];
+        Py_ssize_t len = 1;
+        int cls = 0;
+        if (r >= KV_ROW_REF && rec_open(&W->views[v], r, &p, &len, &cls) < 0) return -1;
+        for (Py_ssize_t j = 0; j < len; j++) {
+            uint64_t col = p[j] >> 32;
+            if (col >= (uint64_t)W->nc) continue;
+            int32_t w = W->colword[col];
+            if (w < 0 || !acc[w]) continue;
+            uint64_t bits = f ? (p[j] & KV_LOW & f[col]) : (p[j] & KV_LOW);
+            if (stamp[w] != now_tick) {
+                stamp[w] = now_tick;
+                held[w] = bits;
+                W->touch[ntouch++] = w;
+            } else {
+                held[w] |= bits;
+            }
+        }
+    }
+    int dropped = 0;
+    for (Py_ssize_t t = 0; t < ntouch; t++) {
+        Py_ssize_t w = W->touch[t];
+        uint64_t a = acc[w], now = a & held[w];
+        if (now == a) continue;
+        if (i > 0) record_ends(W, w, a & ~now, i);
+        acc[w] = now;
+        dropped |= !now;
+    }
+    if (ntouch < W->nact) { /* words the page does not name: every prefix in them ends here */
+        for (Py_ssize_t t = 0; t < W->nact; t++) {
+            Py_ssize_t w = W->act[t];
+            if (stamp[w] == now_tick) continue;
+            if (i > 0) record_ends(W, w, acc[w], i);
+            acc[w] = 0;
+        }
+        dropped = 1;
+    }
+    if (dropped) {
+        Py_ssize_t kept = 0;
+        for (Py_ssize_t t = 0; t < W->nact; t++)
+            if (acc[W->act[t]]) W->act[kept++] = W->act[t];
+        W->nact = kept;
+    }
+    return W->nact > 0;
+}
+
 /* The pipelined walk: block b+3's buckets are prefetched, block b+2 probed (its rows words prefetched) and
  * block b+1's rows words read (their records prefetched) before block b is walked. Workers still matching
  * at the last page end there. */
@@ -175,9 +233,13 @@ static int walk_pages(Walk *W) {
         load_block(W, base + BLOCK);
         const uint64_t *rw = W->rw + ring_at(W, base);
         for (Py_ssize_t i = base; i < stop && going; i++) {
-            if (i > 0 && !W->credit && same_as_before(W, rw, i - base)) continue;
-            if (spread_page(W, rw, i - base) < 0) return -1;
-            going = step_words(W, i);
+            if (!W->credit) {
+                if (i > 0 && same_as_before(W, rw, i - base)) continue;
+                if ((going = step_pairs(W, rw, i - base, i)) < 0) return -1;
+            } else {
+                if (spread_page(W, rw, i - base) < 0) return -1;
+                going = step_words(W, i);
+            }
             for (Py_ssize_t v = 0; v < W->nv; v++) W->prev[v] = rw[v * BLOCK + (i - base)];
         }
     }

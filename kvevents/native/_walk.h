@@ -33,6 +33,9 @@ typedef struct {
     Py_ssize_t *slots;             /* RING blocks of probed slots per view */
     uint64_t *rw;                  /* RING blocks of rows words per view */
     uint64_t *prev;                /* per view: the rows word of the last page stepped */
+    uint64_t *held;                /* per word: a page's bits, OR-ed over its pairs (step_pairs) */
+    Py_ssize_t *touch;             /* the words a page's pairs named, in the order they came */
+    uint32_t *stampw, tick;        /* per word: the page count when a pair last named it; pages stepped */
     double *wts;
     void *scratch;
     PyObject *result, *workers;

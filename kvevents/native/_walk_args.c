@@ -179,8 +179,8 @@ int kv_walk_weights(Walk *W) {
 static int alloc_scratch(Walk *W) {
     Py_ssize_t nw = W->nw;
     size_t ring = (size_t)W->nv * RING * BLOCK;
-    size_t n8 = (size_t)(nw + 1) + 3 * (size_t)nw + (size_t)W->nc + (size_t)nw + 2 * ring + (size_t)W->nv;
-    size_t n4 = (size_t)nw + (size_t)nw * KV_WORD + (size_t)W->nc;
+    size_t n8 = (size_t)(nw + 1) + 3 * (size_t)nw + (size_t)W->nc + (size_t)nw + 2 * ring + (size_t)W->nv + 2 * (size_t)nw;
+    size_t n4 = (size_t)nw + (size_t)nw * KV_WORD + (size_t)W->nc + (size_t)nw;
     W->scratch = PyMem_Malloc(n8 * 8 + n4 * 4 + (size_t)nw * KV_WORD + 8);
     if (!W->scratch) { PyErr_NoMemory(); return -1; }
     W->wstart = (Py_ssize_t *)W->scratch;
@@ -192,11 +192,16 @@ static int alloc_scratch(Walk *W) {
     W->slots = W->act + nw;
     W->rw = (uint64_t *)(W->slots + ring);
     W->prev = W->rw + ring;
-    W->nend = (int32_t *)(W->prev + W->nv);
+    W->held = W->prev + W->nv;
+    W->touch = (Py_ssize_t *)(W->held + nw);
+    W->nend = (int32_t *)(W->touch + nw);
     W->ends = W->nend + nw;
     W->colword = W->ends + (size_t)nw * KV_WORD;
-    W->endorder = (uint8_t *)(W->colword + W->nc);
+    W->stampw = (uint32_t *)(W->colword + W->nc);
+    W->endorder = (uint8_t *)(W->stampw + nw);
+    W->tick = 0;
     memset(W->nend, 0, (size_t)nw * sizeof(int32_t));
+    memset(W->stampw, 0, (size_t)nw * sizeof(uint32_t));
     memset(W->row, 0, (size_t)W->nc * sizeof(uint64_t));
     for (Py_ssize_t c = 0; c < W->nc; c++) W->colword[c] = -1;
     return 0;
