@@ -13,8 +13,9 @@ seeded RNG. Policy `prefix` is the ranking before costs: most credit first, then
 (`prefill_load_scale * prefill + decode`), then the caller's load hint.
 
 An answer lists every worker that matched a page plus those of the `top_k` lowest-cost workers
-that did not (the rest are counted, not built): O(matched + top_k) in Python, plus a few numpy passes over the fleet
-when loads are known (none when no load is). Ties fall in a random order drawn per request.
+that did not (the rest are counted, not built): `rank_columns` works on arrays (the lookup's
+columns), a few numpy calls plus one compiled sort of O(matched + top_k), and a few numpy passes over
+the fleet when loads are known (none when no load is). Ties fall in a random order drawn per request.
 """
 
 from __future__ import annotations

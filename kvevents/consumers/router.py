@@ -152,18 +152,18 @@ class PrefixRouter:
 
     def hash_array(self, token_ids: Sequence[int], cache_salt: str | None = None) -> np.ndarray:
         """`request_hashes` as an int64 numpy array (what the lookup consumes)."""
-        seed = _event_seed(Namespace(cache_salt=cache_salt).cache_salt)
+        seed = _request_seed(cache_salt)
         return np.frombuffer(packed_to_int64_array(whole_pages_chain(token_ids, self.page_size, seed)), np.int64)
 
     def hash_packed(self, packed: bytes, cache_salt: str | None = None) -> np.ndarray:
         """`hash_array` of ids already packed (little-endian uint32, as `pack_tokens` gives them)."""
-        seed = _event_seed(Namespace(cache_salt=cache_salt).cache_salt)
+        seed = _request_seed(cache_salt)
         whole = memoryview(packed)[: len(packed) - len(packed) % (4 * self.page_size)]  # no copy of 16 MB
         return np.frombuffer(packed_to_int64_array(packed_chain(cast(bytes, whole), self.page_size, seed)), np.int64)
 
     def _pages(self, token_ids: Sequence[int], cache_salt: str | None) -> tuple[list[bytes], bytes | None]:
         """The request's whole pages as packed bytes (every id validated up front), and the event seed."""
-        seed = _event_seed(Namespace(cache_salt=cache_salt).cache_salt)
+        seed = _request_seed(cache_salt)
         packed = pack_tokens(token_ids)
         step = 4 * self.page_size  # bytes per page
         return split_pages(packed[: len(packed) - len(packed) % step], self.page_size), seed
@@ -287,6 +287,11 @@ def _load(hint: Mapping[Any, float], key: WorkerKey) -> float:
     """A worker's load hint: by its key, else by its display label, else 0."""
     got = hint.get(key)
     return got if got is not None else hint.get(key.label, 0.0)
+
+
+def _request_seed(cache_salt: str | None) -> bytes | None:
+    """The event chain's seed for a request's cache_salt (None and "" alike: unseeded, no Namespace built)."""
+    return _event_seed(Namespace(cache_salt=cache_salt).cache_salt) if cache_salt else None
 
 
 def _event_seed(cache_salt: str | None) -> bytes | None:

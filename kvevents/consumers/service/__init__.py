@@ -6,6 +6,7 @@
 | `worker_rows.py` | one row of GET /workers (a source's dp rank) laid out as JSON, defined once |
 | `score_request.py`, `score_body.py` | the POST /score body: its pydantic contract, its fast decoders |
 | `scoring.py` | the /score answer: matches, predictions, loads, ranking by cost, the routing decision's credit |
+| `answer_rows.py` | the /score answer's worker objects built from the ranking's columns (compiled, with a Python twin) |
 | `freshness.py` | which publishers are stale, read in O(1) per answer |
 | `http_api.py` | the FastAPI app on uvicorn: /score, /workers, /metrics, /status.json, the status page |
 | `auth.py` | bearer keys (full, read-only) checked in constant time, TLS files, what a read-only caller does not see |
