@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build kvevents.native._speedups (all of kvevents/native/*.c) with -fsanitize=address,undefined in a scratch
-# copy of the tree and run the differential tests (tests/native, the /score body reader's and splitter's) against it
+# copy of the tree and run the differential tests (tests/native, the /score body reader's and splitter's, the answer's rows) against it
 # once. Any sanitizer report fails (-s: a report is printed before the process stops). Run by .ci/run; skipped without gcc/libasan.
 #   scripts/asan_check.sh            (needs gcc with libasan/libubsan; ~30-60 s on 2 cores)
 set -euo pipefail
@@ -24,5 +24,6 @@ export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 export PYTHONPATH="$work"
 # run from the scratch copy, so `kvevents` is the sanitized build, not the installed tree
 python3 -c "import kvevents.native._speedups as s, kvevents; assert kvevents.__file__.startswith('$work'), kvevents.__file__; print('asan_check: sanitized', s.__file__)"
-python3 -m pytest -q -s -p no:cacheprovider tests/native tests/consumers/test_score_body.py tests/consumers/test_score_split.py
+python3 -m pytest -q -s -p no:cacheprovider tests/native tests/consumers/test_score_body.py tests/consumers/test_score_split.py \
+  tests/consumers/test_answer_rows.py
 echo "asan_check: ok (no sanitizer reports)"
