@@ -29,7 +29,9 @@ __all__ = [
     "digest_chain",
     "digests_to_int64",
     "packed_chain",
+    "packed_chain_int64",
     "whole_pages_chain",
+    "whole_pages_int64",
     "packed_to_int64",
     "packed_to_int64_array",
 ]
@@ -212,6 +214,23 @@ def whole_pages_chain(token_ids: Sequence[int], page_size: int, prior: bytes | N
             return out
     packed = pack(token_ids)
     return packed_chain(packed[: len(packed) - len(packed) % (4 * page_size)], page_size, prior)
+
+
+def packed_chain_int64(data: bytes, page_size: int, prior: bytes | None = None) -> bytes:
+    """The published int64 of each page of `packed_chain`, as native int64 bytes (no digest kept)."""
+    if page_size <= _C_PAGE_MAX and _native.active():
+        return _native.chain_packed(data, page_size, prior, True)
+    return packed_to_int64_array(packed_chain(data, page_size, prior)).tobytes()
+
+
+def whole_pages_int64(token_ids: Sequence[int], page_size: int, prior: bytes | None = None) -> bytes:
+    """The published int64 of each page of `whole_pages_chain`, as native int64 bytes."""
+    check_page_size(page_size)
+    if type(token_ids) is list and page_size <= _C_PAGE_MAX and _native.active():
+        out = _native.chain_list(token_ids, page_size, prior, True)
+        if out is not None:  # None: a bad id, named by pack below
+            return out
+    return packed_to_int64_array(whole_pages_chain(token_ids, page_size, prior)).tobytes()
 
 
 def split_pages(packed: bytes, page_size: int) -> list[bytes]:

@@ -24,10 +24,12 @@ from kvevents._chain import (
     digest_chain,
     digests_to_int64,
     packed_chain,
+    packed_chain_int64,
     packed_to_int64,
     packed_to_int64_array,
     split_pages,
     whole_pages_chain,
+    whole_pages_int64,
 )
 
 __all__ = [
@@ -48,7 +50,9 @@ __all__ = [
     "digests_to_int64",
     "event_hashes_int64",
     "packed_chain",
+    "packed_chain_int64",
     "whole_pages_chain",
+    "whole_pages_int64",
     "packed_to_int64",
     "packed_to_int64_array",
     "check_page_size",

@@ -28,11 +28,11 @@ from kvevents.hashing import (
     event_hashes_int64,
     event_seed,
     pack_tokens,
-    packed_chain,
+    packed_chain_int64,
     packed_to_int64,
     packed_to_int64_array,
     split_pages,
-    whole_pages_chain,
+    whole_pages_int64,
 )
 
 __all__ = ["PrefixRouter", "WorkerScore", "DEFAULT_MEDIUM_WEIGHTS", "LoadKey", "LoadHints", "parse_medium_weights"]
@@ -153,13 +153,13 @@ class PrefixRouter:
     def hash_array(self, token_ids: Sequence[int], cache_salt: str | None = None) -> np.ndarray:
         """`request_hashes` as an int64 numpy array (what the lookup consumes)."""
         seed = _request_seed(cache_salt)
-        return np.frombuffer(packed_to_int64_array(whole_pages_chain(token_ids, self.page_size, seed)), np.int64)
+        return np.frombuffer(whole_pages_int64(token_ids, self.page_size, seed), np.int64)
 
     def hash_packed(self, packed: bytes, cache_salt: str | None = None) -> np.ndarray:
         """`hash_array` of ids already packed (little-endian uint32, as `pack_tokens` gives them)."""
         seed = _request_seed(cache_salt)
         whole = memoryview(packed)[: len(packed) - len(packed) % (4 * self.page_size)]  # no copy of 16 MB
-        return np.frombuffer(packed_to_int64_array(packed_chain(cast(bytes, whole), self.page_size, seed)), np.int64)
+        return np.frombuffer(packed_chain_int64(cast(bytes, whole), self.page_size, seed), np.int64)
 
     def _pages(self, token_ids: Sequence[int], cache_salt: str | None) -> tuple[list[bytes], bytes | None]:
         """The request's whole pages as packed bytes (every id validated up front), and the event seed."""

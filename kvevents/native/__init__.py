@@ -163,9 +163,10 @@ def all_int64(hashes: list, prev: int | None) -> bool:
     return _c.all_int64(hashes, prev)
 
 
-def chain_list(token_ids: list, page_size: int, prior: bytes | None) -> bytes | None:
-    """Digests of the whole pages of a token list, packed and hashed in one pass; None on a bad id."""
-    return _c.chain_list(token_ids, page_size, prior, True)
+def chain_list(token_ids: list, page_size: int, prior: bytes | None, ints: bool = False) -> bytes | None:
+    """Digests of the whole pages of a token list, packed and hashed in one pass (ints: their published
+    int64s, native); None on a bad id."""
+    return _c.chain_list(token_ids, page_size, prior, True, ints)
 
 
 def chain_pages(pages: Any, prior: bytes | None) -> list[bytes]:
@@ -173,9 +174,10 @@ def chain_pages(pages: Any, prior: bytes | None) -> list[bytes]:
     return _c.chain_pages(pages, prior)
 
 
-def chain_packed(data: bytes, page_size: int, prior: bytes | None) -> bytes:
-    """Concatenated digests of the chain over packed tokens cut into pages (last may be partial)."""
-    return _c.chain_packed(data, page_size, prior)
+def chain_packed(data: bytes, page_size: int, prior: bytes | None, ints: bool = False) -> bytes:
+    """Concatenated digests of the chain over packed tokens cut into pages (last may be partial), or
+    (ints) their published int64s, native."""
+    return _c.chain_packed(data, page_size, prior, ints)
 
 
 def digests_int64(packed: bytes) -> bytes:

@@ -43,6 +43,36 @@ static HOT_INLINE void chain_link(uint8_t prev[32], int *have, const uint8_t *pa
     *have = 1;
 }
 
+/* The published int64 of a digest: its first 8 bytes, big-endian, signed. */
+static inline int64_t digest_int64(const uint8_t d[32]) {
+    uint64_t v = 0;
+    for (int j = 0; j < 8; j++) v = (v << 8) | d[j];
+    return (int64_t)v;
+}
+
+/* The chain over npages pages of `step` bytes in p (the last may be shorter: len bytes in all): each
+ * digest into o (32 bytes a page) or, when o is NULL, its int64 into ints. Whole 16-token pages after
+ * the first link run in one SHA-NI loop (kv_chain64_shani). */
+static void chain_run(uint8_t prev[32], int have, const uint8_t *p, Py_ssize_t len, Py_ssize_t step, Py_ssize_t npages,
+                      uint8_t *o, int64_t *ints) {
+    uint8_t d[32];
+    for (Py_ssize_t i = 0; i < npages;) {
+#ifdef KV_HAVE_SHANI_CODE
+        Py_ssize_t whole = len / step;
+        if (have && kv_link64_fast && step == 64 && i < whole) {
+            kv_chain64_shani(prev, p + 64 * i, whole - i, o ? o + 32 * i : NULL, o ? NULL : ints + i);
+            i = whole;
+            continue;
+        }
+#endif
+        Py_ssize_t off = i * step, n = len - off < step ? len - off : step;
+        uint8_t *dst = o ? o + 32 * i : d;
+        chain_link(prev, &have, p + off, (size_t)n, dst);
+        if (!o) ints[i] = digest_int64(dst);
+        i++;
+    }
+}
+
 /* chain_pages(pages, prior) -> list[bytes]: the chain over a sequence of page byte strings.
  * The twin of kvevents._chain.chain_digests. */
 PyObject *kv_chain_pages(PyObject *self, PyObject *args) {
@@ -81,12 +111,14 @@ PyObject *kv_chain_pages(PyObject *self, PyObject *args) {
     return out;
 }
 
-/* chain_packed(data, page_size, prior) -> bytes: the chain over packed uint32 tokens cut into pages
- * (the last may be partial), as concatenated 32-byte digests. */
+/* chain_packed(data, page_size, prior[, ints]) -> bytes: the chain over packed uint32 tokens cut into pages
+ * (the last may be partial), as concatenated 32-byte digests, or (ints true) their published int64s
+ * as native int64 (what digests_int64 makes of the digests). */
 PyObject *kv_chain_packed(PyObject *self, PyObject *args) {
     PyObject *data, *prior, *pso;
     Py_ssize_t page_size;
-    if (!PyArg_ParseTuple(args, "OOO", &data, &pso, &prior)) return NULL;
+    int ints = 0;
+    if (!PyArg_ParseTuple(args, "OOO|p", &data, &pso, &prior, &ints)) return NULL;
     if (page_size_of(pso, CHAIN_PAGE_MAX, &page_size) < 0) return NULL;
     uint8_t prev[32];
     int have = prior_of(prior, prev);
@@ -99,18 +131,15 @@ PyObject *kv_chain_packed(PyObject *self, PyObject *args) {
     }
     Py_ssize_t step = page_size * 4;
     Py_ssize_t npages = b.len / step + (b.len % step ? 1 : 0);
-    PyObject *out = PyBytes_FromStringAndSize(NULL, npages * 32);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, npages * (ints ? 8 : 32));
     if (!out) { PyBuffer_Release(&b); return NULL; }
-    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
+    uint8_t *o = ints ? NULL : (uint8_t *)PyBytes_AS_STRING(out);
     const uint8_t *p = b.buf;
     /* The GIL is let go only for a long chain: for a request's few pages (microseconds) another
      * thread took it meanwhile and the caller waited to get it back (a /score at 256 tokens on the
      * router's event loop: 2 us of hashing, ~20 us in all). */
     PyThreadState *ts = b.len >= RELEASE_GIL_BYTES ? PyEval_SaveThread() : NULL;
-    for (Py_ssize_t i = 0; i < npages; i++) {
-        Py_ssize_t off = i * step, len = b.len - off < step ? b.len - off : step;
-        chain_link(prev, &have, p + off, (size_t)len, o + 32 * i);
-    }
+    chain_run(prev, have, p, b.len, step, npages, o, ints ? (int64_t *)PyBytes_AS_STRING(out) : NULL);
     if (ts) PyEval_RestoreThread(ts);
     PyBuffer_Release(&b);
     return out;
@@ -196,7 +225,8 @@ PyObject *kv_pack_u32(PyObject *self, PyObject *arg) {
  * latency-bound, packing load-bound: the CPU overlaps them); the tail past npages whole pages is only
  * validated. 0, or -1 on a bad token. */
 static int chain_list_pages(PyObject *list, Py_ssize_t page_size, Py_ssize_t npages, uint8_t *buf, uint8_t prev[32],
-                            int have, uint8_t *o) {
+                            int have, uint8_t *o, int64_t *ints) {
+    uint8_t d[32];
     Py_ssize_t n = PyList_GET_SIZE(list);
     uint8_t *cur = buf, *next = buf + page_size * 4;
 #define PAGE_HI(p) ((p) * page_size + page_size < n ? (p) * page_size + page_size : n)
@@ -206,7 +236,8 @@ static int chain_list_pages(PyObject *list, Py_ssize_t page_size, Py_ssize_t npa
         if (p + 1 < npages && pack_range(list, (p + 1) * page_size, PAGE_HI(p + 1), next) < 0) return -1;
         for (Py_ssize_t i = (p + 2) * page_size; i < PAGE_HI(p + 2) && i < (p + 2) * page_size + 64; i++)
             PREFETCH(PyList_GET_ITEM(list, i));  /* page p+2's int objects load while page p hashes */
-        chain_link(prev, &have, cur, (size_t)len * 4, o + 32 * p);
+        chain_link(prev, &have, cur, (size_t)len * 4, o ? o + 32 * p : d);
+        if (!o) ints[p] = digest_int64(d);
         uint8_t *t = cur; cur = next; next = t;
     }
 #undef PAGE_HI
@@ -214,14 +245,15 @@ static int chain_list_pages(PyObject *list, Py_ssize_t page_size, Py_ssize_t npa
     return 0;
 }
 
-/* chain_list(tokens, page_size, prior, whole) -> concatenated digests, or None when a token is not an
- * int in 0..2**32-1 (the Python path then names it). whole: a partial last page is only validated, not
- * hashed. The twin of packed_chain(pack_tokens(tokens)[:whole pages], ...). */
+/* chain_list(tokens, page_size, prior, whole[, ints]) -> concatenated digests (ints: their published int64s,
+ * native), or None when a token is not an int in 0..2**32-1 (the Python path then names it). whole: a
+ * partial last page is only validated, not hashed. The twin of packed_chain(pack_tokens(tokens)[:whole
+ * pages], ...). */
 PyObject *kv_chain_list(PyObject *self, PyObject *args) {
     PyObject *list, *prior, *pso;
     Py_ssize_t page_size;
-    int whole;
-    if (!PyArg_ParseTuple(args, "OOOp", &list, &pso, &prior, &whole)) return NULL;
+    int whole, ints = 0;
+    if (!PyArg_ParseTuple(args, "OOOp|p", &list, &pso, &prior, &whole, &ints)) return NULL;
     if (page_size_of(pso, LIST_PAGE_MAX, &page_size) < 0) return NULL;
     if (!PyList_Check(list)) Py_RETURN_NONE;
     uint8_t prev[32];
@@ -231,9 +263,10 @@ PyObject *kv_chain_list(PyObject *self, PyObject *args) {
     Py_ssize_t npages = n / page_size + (!whole && n % page_size ? 1 : 0);
     uint8_t *buf = PyMem_Malloc((size_t)page_size * 8);
     if (!buf) return PyErr_NoMemory();
-    PyObject *out = PyBytes_FromStringAndSize(NULL, npages * 32);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, npages * (ints ? 8 : 32));
     if (!out) { PyMem_Free(buf); return NULL; }
-    int rc = chain_list_pages(list, page_size, npages, buf, prev, have, (uint8_t *)PyBytes_AS_STRING(out));
+    uint8_t *o = (uint8_t *)PyBytes_AS_STRING(out);
+    int rc = chain_list_pages(list, page_size, npages, buf, prev, have, ints ? NULL : o, ints ? (int64_t *)o : NULL);
     PyMem_Free(buf);
     if (rc < 0) { Py_DECREF(out); Py_RETURN_NONE; }
     return out;

@@ -144,6 +144,35 @@ KV_SHANI static void kv_link64_shani(uint8_t prev[32], const uint8_t *page, uint
     _mm_storeu_si128((__m128i *)prev, lo);
     _mm_storeu_si128((__m128i *)(prev + 16), hi);
 }
+/* kv_link64_shani over n consecutive 64-byte pages, the running digest kept in registers as the next
+ * page's message words (no byte swap and store and reload between links: they sit on the chain's
+ * critical path). Writes each digest to out (32 bytes a page) or, when out is NULL, each digest's
+ * published int64 (its first 8 bytes, big-endian, signed) to ints; prev becomes the last digest. */
+KV_SHANI static void kv_chain64_shani(uint8_t prev[32], const uint8_t *pages, Py_ssize_t n, uint8_t *out, int64_t *ints) {
+    const __m128i bswap = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
+    const __m128i pad0 = _mm_set_epi32(0, 0, 0, (int)0x80000000u), pad1 = _mm_set_epi32(96 * 8, 0, 0, 0);
+    __m128i lo = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)prev), bswap);
+    __m128i hi = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(prev + 16)), bswap);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const uint8_t *page = pages + 64 * i;
+        __m128i s0, s1;
+        kv_shani_in(kv_H0, &s0, &s1);
+        kv_shani_block(&s0, &s1, lo, hi, _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)page), bswap),
+                       _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(page + 16)), bswap));
+        kv_shani_block(&s0, &s1, _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(page + 32)), bswap),
+                       _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)(page + 48)), bswap), pad0, pad1);
+        kv_shani_out(s0, s1, &lo, &hi); /* the digest's words, in order, as 32-bit lanes */
+        if (out) {
+            _mm_storeu_si128((__m128i *)(out + 32 * i), _mm_shuffle_epi8(lo, bswap));
+            _mm_storeu_si128((__m128i *)(out + 32 * i + 16), _mm_shuffle_epi8(hi, bswap));
+        } else {
+            ints[i] = (int64_t)(((uint64_t)(uint32_t)_mm_cvtsi128_si32(lo) << 32) |
+                                (uint32_t)_mm_extract_epi32(lo, 1));
+        }
+    }
+    _mm_storeu_si128((__m128i *)prev, _mm_shuffle_epi8(lo, bswap));
+    _mm_storeu_si128((__m128i *)(prev + 16), _mm_shuffle_epi8(hi, bswap));
+}
 #undef KV_RNDS
 #undef KV_NEXT
 #endif

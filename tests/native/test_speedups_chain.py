@@ -61,10 +61,34 @@ def test_every_public_hashing_function_matches_the_python_chain(tokens, page_siz
             ),
             hashing.digest_chain(hashing.split_pages(hashing.pack_tokens(tokens), page_size)),
             hashing.whole_pages_chain(tokens, page_size, None if prior is None else bytes.fromhex(prior)),
+            hashing.packed_chain_int64(
+                hashing.pack_tokens(tokens), page_size, None if prior is None else bytes.fromhex(prior)
+            ),
+            hashing.whole_pages_int64(tokens, page_size, None if prior is None else bytes.fromhex(prior)),
         )
 
     fast, portable, slow = _all_paths(run)
     assert fast == portable == slow
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(st.lists(st.integers(0, 2**32 - 1), max_size=700), st.one_of(st.none(), st.binary(min_size=32, max_size=32)))
+def test_16_token_chains_in_registers_equal_the_python_chain(tokens, prior):
+    """16-token pages run one SHA-NI loop that keeps the digest in registers between links (after a
+    first link without prior, before a partial last page): digests and published ints as Python's."""
+    packed = hashing.pack_tokens(tokens)
+
+    def run():
+        return (
+            hashing.packed_chain(packed, 16, prior),
+            hashing.packed_chain_int64(packed, 16, prior),
+            hashing.whole_pages_int64(tokens, 16, prior),
+            hashing.whole_pages_chain(tokens, 16, prior),
+        )
+
+    fast, portable, slow = _all_paths(run)
+    assert fast == portable == slow
+    assert fast[1] == native.digests_int64(fast[0])
 
 
 @settings(max_examples=40, derandomize=True, deadline=None)
