@@ -69,6 +69,8 @@ typedef struct {
     PyObject *obj[6];
     double val[6];
     int set[6];
+    PyObject *tmpl_dp; /* the template's dp_rank (borrowed): a row whose rank is that object keeps it */
+    int tmpl_no_pred;  /* the template's predicted_blocks is int 0: a row without predicted pages keeps it */
 } Reuse;
 
 enum { R_COST, R_SCORE, R_PAGES, R_TOKENS, R_OVERLAP, R_PREDICTED };
@@ -100,12 +102,12 @@ static PyObject *one_row(PyObject *tmpl, PyObject *src, PyObject *dp, const Cols
     const long long more = c->held == 6 ? COL(c, 5, int64_t)[i] : 0, tokens = pages * page_size;
     PyObject *d = PyDict_Copy(tmpl);
     if (!d) return NULL;
-    if (PyDict_SetItem(d, k_worker, src) < 0 || PyDict_SetItem(d, k_dp, dp) < 0 ||
+    if (PyDict_SetItem(d, k_worker, src) < 0 || (dp != r->tmpl_dp && PyDict_SetItem(d, k_dp, dp) < 0) ||
         put(d, k_cost, value(r, R_COST, cost, 0)) < 0 || put(d, k_score, value(r, R_SCORE, score, 0)) < 0 ||
         put(d, k_pages, value(r, R_PAGES, (double)pages, pages)) < 0 ||
         put(d, k_tokens, value(r, R_TOKENS, (double)tokens, tokens)) < 0 ||
         put(d, k_overlap, value(r, R_OVERLAP, (double)(pages + more), pages + more)) < 0 ||
-        put(d, k_predicted, value(r, R_PREDICTED, (double)more, more)) < 0)
+        ((more || !r->tmpl_no_pred) && put(d, k_predicted, value(r, R_PREDICTED, (double)more, more)) < 0))
         goto fail;
     for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(names); j++)
         if (PyDict_SetItem(d, PyTuple_GET_ITEM(names, j), PyList_GET_ITEM(PyTuple_GET_ITEM(extra, j), i)) < 0) goto fail;
@@ -143,7 +145,10 @@ PyObject *kv_score_rows(PyObject *self, PyObject *args) {
         }
     }
     PyObject *out = PyList_New(c.n);
-    Reuse reuse = {{NULL}, {0}, {0}};
+    Reuse reuse = {{NULL}, {0}, {0}, PyDict_GetItemWithError(tmpl, k_dp), 0};
+    PyObject *tp = reuse.tmpl_dp || !PyErr_Occurred() ? PyDict_GetItemWithError(tmpl, k_predicted) : NULL;
+    reuse.tmpl_no_pred = tp && PyLong_CheckExact(tp) && PyLong_AsLongLong(tp) == 0;
+    if (PyErr_Occurred()) { Py_XDECREF(out); cols_free(&c); return NULL; }
     const int64_t *wi = COL(&c, 0, int64_t);
     const Py_ssize_t nsrc = PyList_GET_SIZE(sources);
     for (Py_ssize_t i = 0; out && i < c.n; i++) {
