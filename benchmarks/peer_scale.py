@@ -97,8 +97,12 @@ def _row(w: int, c: int, rep: dict) -> dict:
         "lookup_cpu_p99": (ours["lookup_cpu_p99_median_us"], peer.get("lookup_cpu_p99_median_us")),
         "lookup_p50": (ours["lookup_p50_median_us"], peer.get("lookup_p50_median_us")),
         "lookup_p99": (ours["lookup_p99_median_us"], peer.get("lookup_p99_median_us")),
+        # the lookup /score runs (match_columns: arrays, no object per worker) against the peer's lookup
+        "columns_cpu_p50": (ours.get("lookup_columns_cpu_p50_median_us"), peer.get("lookup_cpu_p50_median_us")),
+        "columns_cpu_p99": (ours.get("lookup_columns_cpu_p99_median_us"), peer.get("lookup_cpu_p99_median_us")),
         "full_p50": (ours["full_p50_median_us"], peer.get("full_p50_median_us")),
         "answer_p50": ours.get("answer_p50_median_us"),
+        "answer_packed_p50": ours.get("answer_packed_p50_median_us"),
         "bytes": (ours["traced_bytes_per_copy"], ours["rss_bytes_per_copy"], peer.get("rss_bytes_per_copy")),
         "identical": rep.get("identical_matches"),
     }
@@ -112,9 +116,10 @@ def table(rows: list[dict]) -> str:
     """The figures as a Markdown table (kvevents / Dynamo per cell)."""
     head = (
         "| workers x copies | apply, copies/s: wall | per CPU s | lookup p50 (us): wall | CPU "
-        "| lookup p99 (us): wall | CPU | full request p50 (us) | router's whole answer p50 (us) "
+        "| lookup p99 (us): wall | CPU | /score's lookup, CPU p50 | p99 | full request p50 (us) "
+        "| router's whole answer p50 (us): from a list | from packed ids "
         "| bytes per held copy (traced, RSS / Dynamo RSS) | identical matches |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in rows:
@@ -122,11 +127,14 @@ def table(rows: list[dict]) -> str:
         for key in ("apply", "apply_cpu"):
             a = r[key]
             cells.append(f"{a[0] / 1e3:,.0f}k / {_num(a[1] and a[1] / 1e3, '{:,.0f}')}k")
-        for key in ("lookup_p50", "lookup_cpu_p50", "lookup_p99", "lookup_cpu_p99", "full_p50"):
-            cells.append(f"{r[key][0]} / {_num(r[key][1], '{}')}")
+        for key in ("lookup_p50", "lookup_cpu_p50", "lookup_p99", "lookup_cpu_p99", "columns_cpu_p50"):
+            cells.append(f"{_num(r[key][0], '{}')} / {_num(r[key][1], '{}')}")
+        for key in ("columns_cpu_p99", "full_p50"):
+            cells.append(f"{_num(r[key][0], '{}')} / {_num(r[key][1], '{}')}")
         b = r["bytes"]
         cells += [
             _num(r["answer_p50"], "{}"),
+            _num(r["answer_packed_p50"], "{}"),
             f"{b[0]:.1f}, {b[1]:.1f} / {_num(b[2], '{:.1f}')}",
             r["identical"] or "-",
         ]
@@ -141,11 +149,15 @@ def plots(rows: list[dict], out: Path) -> list[str]:
         ("apply", "apply, copies/s (wall)", "copies/s", lambda r: r["apply"], False, None),
         ("apply_cpu", "apply, copies per CPU second", "copies/s", lambda r: r["apply_cpu"], False, None),
         ("lookup_cpu_p99", "lookup p99, process CPU time", "us", lambda r: r["lookup_cpu_p99"], True, None),
+        ("columns_cpu_p99", "/score's lookup (columns) p99 vs the peer's lookup, CPU time", "us",
+         lambda r: r["columns_cpu_p99"], True, None),
         ("lookup_p99", "lookup p99 (hashes given)", "us", lambda r: r["lookup_p99"], True, None),
         ("lookup_p50", "lookup p50 (hashes given)", "us", lambda r: r["lookup_p50"], True, None),
         ("bytes", "bytes per held copy", "bytes", lambda r: (r["bytes"][0], r["bytes"][2]), False, (40.0, "40 B target")),
         ("answer_p50", "router's whole answer p50 (kvevents) vs full request p50 (Dynamo)", "us",
          lambda r: (r["answer_p50"], r["full_p50"][1]), True, None),
+        ("answer_packed_p50", "router's whole answer from packed ids p50 (kvevents) vs full request p50 (Dynamo)",
+         "us", lambda r: (r["answer_packed_p50"], r["full_p50"][1]), True, None),
     ]  # fmt: skip
     for name, title, unit, get, log_y, limit in figures:
         series: dict[str, list[tuple[float, float]]] = {"kvevents": [], "Dynamo 1.6.1": []}
