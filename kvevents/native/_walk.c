@@ -8,57 +8,60 @@
 
 /* ------------------------------------------------------------------ the pages */
 
-/* Prefetch the home buckets of pages [lo, lo + BLOCK) in every view. */
-static HOT_INLINE void prefetch_keys(const Walk *W, Py_ssize_t lo) {
+/* Prefetch the home buckets of pages [from, to) in every view. */
+static HOT_INLINE void prefetch_keys(const Walk *W, Py_ssize_t from, Py_ssize_t to) {
     const Py_ssize_t n = W->n, nv = W->nv;
     const int64_t *q = W->q;
-    for (Py_ssize_t i = lo; i < lo + BLOCK && i < n; i++)
+    for (Py_ssize_t i = from; i < to && i < n; i++)
         for (Py_ssize_t v = 0; v < nv; v++) PREFETCH(W->views[v].keys + home_of(&W->views[v], q[i]) * KV_SLOTS);
 }
 
-static HOT_INLINE size_t ring_at(const Walk *W, Py_ssize_t lo) { return (size_t)((lo / BLOCK) % RING) * W->nv * BLOCK; }
+/* Where page i's probed slots and rows words live: its block's part of the ring (then v * BLOCK + i % BLOCK). */
+static HOT_INLINE size_t ring_at(const Walk *W, Py_ssize_t i) { return (size_t)((i / BLOCK) % RING) * W->nv * BLOCK; }
 
-/* Probe pages [lo, lo + BLOCK) in every view into the block's part of `slots`, prefetching their rows words. */
-static HOT_INLINE int probe_block(Walk *W, Py_ssize_t lo) {
+/* Probe pages [from, to) in every view into the ring's `slots`, prefetching their rows words. */
+static HOT_INLINE int probe_pages(Walk *W, Py_ssize_t from, Py_ssize_t to) {
     const Py_ssize_t n = W->n, nv = W->nv;
     const int64_t *q = W->q;
-    Py_ssize_t *part = W->slots + ring_at(W, lo);
-    for (Py_ssize_t i = lo; i < lo + BLOCK && i < n; i++)
+    for (Py_ssize_t i = from; i < to && i < n; i++) {
+        Py_ssize_t *part = W->slots + ring_at(W, i), k = i % BLOCK;
         for (Py_ssize_t v = 0; v < nv; v++) {
             const View *view = &W->views[v];
             Py_ssize_t s = probe(view, q[i], home_of(view, q[i]));
             if (s == -2) return -1;
-            part[v * BLOCK + (i - lo)] = s;
+            part[v * BLOCK + k] = s;
             if (s >= 0) PREFETCH(view->rows + s);
         }
+    }
     return 0;
 }
 
-/* Read the rows words of pages [lo, lo + BLOCK) (probed a block ago), prefetching their records whole
- * (up to 4 lines: the class in the rows word gives the size before the header arrives), each once: pages
- * of a chain with the same holders name one record, and the walk skips a page whose rows words are the
- * page before's without reading it. */
-static HOT_INLINE void load_block(Walk *W, Py_ssize_t lo) {
+/* Read the rows words of pages [from, to) (probed a block ago), prefetching their records whole (up to 4
+ * lines: the class in the rows word gives the size before the header arrives), each once: pages of a
+ * chain with the same holders name one record, and the walk skips a page whose rows words are the page
+ * before's without reading it. */
+static HOT_INLINE void load_pages(Walk *W, Py_ssize_t from, Py_ssize_t to) {
     const Py_ssize_t n = W->n, nv = W->nv;
-    size_t at = ring_at(W, lo);
-    const Py_ssize_t *part = W->slots + at;
-    uint64_t *rw = W->rw + at;
-    for (Py_ssize_t i = lo; i < lo + BLOCK && i < n; i++)
+    for (Py_ssize_t i = from; i < to && i < n; i++) {
+        size_t at = ring_at(W, i);
+        const Py_ssize_t *part = W->slots + at, k = i % BLOCK;
+        uint64_t *rw = W->rw + at;
         for (Py_ssize_t v = 0; v < nv; v++) {
-            Py_ssize_t s = part[v * BLOCK + (i - lo)];
+            Py_ssize_t s = part[v * BLOCK + k];
             uint64_t r = s >= 0 ? W->views[v].rows[s] : 0;
-            rw[v * BLOCK + (i - lo)] = r;
+            rw[v * BLOCK + k] = r;
             uint64_t o = r & KV_ROW_OFFSET;
-            if (i > lo && r == rw[v * BLOCK + (i - lo) - 1]) continue; /* the page before's (shared) record */
+            if (k > 0 && r == rw[v * BLOCK + k - 1]) continue; /* the page before's (shared) record */
             if (r >= KV_ROW_REF && o < (uint64_t)W->views[v].npool) {
                 const uint64_t *rec = W->views[v].pool + o;
                 Py_ssize_t words = (Py_ssize_t)KV_POOL_MIN_WORDS << KV_ROW_CLS(r), most = W->views[v].npool - (Py_ssize_t)o;
                 if (words > 32) words = 32;
                 if (words > most) words = most;
-                for (Py_ssize_t k = 0; k < words; k += 8) PREFETCH(rec + k);
+                for (Py_ssize_t w = 0; w < words; w += 8) PREFETCH(rec + w);
                 if (words > 1) PREFETCH(rec + words - 1);
             }
         }
+    }
 }
 
 /* One pair of a page: its bits (AND the view's filter) into the row, if its column's word still matches. */
@@ -217,31 +220,30 @@ static HOT_INLINE int step_pairs(Walk *W, const uint64_t *rw, Py_ssize_t k, Py_s
     return W->nact > 0;
 }
 
-/* The pipelined walk: block b+3's buckets are prefetched, block b+2 probed (its rows words prefetched) and
- * block b+1's rows words read (their records prefetched) before block b is walked. Workers still matching
- * at the last page end there. */
+/* The pipelined walk, a page at a time: as page i is walked, page i + 3 BLOCK's buckets are prefetched,
+ * page i + 2 BLOCK probed (its rows words prefetched) and page i + BLOCK's rows words read (its record
+ * prefetched), so the misses are spread evenly instead of a block's worth at once (which stalls on the
+ * line fill buffers). Workers still matching at the last page end there. */
 static int walk_pages(Walk *W) {
     const Py_ssize_t n = W->n;
-    for (Py_ssize_t b = 0; b < 3; b++) prefetch_keys(W, b * BLOCK);
-    if (probe_block(W, 0) < 0 || probe_block(W, BLOCK) < 0) return -1;
-    load_block(W, 0);
+    prefetch_keys(W, 0, 3 * BLOCK);
+    if (probe_pages(W, 0, 2 * BLOCK) < 0) return -1;
+    load_pages(W, 0, BLOCK);
     int going = 1;
-    for (Py_ssize_t base = 0; base < n && going; base += BLOCK) {
-        Py_ssize_t stop = base + BLOCK < n ? base + BLOCK : n;
-        prefetch_keys(W, base + 3 * BLOCK);
-        if (probe_block(W, base + 2 * BLOCK) < 0) return -1;
-        load_block(W, base + BLOCK);
-        const uint64_t *rw = W->rw + ring_at(W, base);
-        for (Py_ssize_t i = base; i < stop && going; i++) {
-            if (!W->credit) {
-                if (i > 0 && same_as_before(W, rw, i - base)) continue;
-                if ((going = step_pairs(W, rw, i - base, i)) < 0) return -1;
-            } else {
-                if (spread_page(W, rw, i - base) < 0) return -1;
-                going = step_words(W, i);
-            }
-            for (Py_ssize_t v = 0; v < W->nv; v++) W->prev[v] = rw[v * BLOCK + (i - base)];
+    for (Py_ssize_t i = 0; i < n && going; i++) {
+        prefetch_keys(W, i + 3 * BLOCK, i + 3 * BLOCK + 1);
+        if (probe_pages(W, i + 2 * BLOCK, i + 2 * BLOCK + 1) < 0) return -1;
+        load_pages(W, i + BLOCK, i + BLOCK + 1);
+        const uint64_t *rw = W->rw + ring_at(W, i);
+        const Py_ssize_t k = i % BLOCK;
+        if (!W->credit) {
+            if (i > 0 && same_as_before(W, rw, k)) continue;
+            if ((going = step_pairs(W, rw, k, i)) < 0) return -1;
+        } else {
+            if (spread_page(W, rw, k) < 0) return -1;
+            going = step_words(W, i);
         }
+        for (Py_ssize_t v = 0; v < W->nv; v++) W->prev[v] = rw[v * BLOCK + k];
     }
     for (Py_ssize_t w = 0; w < W->nw; w++) record_ends(W, w, W->acc[w], n);
     return 0;
