@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from peer_coldstart import cold_start_nats
 from svg_plot import line_chart
 
 __all__ = ["run_scale", "parse_points", "cold_start"]
@@ -181,6 +182,8 @@ def run_scale(args) -> None:
             print(f"{w}x{c}: done in {rep['wall_s']} s", file=sys.stderr, flush=True)
             if log:
                 results["cold_start"] = {"workers": w, **cold_start(log)}
+                nats = cold_start_nats(log, "log", results["cold_start"]["copies"])
+                results["cold_start_nats"] = {"workers": w, **nats}
     results["rows"] = rows
     results["svgs"] = plots(rows, out)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -191,4 +194,11 @@ def run_scale(args) -> None:
             f"cold start ({cs['workers']} workers, {cs['copies']:,} copies, {cs['records']:,} records, "
             f"{cs['log_bytes'] / 1e6:.0f} MB log): {cs['wall_s']} s wall ({cs['apply_s']} s reading and applying), "
             f"peak RSS {cs['peak_rss_bytes'] / 1e6:,.0f} MB"
+        )
+    if "cold_start_nats" in results:
+        cn = results["cold_start_nats"]
+        print(
+            f"cold start from JetStream ({cn['workers']} workers, {cn['copies']:,} copies, {cn['messages']:,} messages, "
+            f"{cn['stream_bytes'] / 1e6:.0f} MB stream; `{cn['command']}`): {cn['wall_s']} s wall, "
+            f"RSS {cn['rss_bytes'] / 1e6:,.0f} MB holding it, peak {cn['peak_rss_bytes'] / 1e6:,.0f} MB"
         )
