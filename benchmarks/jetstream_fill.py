@@ -10,10 +10,13 @@ Two ways (benchmarks/peer_coldstart.py times a router's cold start from what the
   history, from each source's seq 0 (the same batches `kvevents log index` applies).
 - `fill_via_bridge` (the "bridge" path): the fleet itself. One real zeromq Publisher per source (the
   engines: benchmarks/fleet_engines.py, a child process) publishes the log's batches, then one real
-  Bridge over all of them (here) stores their history and a first round of snapshots; once everything is acknowledged a
-  second round is asked for (`Bridge.request_snapshot`), so the newest snapshot of every source
-  stands after all its batches and purges the first (a fleet in its steady state). A cold router
-  then reads the snapshots and the tail after them.
+  Bridge over all of them (here) stores their history and a first round of snapshots; once its
+  Subscriber is past every engine's last batch, a second round is asked for
+  (`Bridge.request_snapshot`), so the newest snapshot of every source stands after all its batches
+  and purges the first (a fleet in its steady state). A cold router then reads the snapshots and
+  the tail after them. The Bridge's Subscriber gets a zmq.Context of its own with room for its
+  sockets (ZeroMQ's default is 1,023 per context; zmq.Context.instance(), the Subscriber's
+  default, would refuse a few hundred sources: "Too many open files").
 
 Neither is timed: they only prepare the stream.
 """
@@ -37,7 +40,6 @@ from kvevents.jetstream.link import (
     H_RANK,
     H_SEQ,
     H_SOURCE,
-    ROOT,
     NatsOptions,
     StreamOptions,
     close,
@@ -45,7 +47,6 @@ from kvevents.jetstream.link import (
     ensure_stream,
     epoch_text,
     live_subject,
-    parse_subject,
 )
 from kvevents.recordlog.format import Record
 from kvevents.recordlog.reader import RecordReader
@@ -108,25 +109,16 @@ def fill_from_log(url: str, stream: str, log_path: str) -> dict[str, int]:
 
 def stream_state(url: str, stream: str) -> dict[str, int]:
     """The stream's message and byte counts (JetStream's own figures)."""
-    return asyncio.run(_stream_info(url, stream, False))
 
+    async def run() -> dict[str, int]:
+        nc = await connect(NatsOptions(url), give_up_after_s=10.0)
+        try:
+            info = await nc.jetstream(timeout=30.0).stream_info(stream)
+            return {"messages": int(info.state.messages), "bytes": int(info.state.bytes)}
+        finally:
+            await close(nc)
 
-def live_counts(url: str, stream: str) -> dict[str, int]:
-    """Messages stored per live subject (`kvevents.<stream>.<source>.<rank>`)."""
-    return asyncio.run(_stream_info(url, stream, True))
-
-
-async def _stream_info(url: str, stream: str, subjects: bool) -> dict[str, int]:
-    nc = await connect(NatsOptions(url), give_up_after_s=10.0)
-    try:
-        js = nc.jetstream(timeout=30.0)
-        if subjects:
-            info = await js.stream_info(stream, subjects_filter=f"{ROOT}.{stream}.*.*")
-            return {k: int(v) for k, v in (info.state.subjects or {}).items()}
-        info = await js.stream_info(stream)
-        return {"messages": int(info.state.messages), "bytes": int(info.state.bytes)}
-    finally:
-        await close(nc)
+    return asyncio.run(run())
 
 
 # ---------------------------------------------------------------- the bridge path
@@ -171,28 +163,28 @@ def _wait(what: str, done: Callable[[], bool], progress: Callable[[], str], time
 
 
 class _Fill:
-    """What the bridge has stored so far, against what the engines published."""
+    """What the bridge has forwarded and stored so far, against what the engines published."""
 
-    def __init__(self, url: str, stream: str, bridge: Bridge, published: dict[str, int]) -> None:
-        self.url, self.stream, self.bridge, self.published = url, stream, bridge, published
+    def __init__(self, bridge: Bridge, published: dict[str, int]) -> None:
+        self.bridge, self.published = bridge, published
 
     def snapshots(self) -> int:
         return self.bridge.counters().get("snapshots_stored", 0)
 
-    def missing(self) -> int:
-        """Batches published and not yet in the stream (a source's heartbeats count as its batches too)."""
-        stored: dict[str, int] = {}
-        for subject, n in live_counts(self.url, self.stream).items():
-            parsed = parse_subject(subject)
-            if parsed is not None:
-                stored[parsed[0]] = stored.get(parsed[0], 0) + n
-        return sum(max(0, n - stored.get(name, 0)) for name, n in self.published.items())
+    def behind(self) -> int:
+        """Sources whose Subscriber has not reached the engine's last published seq yet (by history
+        replay, or by a reset and the engine's snapshot: either way the bridge is past it)."""
+        status = self.bridge.status()
+        return sum(1 for name, n in self.published.items() if (status.get(name, {}).get("next_seq") or 0) < n)
 
-    def progress(self) -> str:
+    def check(self) -> None:
         if self.bridge.error is not None:
             raise RuntimeError(f"the bridge stopped: {self.bridge.error}")
+
+    def progress(self) -> str:
+        self.check()
         odd = {k: v for k, v in self.bridge.counters().items() if v and ("fail" in k or "reset" in k or "retr" in k)}
-        return f"{self.missing():,} batches not stored yet, {self.snapshots()} snapshots stored; {odd}"
+        return f"{self.behind()} sources behind, {self.snapshots()} snapshots stored; {odd}"
 
 
 def fill_via_bridge(url: str, stream: str, log_path: str, timeout_s: float = 3600.0) -> dict[str, int]:
@@ -218,13 +210,15 @@ def fill_via_bridge(url: str, stream: str, log_path: str, timeout_s: float = 360
         bridge.start()
         if not bridge.wait_connected(30.0):
             raise RuntimeError(f"bridge not connected to {url}")
-        fill = _Fill(url, stream, bridge, published)
-        done = lambda: bridge.error is not None or (fill.snapshots() >= n and not fill.missing())  # noqa: E731
+        fill = _Fill(bridge, published)
+        done = lambda: bridge.error is not None or (fill.snapshots() >= n and not fill.behind())  # noqa: E731
         _wait("history and first snapshots", done, fill.progress, timeout_s)
+        fill.check()
+        time.sleep(2.0)  # the last forwarded batches reach the stream (the snapshots' Kve-From lies after them)
         bridge.request_snapshot()  # now every source's newest snapshot stands after all its batches
         _wait("second snapshots", lambda: bridge.error is not None or fill.snapshots() >= 2 * n, fill.progress,
               timeout_s)  # fmt: skip
-        fill.progress()  # raises if the bridge stopped
+        fill.check()
         counts = {k: v for k, v in bridge.counters().items() if not k.startswith("subscriber_")}
         counts["copies"] = sum(row[3] for row in engines.table.values())
         counts["batches"] = sum(published.values())
