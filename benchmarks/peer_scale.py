@@ -21,6 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from peer_coldstart import cold_start_nats
 from svg_plot import line_chart
 
 __all__ = ["run_scale", "parse_points", "cold_start"]
@@ -193,6 +194,11 @@ def run_scale(args) -> None:
             print(f"{w}x{c}: done in {rep['wall_s']} s", file=sys.stderr, flush=True)
             if log:
                 results["cold_start"] = {"workers": w, **cold_start(log)}
+                for via, key in (("log", "cold_start_nats"), ("bridge", "cold_start_nats_bridge")):
+                    try:
+                        results[key] = {"workers": w, **cold_start_nats(log, via, results["cold_start"]["copies"])}
+                    except RuntimeError as exc:  # a fill that failed (the bridge path's engines under load)
+                        results[key] = {"workers": w, "error": str(exc)[-2000:]}
     results["rows"] = rows
     results["svgs"] = plots(rows, out)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -204,3 +210,14 @@ def run_scale(args) -> None:
             f"{cs['log_bytes'] / 1e6:.0f} MB log): {cs['wall_s']} s wall ({cs['apply_s']} s reading and applying), "
             f"peak RSS {cs['peak_rss_bytes'] / 1e6:,.0f} MB"
         )
+    for key, how in (("cold_start_nats", "every batch"), ("cold_start_nats_bridge", "bridge snapshots + tail")):
+        cn = results.get(key)
+        if cn and "error" in cn:
+            print(f"cold start from JetStream ({how}): failed: {cn['error'][-300:]}")
+        elif cn:
+            print(
+                f"cold start from JetStream ({how}; {cn['workers']} workers, {cn['copies']:,} copies, "
+                f"{cn['messages']:,} messages, {cn['stream_bytes'] / 1e6:.0f} MB stream; `{cn['command']}`): "
+                f"{cn['wall_s']} s wall, RSS {cn['rss_bytes'] / 1e6:,.0f} MB holding it, "
+                f"peak {cn['peak_rss_bytes'] / 1e6:,.0f} MB"
+            )
