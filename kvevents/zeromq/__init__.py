@@ -17,7 +17,12 @@
 | `wire.py` | wire constants and the endpoint rules (bind or connect, per-rank ports) |
 | `security.py` | opt-in CURVE: key files, socket options, ZAP allow-lists |
 | `metrics.py` | Prometheus metrics of publishers and subscribers, read at scrape time |
+| `context.py` | room on the shared ZeroMQ context for a fleet's sockets (raised when this package is imported) |
 
 Contract: schemas/README.md, "Wire format" and "Transport in one page". Imports the contract and
 `kvevents.feed` only.
 """
+
+from kvevents.zeromq.context import make_room as _make_room
+
+_make_room()  # before any socket of the shared context exists (see context.py)
