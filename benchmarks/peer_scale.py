@@ -7,7 +7,9 @@ Each point (workers x copies of bench_consumers' shared profile) is one bench_pe
 process of its own (so one point's memory is gone before the next), both sides pinned to one CPU
 and taking turns round by round; points of 10M copies or more run one round. The largest point's
 batches are also written as a record log, and a cold start of a router's index from it is timed
-(`kvevents log index`, its wall time and peak RSS). Writes results.json, one SVG per figure
+(`kvevents log index`, its wall time and peak RSS), then from JetStream (`kvevents route --nats`,
+benchmarks/peer_coldstart.py: every batch since seq 0, and as a fleet's bridge leaves the stream),
+with the RSS of the route holding the index. Writes results.json, one SVG per figure
 against the worker count (benchmarks/svg_plot.py) and prints the figures as a Markdown table.
 """
 
