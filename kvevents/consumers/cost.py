@@ -32,7 +32,7 @@ from kvevents import native
 from kvevents.consumers.loads import LoadVectors
 from kvevents.consumers.worker_key import WorkerKey
 
-__all__ = ["POLICIES", "CostSettings", "WorkerSlots", "Ranking", "rank_workers", "rank_columns"]
+__all__ = ["POLICIES", "CostSettings", "WorkerSlots", "Ranking", "rank_workers", "rank_columns", "tie_orders"]
 
 POLICIES: tuple[str, ...] = ("cost", "prefix")
 _MIX = 0x9E3779B97F4A7C15
@@ -106,14 +106,14 @@ class Ranking:
 
     def ties(self) -> np.ndarray:
         """Each row's tie order (the request's random order of equals; 0 for a drawn pick added)."""
-        return np.where(self.at >= 0, _ties(self.worker, self.salt), np.uint64(0))
+        return np.where(self.at >= 0, tie_orders(self.worker, self.salt), np.uint64(0))
 
     def rows(self) -> list[tuple[float, int, int]]:
         """(cost, tie order, worker index) per row, best first."""
         return list(zip(self.cost.tolist(), self.ties().tolist(), self.worker.tolist()))
 
 
-def _ties(workers: np.ndarray, salt: int) -> np.ndarray:
+def tie_orders(workers: np.ndarray, salt: int) -> np.ndarray:
     """Per worker index its tie order under `salt`: ((wi + 1) ^ salt) * _MIX mod 2**64, distinct per worker."""
     return ((workers.astype(np.uint64) + np.uint64(1)) ^ np.uint64(salt)) * _MIX_U
 
@@ -122,7 +122,7 @@ def _cost_order(costs: np.ndarray, listed: np.ndarray, salt: int) -> np.ndarray:
     """The rows' order by (cost, tie order): one compiled sort, else numpy's lexsort of the two."""
     if native.active():
         return np.frombuffer(native.cost_order(costs, listed, salt), np.intp)
-    return np.lexsort((_ties(listed, salt), costs))
+    return np.lexsort((tie_orders(listed, salt), costs))
 
 
 def rank_workers(
@@ -172,7 +172,7 @@ def rank_columns(
         order = _cost_order(costs, listed, salt)
     else:
         hint = np.array([_hint(hints, keys[wi]) for wi in listed.tolist()]) if hints else np.zeros(len(listed))
-        order = np.lexsort((_ties(listed, salt), hint, _load_terms(loads, scale, listed), -have))
+        order = np.lexsort((tie_orders(listed, salt), hint, _load_terms(loads, scale, listed), -have))
     out = Ranking(listed[order], costs[order], order, salt)
     if settings.temperature and vector is not None:
         out = _draw_first(out, vector, slots, settings.temperature, rng)

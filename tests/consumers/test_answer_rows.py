@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvevents import native
-from kvevents.consumers.cost import _ties
+from kvevents.consumers.cost import tie_orders
 from kvevents.consumers.loads import WorkerLoad
 from kvevents.consumers.service.answer_rows import ROW_TEMPLATE, rows_py
 from kvevents.consumers.service.core import RouterService
@@ -39,7 +39,7 @@ def test_cost_order_is_numpys_lexsort_of_cost_then_tie(rows, salt):
     cost = np.array([c for c, _ in rows], np.float64)
     worker = np.array([w for _, w in rows], np.int64)
     got = np.frombuffer(native.cost_order(cost, worker, salt), np.intp)
-    assert got.tolist() == np.lexsort((_ties(worker, salt), cost)).tolist()
+    assert got.tolist() == np.lexsort((tie_orders(worker, salt), cost)).tolist()
 
 
 @st.composite
