@@ -90,11 +90,8 @@ class IndexLookups(IndexReports):
         order) it holds for a request under `lora_name` (as in `holds`), scored by medium weight,
         with the pages credited per medium (each at the best-weighted medium holding it)."""
         n = len(hashes)
-        if self._walkers_at != self._table_changes[0]:
-            self._walkers.clear()
-            self._walkers_at = self._table_changes[0]
         key = (lora_name, strict, medium_weight)
-        bound = self._walkers.get(key)
+        bound = self._current_walkers().get(key)
         if bound is not None and n and native.active():  # the common case: one dict get and a C call
             return bound(hashes)
         plan = self._lookup_plan(lora_name, strict)
@@ -104,10 +101,7 @@ class IndexLookups(IndexReports):
         bound = bind_walk(plan, layout, self._media, weights)
         if bound is None:
             return walk_plan(hashes, plan, layout, self._media, weights, len(self._cols))
-        if lora_name is None or len(lora_name) <= _CACHED_NAME_MAX:  # bounded like the plans
-            if len(self._walkers) >= _PLANS_MAX:
-                self._walkers.clear()
-            self._walkers[key] = bound
+        self._keep_walker(key, lora_name, bound)
         return bound(hashes)
 
     def prefix_columns(
@@ -120,11 +114,8 @@ class IndexLookups(IndexReports):
     ) -> MatchColumns:
         """`prefix_match` as columns (worker index, prefix pages, score; no pages by medium), for a
         caller ranking every matched worker: the compiled walk then builds no object per worker."""
-        if self._walkers_at != self._table_changes[0]:
-            self._walkers.clear()
-            self._walkers_at = self._table_changes[0]
         key = (lora_name, strict, medium_weight, MatchColumns)
-        bound = self._walkers.get(key)
+        bound = self._current_walkers().get(key)
         if bound is not None and len(hashes) and native.active():
             return bound(hashes)  # type: ignore[no-any-return]
         plan = self._lookup_plan(lora_name, strict)
@@ -132,12 +123,23 @@ class IndexLookups(IndexReports):
             weights, layout = self._layout(medium_weight)
             bound = bind_walk_columns(plan, layout, self._media, weights)
             if bound is not None:
-                if lora_name is None or len(lora_name) <= _CACHED_NAME_MAX:
-                    if len(self._walkers) >= _PLANS_MAX:
-                        self._walkers.clear()
-                    self._walkers[key] = bound
+                self._keep_walker(key, lora_name, bound)
                 return bound(hashes)
         return MatchColumns.of(self.prefix_match(hashes, lora_name, strict=strict, medium_weight=medium_weight))
+
+    def _current_walkers(self) -> dict[tuple[Any, ...], Callable[[np.ndarray], Any]]:
+        """The bound walks, dropped first when a table's arrays moved since they were bound."""
+        if self._walkers_at != self._table_changes[0]:
+            self._walkers.clear()
+            self._walkers_at = self._table_changes[0]
+        return self._walkers
+
+    def _keep_walker(self, key: tuple[Any, ...], lora_name: str | None, bound: Callable[[np.ndarray], Any]) -> None:
+        """Cache a bound walk, bounded like the plans (long lora names are bound per request)."""
+        if lora_name is None or len(lora_name) <= _CACHED_NAME_MAX:
+            if len(self._walkers) >= _PLANS_MAX:
+                self._walkers.clear()
+            self._walkers[key] = bound
 
     def _layout(self, medium_weight: Callable[[str | None], float]) -> tuple[list[float], list[WordLayout]]:
         """Medium weights, and per worker word its columns best weight first; cached until the

@@ -21,6 +21,7 @@ from kvevents.consumers.service.core import RouterService
 from kvevents.consumers.service.score_body import ScoreBody
 from kvevents.consumers.worker_key import WorkerKey
 from kvevents.events import BlockStored, KVEventBatch
+from tests.helpers.push_feed import PushFeed
 
 compiled = pytest.mark.skipif(not native.active(), reason="kvevents.native._speedups not built")
 
@@ -99,27 +100,10 @@ def test_bad_columns_are_refused_with_value_error(path):
             build(*ok[:10], ("queue",), ([1, 2],))
 
 
-class _NoFeed:
-    def start(self):
-        return self
-
-    def stop(self) -> None:
-        pass
-
-    def poll(self, timeout_s: float = 0.0) -> list:
-        return []
-
-    def status(self) -> dict:
-        return {}
-
-    def counters(self) -> dict:
-        return {}
-
-
 def _answers(seed: int) -> list[str]:
     """A fleet of 80 workers over two media and a long chain; answers under every option, as JSON."""
     rnd = random.Random(seed)
-    svc = RouterService(feed=_NoFeed(), page_size=4, seed=seed)
+    svc = RouterService(feed=PushFeed([]), page_size=4, seed=seed)
     chain = [rnd.randrange(-(2**63), 2**63) for _ in range(40)]
     for w in range(80):
         upto = rnd.choice([40, 40, rnd.randrange(1, 41)])
@@ -171,6 +155,6 @@ def test_whole_answers_equal_on_the_compiled_and_python_paths(seed):
 def test_a_fresh_service_answers_with_no_workers_on_either_path():
     for ctx in (nullcontext(), native.python_only()):
         with ctx:
-            svc = RouterService(feed=_NoFeed(), page_size=4, seed=0)
+            svc = RouterService(feed=PushFeed([]), page_size=4, seed=0)
             got = svc.answer_score(ScoreBody(tokens=list(range(12)), route=True), list(range(12)))
             assert got["workers"] == [] and got["pick"] is None

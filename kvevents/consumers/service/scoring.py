@@ -175,9 +175,8 @@ class Scorer:
         """The answer's worker objects (kvevents.consumers.service.answer_rows): the fields that vary
         only with loads, hints, publisher staleness or `explain` are gathered for the listed workers."""
         expected, hints = self.loads.expected, self.service.router.loads
-        wis = (
-            ranking.worker.tolist() if vec.any or expected or hints or publisher_stale or explained is not None else []
-        )
+        needed = vec.any or expected or hints or publisher_stale or explained is not None or predicted
+        wis = ranking.worker.tolist() if needed else []
         sources = self.slots.sources
         extra: dict[str, list[Any]] = {}
         if vec.any and len(vec.prefill) > 0:
@@ -192,7 +191,7 @@ class Scorer:
             extra["pages_by_medium"] = [
                 {str(k): v for k, v in explained[wi].pages_by_medium.items()} if wi in explained else {} for wi in wis
             ]
-        more = np.array([predicted.get(wi, 0) for wi in ranking.worker.tolist()], np.int64) if predicted else None
+        more = np.array([predicted.get(wi, 0) for wi in wis], np.int64) if predicted else None
         return answer_rows(ranking, found, self.slots, more, self.service.router.page_size, extra)
 
     def _load_columns(self, vec: LoadVectors, wis: list[int], now: float) -> dict[str, list[Any]]:
