@@ -152,6 +152,17 @@ class Rig:
             raise
         scheme = "https" if security is not None and security.tls else "http"
         self.base = f"{scheme}://{host}:{port}"
+        # every publisher heard before a test sends: a worker the index has not listed yet is tried
+        # last whatever its load, which would race the tests that route by load
+        try:
+            wait_for(self._all_listed, what="every worker listed by the router")
+        except BaseException:
+            self.close()
+            raise
+
+    def _all_listed(self) -> bool:
+        listed = {w["worker"] for w in self.service.handle_score(b'{"tokens": [], "route": false}')[1]["workers"]}
+        return listed >= set(self.pubs)
 
     def store(self, name: str, tokens: Sequence[int], lora_name: str | None = None) -> None:
         """Publish `tokens`' whole pages as stored on worker `name`, and wait until the router applied them."""
