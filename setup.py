@@ -27,7 +27,18 @@ if os.environ.get("KVEVENTS_SANITIZE") == "1":
     ]
 # one extension from several C files (the module map: kvevents/native/__init__.py), so one build, one
 # import and one fallback line
-_SOURCES = ["_speedups", "_chain", "_json", "_table", "_walk_layout", "_walk_args", "_walk", "_apply", "_rows"]
+_SOURCES = [
+    "_speedups",
+    "_chain",
+    "_json",
+    "_table",
+    "_walk_layout",
+    "_walk_args",
+    "_walk",
+    "_walk_bound",
+    "_apply",
+    "_rows",
+]
 _HEADERS = ["_native", "_sha256", "_table", "_holders", "_walk"]
 _LINK = ["-fsanitize=address,undefined"] if os.environ.get("KVEVENTS_SANITIZE") == "1" else []
 

@@ -21,6 +21,7 @@ Callers ask `active()` and call the functions below; nothing else imports the ex
 | `_walk.h`, `_walk_args.c` | the walk's state; its arguments parsed, checked and flattened |
 | `_walk_layout.c` | the walk's WordLayouts packed once into one buffer (a lookup reads no attribute) |
 | `_walk.c` | the index walk: pipelined probes, per-word AND, results (twin of lookup.py's walk_plan) |
+| `_walk_bound.c` | BoundWalk: a walk prepared once (views open, layout flattened), called per request's hashes |
 | `_rows.c` | the /score answer: its ranking order (twin in consumers/cost.py) and worker dicts from the ranking's columns (twin in consumers/service/answer_rows.py) |
 | `_apply.c` | the store/remove/clear loops and one-key checks (twins in consumers/table.py, copies.py, indexer.py) |
 """
@@ -29,7 +30,6 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-import functools
 import logging
 import os
 import types
@@ -209,18 +209,16 @@ def walk(hashes: Any, plan: list, layout: list, media: list, weights: list, pref
 
 def bind_walk(plan: list, layout: list, media: list, weights: list, prefix_cls: type, worker_cls: type) -> Any:
     """`walk` with everything but the request's hashes bound: a callable of the hashes alone, for
-    callers that repeat a lookup shape (the walk's arguments are then parsed from one tuple)."""
+    callers that repeat a lookup shape (the arguments are parsed, the views opened and the layout
+    flattened once, at bind: ValueError then for bad ones)."""
     extra = _walk_extra(prefix_cls, worker_cls)
-    packed = _c.pack_layout(layout)
-    return functools.partial(_c.walk_with, (plan, packed, media, weights, prefix_cls, worker_cls, *extra))
+    return _c.BoundWalk((plan, _c.pack_layout(layout), media, weights, prefix_cls, worker_cls, *extra))
 
 
 def bind_walk_columns(plan: list, layout: list, media: list, weights: list) -> Any:
     """`bind_walk` whose callable returns the matched workers as columns: bytes of three native arrays
     (worker index int64, prefix pages int64, score float64), in PrefixMatch.workers' order."""
-    return functools.partial(
-        _c.walk_with, (plan, _c.pack_layout(layout), media, weights, None, None, builtins.sum, None, None)
-    )
+    return _c.BoundWalk((plan, _c.pack_layout(layout), media, weights, None, None, builtins.sum, None, None))
 
 
 def _walk_extra(prefix_cls: type, worker_cls: type) -> tuple:

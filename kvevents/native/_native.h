@@ -52,7 +52,7 @@ KV_HIDDEN PyObject *kv_layout(PyObject *self, PyObject *noargs);
 /* _walk_layout.c, _walk_args.c, _walk.c: the index walk */
 KV_HIDDEN int kv_walk_init(void);
 KV_HIDDEN PyObject *kv_walk(PyObject *self, PyObject *args);
-KV_HIDDEN PyObject *kv_walk_with(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+KV_HIDDEN int kv_bound_walk_ready(PyObject *module); /* adds the BoundWalk type (_walk_bound.c) */
 KV_HIDDEN PyObject *kv_pack_layout(PyObject *self, PyObject *layout); /* _walk_layout.c */
 
 /* _rows.c: the /score answer's ranking order, and its worker objects from the ranking's columns */

@@ -58,7 +58,6 @@ static PyMethodDef methods[] = {
     {"layout", kv_layout, METH_NOARGS, "layout() -> the table layout constants this build assumes"},
     {"pack_layout", kv_pack_layout, METH_O, "pack_layout(layout) -> the WordLayouts packed for walk"},
     {"walk", kv_walk, METH_VARARGS, "the index walk over a plan of table views"},
-    {"walk_with", (PyCFunction)(void (*)(void))kv_walk_with, METH_FASTCALL, "walk with its other arguments bound"},
     {"all_int64", kv_all_int64, METH_VARARGS, "all_int64(hashes, prev) -> every value an exact int in int64 range"},
     {"set_bits_each", kv_set_bits_each, METH_VARARGS, "the store loop of HashTable.set_bits_each"},
     {"remove_each", kv_remove_each, METH_VARARGS, "the remove loop of consumers.copies.remove_each"},
@@ -76,5 +75,7 @@ static struct PyModuleDef moddef = {PyModuleDef_HEAD_INIT, "kvevents.native._spe
 PyMODINIT_FUNC PyInit__speedups(void) {
     kv_chain_init();
     if (kv_walk_init() < 0 || kv_rows_init() < 0) return NULL;
-    return PyModule_Create(&moddef);
+    PyObject *m = PyModule_Create(&moddef);
+    if (m && kv_bound_walk_ready(m) < 0) Py_CLEAR(m);
+    return m;
 }

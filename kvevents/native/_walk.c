@@ -412,24 +412,36 @@ PyObject *kv_walk(PyObject *self, PyObject *args) {
     return W.result;
 }
 
-/* walk_with((plan, layout, media, weights, PrefixMatch, WorkerMatch, sum, wm_fields, pm_fields), hashes):
- * walk with its other arguments bound once (kvevents.native.bind_walk) */
-PyObject *kv_walk_with(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyTuple_Check(args[0]) || PyTuple_GET_SIZE(args[0]) != 9) {
-        PyErr_SetString(PyExc_ValueError, "walk_with takes (the 9 bound walk arguments, hashes)");
+/* A walk of `hashes` with the bound 9-tuple (plan, layout, media, weights, PrefixMatch, WorkerMatch, sum,
+ * wm_fields, pm_fields) parsed afresh: BoundWalk's path for a call made while it is already walking. */
+PyObject *kv_walk_bound_tuple(PyObject *bound, PyObject *hashes) {
+    if (!PyTuple_Check(bound) || PyTuple_GET_SIZE(bound) != 9) {
+        PyErr_SetString(PyExc_ValueError, "a bound walk takes the 9 bound walk arguments");
         return NULL;
     }
     PyObject *full = PyTuple_New(10);
     if (!full) return NULL;
-    Py_INCREF(args[1]);
-    PyTuple_SET_ITEM(full, 0, args[1]);
+    Py_INCREF(hashes);
+    PyTuple_SET_ITEM(full, 0, hashes);
     for (Py_ssize_t i = 0; i < 9; i++) {
-        PyObject *a = PyTuple_GET_ITEM(args[0], i);
+        PyObject *a = PyTuple_GET_ITEM(bound, i);
         Py_INCREF(a);
         PyTuple_SET_ITEM(full, i + 1, a);
     }
-    PyObject *out = kv_walk(self, full);
+    PyObject *out = kv_walk(NULL, full);
     Py_DECREF(full);
     return out;
 }
 
+/* One request on a walk prepared by kv_walk_bind: its result, the running state reset, the pages. */
+int kv_walk_run_bound(Walk *W, int floats) {
+    if (kv_walk_result(W) < 0) return -1;
+    if (!W->n || !W->nv || !W->nw) return 0;
+    if (!floats) {
+        Py_SETREF(W->result, Py_NewRef(Py_NotImplemented));
+        return 0;
+    }
+    kv_walk_reset(W);
+    if (walk_pages(W) < 0) return -1;
+    return emit_results(W);
+}

@@ -60,5 +60,14 @@ KV_HIDDEN int kv_walk_result(Walk *W);
 KV_HIDDEN int kv_walk_plan(Walk *W);
 KV_HIDDEN int kv_walk_weights(Walk *W);
 KV_HIDDEN int kv_walk_layout(Walk *W);
+/* A walk bound once (BoundWalk, _walk_bound.c): kv_walk_bind parses the bound tuple and prepares the
+ * views, weights and layout (1 ready, 0 weights not all floats, -1 error); per call kv_walk_hashes,
+ * kv_walk_reset (the running state back to a fresh walk's), kv_walk_run_bound (_walk.c), kv_walk_end_call. */
+KV_HIDDEN int kv_walk_hashes(Walk *W, PyObject *hashes);
+KV_HIDDEN int kv_walk_bind(Walk *W, PyObject *bound);
+KV_HIDDEN void kv_walk_reset(Walk *W);
+KV_HIDDEN void kv_walk_end_call(Walk *W);
+KV_HIDDEN int kv_walk_run_bound(Walk *W, int floats);
+KV_HIDDEN PyObject *kv_walk_bound_tuple(PyObject *bound, PyObject *hashes);
 
 #endif

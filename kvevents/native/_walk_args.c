@@ -81,24 +81,77 @@ static int check_wm_fields(PyObject *cls, PyObject *fields, Py_ssize_t off[3]) {
     return ok ? 0 : -1;
 }
 
+/* The checks of the bound arguments (W's fields set from the parsed tuple), and their sizes. */
+static int check_bound(Walk *W) {
+    if (W->wm_fields == Py_None) W->wm_fields = NULL;
+    if (W->pm_fields == Py_None) W->pm_fields = NULL;
+    if (W->pm_fields && check_pm_fields(W->pm_cls, W->pm_fields) < 0) return -1;
+    if (W->wm_fields && check_wm_fields(W->wm_cls, W->wm_fields, W->wm_off) < 0) return -1;
+    W->nv = PyList_GET_SIZE(W->plan);
+    if ((W->nw = kv_layout_words(W->layout)) < 0) return -1;
+    W->nmedia = PyList_GET_SIZE(W->media);
+    return 0;
+}
+
 int kv_walk_parse(Walk *W, PyObject *args) {
     PyObject *hashes;
     if (!PyArg_ParseTuple(args, "OO!O!O!O!OOO|OO", &hashes, &PyList_Type, &W->plan, &PyBytes_Type, &W->layout,
                           &PyList_Type, &W->media, &PyList_Type, &W->weights, &W->pm_cls, &W->wm_cls, &W->sum_fn,
                           &W->wm_fields, &W->pm_fields))
         return -1;
-    if (W->wm_fields == Py_None) W->wm_fields = NULL;
-    if (W->pm_fields == Py_None) W->pm_fields = NULL;
-    if (W->pm_fields && check_pm_fields(W->pm_cls, W->pm_fields) < 0) return -1;
-    if (W->wm_fields && check_wm_fields(W->wm_cls, W->wm_fields, W->wm_off) < 0) return -1;
+    return check_bound(W) < 0 ? -1 : kv_walk_hashes(W, hashes);
+}
+
+int kv_walk_hashes(Walk *W, PyObject *hashes) {
     if (kv_get_buf(hashes, &W->hb, 8, "ql", 0, "hashes") < 0) return -1;
     W->hb_held = 1;
     W->q = W->hb.buf;
     W->n = W->hb.len / 8;
-    W->nv = PyList_GET_SIZE(W->plan);
-    if ((W->nw = kv_layout_words(W->layout)) < 0) return -1;
-    W->nmedia = PyList_GET_SIZE(W->media);
     return 0;
+}
+
+int kv_walk_bind(Walk *W, PyObject *bound) {
+    if (!PyArg_ParseTuple(bound, "O!O!O!O!OOO|OO", &PyList_Type, &W->plan, &PyBytes_Type, &W->layout, &PyList_Type,
+                          &W->media, &PyList_Type, &W->weights, &W->pm_cls, &W->wm_cls, &W->sum_fn, &W->wm_fields,
+                          &W->pm_fields))
+        return -1;
+    if (check_bound(W) < 0) return -1;
+    if (W->nv > MAX_VIEWS) { PyErr_SetString(PyExc_ValueError, "too many views in the plan"); return -1; }
+    if (PyList_GET_SIZE(W->weights) != W->nmedia) {
+        PyErr_SetString(PyExc_ValueError, "weights and media differ in length");
+        return -1;
+    }
+    if (!W->nv || !W->nw) return 1; /* nothing to walk: every call answers the empty result */
+    if (kv_walk_plan(W) < 0) return -1;
+    int floats = kv_walk_weights(W);
+    if (floats <= 0) return floats;
+    return kv_walk_layout(W) < 0 ? -1 : 1;
+}
+
+void kv_walk_reset(Walk *W) {
+    const Py_ssize_t nw = W->nw;
+    for (Py_ssize_t w = 0; w < nw; w++) {
+        W->acc[w] = W->walive[w];
+        W->act[w] = w;
+    }
+    W->nact = nw;
+    W->tick = 0;
+    memset(W->nend, 0, (size_t)nw * sizeof(int32_t));
+    memset(W->stampw, 0, (size_t)nw * sizeof(uint32_t));
+    memset(W->row, 0, (size_t)W->nc * sizeof(uint64_t)); /* a walk that failed may leave bits in it */
+    if (W->credit) memset(W->credit, 0, (size_t)nw * W->nmedia * KV_WORD * sizeof(int32_t));
+    W->last_pages = -1;
+    W->last_mi = -1;
+}
+
+void kv_walk_end_call(Walk *W) {
+    if (W->hb_held) PyBuffer_Release(&W->hb);
+    W->hb_held = 0;
+    W->q = NULL;
+    W->n = 0;
+    Py_CLEAR(W->workers);
+    Py_CLEAR(W->last_pg);
+    Py_CLEAR(W->last_score);
 }
 
 /* The PrefixMatch(n) to fill, and its workers dict; in columns mode (PrefixMatch class None) no worker

@@ -19,12 +19,18 @@ def _stub_functions() -> dict[str, ast.FunctionDef]:
     return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
 
 
+def _stub_classes() -> dict[str, ast.ClassDef]:
+    tree = ast.parse(STUB.read_text())
+    return {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+
+
 @pytest.mark.skipif(not native.HAVE_C, reason="kvevents.native._speedups not built")
 def test_the_stub_names_every_function_of_the_extension_and_no_other():
     from kvevents.native import _speedups
 
-    exported = {name for name, f in vars(_speedups).items() if callable(f) and not name.startswith("_")}
-    assert set(_stub_functions()) == exported
+    public = {name: f for name, f in vars(_speedups).items() if callable(f) and not name.startswith("_")}
+    assert set(_stub_functions()) == {name for name, f in public.items() if not isinstance(f, type)}
+    assert set(_stub_classes()) == {name for name, f in public.items() if isinstance(f, type)}
 
 
 def test_the_stub_types_every_parameter_and_result_positional_only():

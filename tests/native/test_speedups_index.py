@@ -289,8 +289,14 @@ def test_malformed_arguments_raise_value_error():
     ]
     bound = native.bind_walk([(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)
     assert bound(q) == native.walk(q, [(v, None)], ok_layout, ["GPU"], [1.0], PrefixMatch, WorkerMatch)
-    walk_with = bound.func  # the C entry point itself, with what it was bound to taken away
-    bad_calls += [lambda: walk_with(q), lambda: walk_with((), q), lambda: walk_with(bound.args[0][:8], q)]
+    bound_walk = type(bound)  # the prepared walk's type itself, given what a binding is not
+    bad_calls += [
+        lambda: bound(),
+        lambda: bound(q, q),
+        lambda: bound_walk(()),
+        lambda: bound_walk(bound.args[:8]),
+        lambda: bound_walk(bound.args, bound.args),
+    ]
     for i, call in enumerate(bad_calls):
         with pytest.raises(ValueError):
             call()
