@@ -29,6 +29,10 @@ the lookups are also timed in process CPU time (`*_cpu`: the peer's includes its
 thread), which a busy machine's descheduling does not inflate.
 `lookup_columns` (kvevents only) is the same walk as the lookup /score runs it
 (`PrefixRouter.match_columns`: the matched workers as arrays, no object per worker).
+`lookup_scores_cpu` (the peer only) is its lookup with the per-worker dict read: `find_matches`
+returns an OverlapScores whose `.scores` dict is built when it is read, so its bare lookup builds
+no object per worker (as `lookup_columns`) and with `.scores` it builds one (as `lookup`, whose
+PrefixMatch holds a WorkerMatch per worker).
 `same_walk` (kvevents only) times one deep lookup again and again, as many times as there are
 requests: identical warm work, so its p99 over its p50 is the machine's own jitter in that round.
 
@@ -80,6 +84,7 @@ PHASES = (
     "lookup_cpu",
     "lookup_columns",
     "lookup_columns_cpu",
+    "lookup_scores_cpu",
     "full",
     "hash",
     "same_walk",
@@ -148,10 +153,13 @@ for line in sys.stdin:
             t0 = pc(); tree.find_matches(hs); look.append(pc() - t0)
         for hs in hashed:
             c0 = cpu(); tree.find_matches(hs); lcpu.append(cpu() - c0)
+        scpu = []  # with its per-worker dict: OverlapScores builds `.scores` when it is read
+        for hs in hashed:
+            c0 = cpu(); tree.find_matches(hs).scores; scpu.append(cpu() - c0)
         for t in reqs:
             t0 = pc(); hs = compute_block_hash_for_seq(t, page); t1 = pc(); tree.find_matches(hs); t2 = pc()
             full.append(t2 - t0); hsh.append(t1 - t0)
-        out = {"lookup": look, "full": full, "hash": hsh, "lookup_cpu": lcpu}
+        out = {"lookup": look, "full": full, "hash": hsh, "lookup_cpu": lcpu, "lookup_scores_cpu": scpu}
     elif cmd == "matches":
         out = [{str(w): n for (w, _), n in tree.find_matches(hs).scores.items()} for hs in hashed[:100]]
     else:

@@ -5,7 +5,7 @@
 
 Each point (workers x copies of bench_consumers' shared profile) is one bench_peer.py run in a
 process of its own (so one point's memory is gone before the next), both sides pinned to one CPU
-and taking turns round by round; points of 10M copies or more run one round. The largest point's
+and taking turns round by round (`--rounds` each; a p99 is the median of the rounds'). The largest point's
 batches are also written as a record log, and a cold start of a router's index from it is timed
 (`kvevents log index`, its wall time and peak RSS), then from JetStream (`kvevents route --nats`,
 benchmarks/peer_coldstart.py: every batch since seq 0, and as a fleet's bridge leaves the stream),
@@ -30,7 +30,7 @@ __all__ = ["run_scale", "parse_points", "cold_start"]
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_POINTS = "64x1M,256x1M,1024x1M,4096x1M,1024x10M"
-_BIG = 10_000_000  # points this big run one round
+_BIG = 10_000_000  # points this big are plotted apart (a labelled ring)
 
 
 def parse_points(text: str) -> list[tuple[int, int]]:
@@ -103,6 +103,9 @@ def _row(w: int, c: int, rep: dict) -> dict:
         # the lookup /score runs (match_columns: arrays, no object per worker) against the peer's lookup
         "columns_cpu_p50": (ours.get("lookup_columns_cpu_p50_median_us"), peer.get("lookup_cpu_p50_median_us")),
         "columns_cpu_p99": (ours.get("lookup_columns_cpu_p99_median_us"), peer.get("lookup_cpu_p99_median_us")),
+        # the lookup with an object per matched worker on both sides (PrefixMatch; OverlapScores.scores)
+        "objects_cpu_p50": (ours["lookup_cpu_p50_median_us"], peer.get("lookup_scores_cpu_p50_median_us")),
+        "objects_cpu_p99": (ours["lookup_cpu_p99_median_us"], peer.get("lookup_scores_cpu_p99_median_us")),
         "full_p50": (ours["full_p50_median_us"], peer.get("full_p50_median_us")),
         "answer_p50": ours.get("answer_p50_median_us"),
         "answer_packed_p50": ours.get("answer_packed_p50_median_us"),
@@ -119,10 +122,11 @@ def table(rows: list[dict]) -> str:
     """The figures as a Markdown table (kvevents / Dynamo per cell)."""
     head = (
         "| workers x copies | apply, copies/s: wall | per CPU s | lookup p50 (us): wall | CPU "
-        "| lookup p99 (us): wall | CPU | /score's lookup, CPU p50 | p99 | full request p50 (us) "
+        "| lookup p99 (us): wall | CPU | /score's lookup, CPU p50 | p99 "
+        "| objects per worker both sides, CPU p50 | p99 | full request p50 (us) "
         "| router's whole answer p50 (us): from a list | from packed ids "
         "| bytes per held copy (traced, RSS / Dynamo RSS) | identical matches |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in rows:
@@ -132,7 +136,7 @@ def table(rows: list[dict]) -> str:
             cells.append(f"{a[0] / 1e3:,.0f}k / {_num(a[1] and a[1] / 1e3, '{:,.0f}')}k")
         for key in ("lookup_p50", "lookup_cpu_p50", "lookup_p99", "lookup_cpu_p99", "columns_cpu_p50"):
             cells.append(f"{_num(r[key][0], '{}')} / {_num(r[key][1], '{}')}")
-        for key in ("columns_cpu_p99", "full_p50"):
+        for key in ("columns_cpu_p99", "objects_cpu_p50", "objects_cpu_p99", "full_p50"):
             cells.append(f"{_num(r[key][0], '{}')} / {_num(r[key][1], '{}')}")
         b = r["bytes"]
         cells += [
@@ -154,6 +158,8 @@ def plots(rows: list[dict], out: Path) -> list[str]:
         ("lookup_cpu_p99", "lookup p99, process CPU time", "us", lambda r: r["lookup_cpu_p99"], True, None),
         ("columns_cpu_p99", "/score's lookup (columns) p99 vs the peer's lookup, CPU time", "us",
          lambda r: r["columns_cpu_p99"], True, None),
+        ("objects_cpu_p99", "lookup with an object per matched worker, p99 CPU (PrefixMatch / OverlapScores.scores)",
+         "us", lambda r: r["objects_cpu_p99"], True, None),
         ("lookup_p99", "lookup p99 (hashes given)", "us", lambda r: r["lookup_p99"], True, None),
         ("lookup_p50", "lookup p50 (hashes given)", "us", lambda r: r["lookup_p50"], True, None),
         ("bytes", "bytes per held copy", "bytes", lambda r: (r["bytes"][0], r["bytes"][2]), False, (40.0, "40 B target")),
@@ -190,7 +196,7 @@ def run_scale(args) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for w, c in points:
             log = os.path.join(tmp, "largest.kvlog") if (w, c) == largest else None
-            rep = run_point(w, c, 1 if c >= _BIG else args.rounds, args, log)
+            rep = run_point(w, c, args.rounds, args, log)
             results["points"].append(rep)
             rows.append(_row(w, c, rep))
             print(f"{w}x{c}: done in {rep['wall_s']} s", file=sys.stderr, flush=True)
