@@ -62,13 +62,13 @@ def passes(lookup, hashed: list[np.ndarray], seconds: float, stall_s: float) -> 
     return out
 
 
-def flushed(lookup, hashed: list[np.ndarray], pages: int | None, flush: bool) -> float:
-    """Median CPU us of a lookup of each request's first `pages` pages (None: all), caches flushed before each."""
-    junk = np.ones(64 << 20, np.int64)  # 512 MB: more than the box's caches hold for one process
+def flushed(lookup, hashed: list[np.ndarray], pages: int | None, junk: np.ndarray | None) -> float:
+    """Median CPU us of a lookup of each request's first `pages` pages (None: all), with a write to every
+    line of `junk` before each (None: warm)."""
     cpu, times = time.process_time, []
     for hs in hashed[:150]:
-        if flush:
-            junk[::8] += 1  # a write to every line
+        if junk is not None:
+            junk[::8] += 1
         h = hs if pages is None else hs[:pages]
         c0 = cpu()
         lookup(h)
@@ -101,8 +101,9 @@ def main() -> None:
         f" with >= 10: {len(hit)}, p99 median {statistics.median(hit) if hit else float('nan'):.1f} us;"
         f" stalls per pass median {statistics.median(n for _, _, n, _ in rows)}"
     )
+    junk = np.ones(64 << 20, np.int64)  # 512 MB: more than the box's caches hold for one process
     for pages in (1, None):
-        warm, cold = flushed(lookup, hashed, pages, False), flushed(lookup, hashed, pages, True)
+        warm, cold = flushed(lookup, hashed, pages, None), flushed(lookup, hashed, pages, junk)
         print(f"# {'1-page' if pages else 'whole'} lookup, median CPU us: warm {warm:.1f}, caches flushed {cold:.1f}")
 
 

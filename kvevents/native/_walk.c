@@ -380,61 +380,9 @@ static int emit_results(Walk *W) {
 
 /* ------------------------------------------------------------------ entry points */
 
-static int walk_run(Walk *W) {
-    if (W->nv > MAX_VIEWS) { PyErr_SetString(PyExc_ValueError, "too many views in the plan"); return -1; }
-    if (PyList_GET_SIZE(W->weights) != W->nmedia) {
-        PyErr_SetString(PyExc_ValueError, "weights and media differ in length");
-        return -1;
-    }
-    if (kv_walk_result(W) < 0) return -1;
-    if (!W->n || !W->nv || !W->nw) return 0;
-    if (kv_walk_plan(W) < 0) return -1;
-    int floats = kv_walk_weights(W);
-    if (floats <= 0) {
-        if (!floats) Py_SETREF(W->result, Py_NewRef(Py_NotImplemented));
-        return floats;
-    }
-    if (kv_walk_layout(W) < 0 || walk_pages(W) < 0) return -1;
-    return emit_results(W);
-}
-
-/* walk(hashes, plan, layout, media, weights, PrefixMatch, WorkerMatch, builtin sum[, wm_fields, pm_fields])
- * -> PrefixMatch, or NotImplemented when the weights are not all floats; with PrefixMatch None, the
- * matched workers as columns (emit_columns: bytes, empty when none matched) instead of objects.
- * plan: list of (cview, filter uint64[columns] or None); layout: list of WordLayout (word, cols, alive).
- * The twin of consumers.lookup.walk_plan: masks = OR over the plan of page_masks(t, hashes) & filter,
- * then consumers.lookup.walk(masks, ...). */
-PyObject *kv_walk(PyObject *self, PyObject *args) {
-    Walk W;
-    kv_walk_zero(&W);
-    if (kv_walk_parse(&W, args) < 0 || walk_run(&W) < 0) Py_CLEAR(W.result);
-    kv_walk_free(&W);
-    return W.result;
-}
-
-/* A walk of `hashes` with the bound 9-tuple (plan, layout, media, weights, PrefixMatch, WorkerMatch, sum,
- * wm_fields, pm_fields) parsed afresh: BoundWalk's path for a call made while it is already walking. */
-PyObject *kv_walk_bound_tuple(PyObject *bound, PyObject *hashes) {
-    if (!PyTuple_Check(bound) || PyTuple_GET_SIZE(bound) != 9) {
-        PyErr_SetString(PyExc_ValueError, "a bound walk takes the 9 bound walk arguments");
-        return NULL;
-    }
-    PyObject *full = PyTuple_New(10);
-    if (!full) return NULL;
-    Py_INCREF(hashes);
-    PyTuple_SET_ITEM(full, 0, hashes);
-    for (Py_ssize_t i = 0; i < 9; i++) {
-        PyObject *a = PyTuple_GET_ITEM(bound, i);
-        Py_INCREF(a);
-        PyTuple_SET_ITEM(full, i + 1, a);
-    }
-    PyObject *out = kv_walk(NULL, full);
-    Py_DECREF(full);
-    return out;
-}
-
-/* One request on a walk prepared by kv_walk_bind: its result, the running state reset, the pages. */
-int kv_walk_run_bound(Walk *W, int floats) {
+/* One request on a prepared walk (`floats`: kv_walk_prepare's answer): its result, the running state
+ * reset, the pages. */
+int kv_walk_run(Walk *W, int floats) {
     if (kv_walk_result(W) < 0) return -1;
     if (!W->n || !W->nv || !W->nw) return 0;
     if (!floats) {
@@ -444,4 +392,35 @@ int kv_walk_run_bound(Walk *W, int floats) {
     kv_walk_reset(W);
     if (walk_pages(W) < 0) return -1;
     return emit_results(W);
+}
+
+/* A walk of `hashes` with the bound arguments parsed and prepared for it alone (the views are opened
+ * only when there are pages): `walk`, and BoundWalk's path for a call made while it is already walking. */
+PyObject *kv_walk_once(PyObject *bound, PyObject *hashes) {
+    Walk W;
+    kv_walk_zero(&W);
+    int floats = 1;
+    if (kv_walk_parse_bound(&W, bound) < 0 || kv_walk_hashes(&W, hashes) < 0 ||
+        (W.n && (floats = kv_walk_prepare(&W)) < 0) || kv_walk_run(&W, floats) < 0)
+        Py_CLEAR(W.result);
+    kv_walk_free(&W);
+    return W.result;
+}
+
+/* walk(hashes, plan, layout, media, weights, PrefixMatch, WorkerMatch, builtin sum[, wm_fields, pm_fields])
+ * -> PrefixMatch, or NotImplemented when the weights are not all floats; with PrefixMatch None, the
+ * matched workers as columns (emit_columns: bytes, empty when none matched) instead of objects.
+ * plan: list of (cview, filter uint64[columns] or None); layout: list of WordLayout (word, cols, alive).
+ * The twin of consumers.lookup.walk_plan: masks = OR over the plan of page_masks(t, hashes) & filter,
+ * then consumers.lookup.walk(masks, ...). */
+PyObject *kv_walk(PyObject *self, PyObject *args) {
+    if (PyTuple_GET_SIZE(args) < 1) {
+        PyErr_SetString(PyExc_ValueError, "walk takes the hashes and the walk's arguments");
+        return NULL;
+    }
+    PyObject *bound = PyTuple_GetSlice(args, 1, PyTuple_GET_SIZE(args));
+    if (!bound) return NULL;
+    PyObject *out = kv_walk_once(bound, PyTuple_GET_ITEM(args, 0));
+    Py_DECREF(bound);
+    return out;
 }

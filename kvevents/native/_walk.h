@@ -55,19 +55,20 @@ KV_HIDDEN Py_ssize_t kv_layout_words(PyObject *packed);
 /* _walk_args.c: each 0, or -1 with an exception (kv_walk_weights: 1 all floats, 0 not) */
 KV_HIDDEN void kv_walk_zero(Walk *W);
 KV_HIDDEN void kv_walk_free(Walk *W);
-KV_HIDDEN int kv_walk_parse(Walk *W, PyObject *args);
+KV_HIDDEN int kv_walk_parse_bound(Walk *W, PyObject *bound);
 KV_HIDDEN int kv_walk_result(Walk *W);
 KV_HIDDEN int kv_walk_plan(Walk *W);
 KV_HIDDEN int kv_walk_weights(Walk *W);
 KV_HIDDEN int kv_walk_layout(Walk *W);
-/* A walk bound once (BoundWalk, _walk_bound.c): kv_walk_bind parses the bound tuple and prepares the
- * views, weights and layout (1 ready, 0 weights not all floats, -1 error); per call kv_walk_hashes,
- * kv_walk_reset (the running state back to a fresh walk's), kv_walk_run_bound (_walk.c), kv_walk_end_call. */
+/* A walk's two halves, run together by `walk` and apart by BoundWalk (_walk_bound.c): kv_walk_prepare
+ * opens the views, reads the weights and flattens the layout (1 ready, 0 weights not all floats, -1
+ * error); per request kv_walk_hashes, kv_walk_run (_walk.c: the result, kv_walk_reset of the running
+ * state, the pages), kv_walk_end_call. */
 KV_HIDDEN int kv_walk_hashes(Walk *W, PyObject *hashes);
-KV_HIDDEN int kv_walk_bind(Walk *W, PyObject *bound);
+KV_HIDDEN int kv_walk_prepare(Walk *W);
 KV_HIDDEN void kv_walk_reset(Walk *W);
 KV_HIDDEN void kv_walk_end_call(Walk *W);
-KV_HIDDEN int kv_walk_run_bound(Walk *W, int floats);
-KV_HIDDEN PyObject *kv_walk_bound_tuple(PyObject *bound, PyObject *hashes);
+KV_HIDDEN int kv_walk_run(Walk *W, int floats);
+KV_HIDDEN PyObject *kv_walk_once(PyObject *bound, PyObject *hashes);
 
 #endif

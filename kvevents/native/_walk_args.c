@@ -81,8 +81,13 @@ static int check_wm_fields(PyObject *cls, PyObject *fields, Py_ssize_t off[3]) {
     return ok ? 0 : -1;
 }
 
-/* The checks of the bound arguments (W's fields set from the parsed tuple), and their sizes. */
-static int check_bound(Walk *W) {
+/* The bound arguments (plan, layout, media, weights, PrefixMatch, WorkerMatch, sum[, wm_fields, pm_fields])
+ * parsed into W (borrowed from `bound`) and checked, with their sizes. */
+int kv_walk_parse_bound(Walk *W, PyObject *bound) {
+    if (!PyArg_ParseTuple(bound, "O!O!O!O!OOO|OO", &PyList_Type, &W->plan, &PyBytes_Type, &W->layout, &PyList_Type,
+                          &W->media, &PyList_Type, &W->weights, &W->pm_cls, &W->wm_cls, &W->sum_fn, &W->wm_fields,
+                          &W->pm_fields))
+        return -1;
     if (W->wm_fields == Py_None) W->wm_fields = NULL;
     if (W->pm_fields == Py_None) W->pm_fields = NULL;
     if (W->pm_fields && check_pm_fields(W->pm_cls, W->pm_fields) < 0) return -1;
@@ -90,16 +95,12 @@ static int check_bound(Walk *W) {
     W->nv = PyList_GET_SIZE(W->plan);
     if ((W->nw = kv_layout_words(W->layout)) < 0) return -1;
     W->nmedia = PyList_GET_SIZE(W->media);
-    return 0;
-}
-
-int kv_walk_parse(Walk *W, PyObject *args) {
-    PyObject *hashes;
-    if (!PyArg_ParseTuple(args, "OO!O!O!O!OOO|OO", &hashes, &PyList_Type, &W->plan, &PyBytes_Type, &W->layout,
-                          &PyList_Type, &W->media, &PyList_Type, &W->weights, &W->pm_cls, &W->wm_cls, &W->sum_fn,
-                          &W->wm_fields, &W->pm_fields))
+    if (W->nv > MAX_VIEWS) { PyErr_SetString(PyExc_ValueError, "too many views in the plan"); return -1; }
+    if (PyList_GET_SIZE(W->weights) != W->nmedia) {
+        PyErr_SetString(PyExc_ValueError, "weights and media differ in length");
         return -1;
-    return check_bound(W) < 0 ? -1 : kv_walk_hashes(W, hashes);
+    }
+    return 0;
 }
 
 int kv_walk_hashes(Walk *W, PyObject *hashes) {
@@ -110,18 +111,8 @@ int kv_walk_hashes(Walk *W, PyObject *hashes) {
     return 0;
 }
 
-int kv_walk_bind(Walk *W, PyObject *bound) {
-    if (!PyArg_ParseTuple(bound, "O!O!O!O!OOO|OO", &PyList_Type, &W->plan, &PyBytes_Type, &W->layout, &PyList_Type,
-                          &W->media, &PyList_Type, &W->weights, &W->pm_cls, &W->wm_cls, &W->sum_fn, &W->wm_fields,
-                          &W->pm_fields))
-        return -1;
-    if (check_bound(W) < 0) return -1;
-    if (W->nv > MAX_VIEWS) { PyErr_SetString(PyExc_ValueError, "too many views in the plan"); return -1; }
-    if (PyList_GET_SIZE(W->weights) != W->nmedia) {
-        PyErr_SetString(PyExc_ValueError, "weights and media differ in length");
-        return -1;
-    }
-    if (!W->nv || !W->nw) return 1; /* nothing to walk: every call answers the empty result */
+int kv_walk_prepare(Walk *W) {
+    if (!W->nv || !W->nw) return 1; /* nothing to walk: the empty result */
     if (kv_walk_plan(W) < 0) return -1;
     int floats = kv_walk_weights(W);
     if (floats <= 0) return floats;

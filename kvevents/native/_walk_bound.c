@@ -30,11 +30,11 @@ static PyObject *bw_vectorcall(PyObject *callable, PyObject *const *args, size_t
         PyErr_SetString(PyExc_ValueError, "a bound walk takes the request's hashes alone");
         return NULL;
     }
-    if (self->busy) return kv_walk_bound_tuple(self->args, args[0]);
+    if (self->busy) return kv_walk_once(self->args, args[0]);
     Walk *W = &self->W;
     self->busy = 1;
     int rc = kv_walk_hashes(W, args[0]);
-    if (rc == 0) rc = kv_walk_run_bound(W, self->floats);
+    if (rc == 0) rc = kv_walk_run(W, self->floats);
     PyObject *out = W->result;
     W->result = NULL;
     if (rc < 0) Py_CLEAR(out);
@@ -55,7 +55,7 @@ static PyObject *bw_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     kv_walk_zero(&self->W);
     self->vectorcall = bw_vectorcall;
     self->args = Py_NewRef(bound);
-    int ready = kv_walk_bind(&self->W, bound);
+    int ready = kv_walk_parse_bound(&self->W, bound) < 0 ? -1 : kv_walk_prepare(&self->W);
     if (ready < 0) {
         Py_DECREF(self);
         return NULL;
