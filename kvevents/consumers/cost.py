@@ -36,7 +36,6 @@ __all__ = ["POLICIES", "CostSettings", "WorkerSlots", "Ranking", "rank_workers",
 
 POLICIES: tuple[str, ...] = ("cost", "prefix")
 _MIX = 0x9E3779B97F4A7C15
-_M64 = (1 << 64) - 1
 _MIX_U = np.uint64(_MIX)
 _MAX_FACTOR = 1e6
 
