@@ -124,6 +124,18 @@ def _cost_order(costs: np.ndarray, listed: np.ndarray, salt: int) -> np.ndarray:
     return np.lexsort((tie_orders(listed, salt), costs))
 
 
+def _prefix_rank(listed: np.ndarray, have: np.ndarray, request_pages: int, scale: float, salt: int) -> Ranking:
+    """rank_columns without loads or temperature, compiled: the costs, their order and the gather in one call."""
+    raw = native.prefix_rank(have, listed, float(request_pages), scale, salt)
+    n = len(raw) // 24
+    return Ranking(
+        np.frombuffer(raw, np.int64, n),
+        np.frombuffer(raw, np.float64, n, 8 * n),
+        np.frombuffer(raw, np.intp, n, 16 * n),
+        salt,
+    )
+
+
 def rank_workers(
     keys: Mapping[int, WorkerKey],
     slots: WorkerSlots,
@@ -163,6 +175,8 @@ def rank_columns(
     others = _others(keys, slots, credited, vector, settings.top_k, salt, rng)
     listed = np.concatenate((credited, np.array(others, np.int64))) if others else credited
     have = np.concatenate((credit, np.zeros(len(others)))) if others else credit
+    if vector is None and settings.policy == "cost" and native.active():
+        return _prefix_rank(listed, have, request_pages, scale, salt)  # no loads: one compiled call
     if vector is not None:
         costs = vector.take(listed)
     else:  # the tie order: the request's random order of equals

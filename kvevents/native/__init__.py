@@ -73,6 +73,7 @@ __all__ = [
     "bind_walk_columns",
     "score_rows",
     "cost_order",
+    "prefix_rank",
 ]
 
 
@@ -306,3 +307,8 @@ def score_rows(
 def cost_order(cost: Any, worker: Any, salt: int) -> bytes:
     """Native intp bytes: the rows' order by (cost, the worker's tie order under `salt`) (twin: consumers/cost.py)."""
     return _c.cost_order(cost, worker, salt)
+
+
+def prefix_rank(have: Any, worker: Any, request_pages: float, scale: float, salt: int) -> bytes:
+    """The ranking without loads: workers, costs and input positions, best first (twin: consumers/cost.py)."""
+    return _c.prefix_rank(have, worker, request_pages, scale, salt)

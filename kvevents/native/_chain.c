@@ -176,14 +176,16 @@ PyObject *kv_digests_int64(PyObject *self, PyObject *arg) {
 
 /* The uint32 value of a token id object; 0, or -1 when it is not an int in 0..2**32-1 (no exception set). */
 static HOT_INLINE int u32_of(PyObject *it, uint32_t *out) {
-    if (!PyLong_Check(it)) return -1;
     long long v;
 #if PY_VERSION_HEX < 0x030C0000 && !defined(Py_LIMITED_API)
+    /* an exact int first: one compare of the type pointer, not a load of the type's flags (after a
+     * cold int's own load, that second dependent load was the packing's costliest instruction) */
     if (PyLong_CheckExact(it) && (Py_SIZE(it) == 0 || Py_SIZE(it) == 1))  /* one 30-bit digit (3.11 layout) */
         v = Py_SIZE(it) ? (long long)((PyLongObject *)it)->ob_digit[0] : 0;
     else
 #endif
     {
+        if (!PyLong_Check(it)) return -1;
         int overflow = 0;
         v = PyLong_AsLongLongAndOverflow(it, &overflow);
         if (overflow) v = -1;
@@ -229,13 +231,16 @@ static int chain_list_pages(PyObject *list, Py_ssize_t page_size, Py_ssize_t npa
     uint8_t d[32];
     Py_ssize_t n = PyList_GET_SIZE(list);
     uint8_t *cur = buf, *next = buf + page_size * 4;
+    PyObject *const *items = ((PyListObject *)list)->ob_item;
 #define PAGE_HI(p) ((p) * page_size + page_size < n ? (p) * page_size + page_size : n)
     if (npages && pack_range(list, 0, PAGE_HI(0), cur) < 0) return -1;
     for (Py_ssize_t p = 0; p < npages; p++) {
         Py_ssize_t len = PAGE_HI(p) - p * page_size;
         if (p + 1 < npages && pack_range(list, (p + 1) * page_size, PAGE_HI(p + 1), next) < 0) return -1;
+        for (Py_ssize_t i = (p + 16) * page_size; i < PAGE_HI(p + 16) && i < (p + 16) * page_size + 64; i += 8)
+            PREFETCH(&items[i]);  /* page p+16's slots, so that the loads below of page p+8's do not miss */
         for (Py_ssize_t i = (p + 8) * page_size; i < PAGE_HI(p + 8) && i < (p + 8) * page_size + 64; i++)
-            PREFETCH(PyList_GET_ITEM(list, i));  /* page p+8's int objects load while page p hashes (~600 ns ahead: cold ints are a miss each) */
+            PREFETCH(items[i]);  /* page p+8's int objects load while page p hashes (~600 ns ahead: cold ints are a miss each) */
         chain_link(prev, &have, cur, (size_t)len * 4, o ? o + 32 * p : d);
         if (!o) ints[p] = digest_int64(d);
         uint8_t *t = cur; cur = next; next = t;

@@ -59,6 +59,7 @@ KV_HIDDEN PyObject *kv_pack_layout(PyObject *self, PyObject *layout); /* _walk_l
 KV_HIDDEN int kv_rows_init(void);
 KV_HIDDEN PyObject *kv_score_rows(PyObject *self, PyObject *args);
 KV_HIDDEN PyObject *kv_cost_order(PyObject *self, PyObject *args);
+KV_HIDDEN PyObject *kv_prefix_rank(PyObject *self, PyObject *args);
 
 /* _apply.c: the store, remove and clear loops */
 KV_HIDDEN PyObject *kv_all_int64(PyObject *self, PyObject *args);

@@ -117,6 +117,18 @@ fail:
     return NULL;
 }
 
+/* Ahead of row i: the list slots of row i + 8's worker (in sources and dp_ranks), then row i + 4's name
+ * (its slot fetched by then). Two steps because after a walk over a big index both are cold misses and
+ * each row's stores need them. */
+static inline void prefetch_names(PyObject *sources, PyObject *dps, const int64_t *wi, Py_ssize_t i, Py_ssize_t n) {
+    const Py_ssize_t nsrc = PyList_GET_SIZE(sources);
+    if (i + 8 < n && wi[i + 8] >= 0 && wi[i + 8] < nsrc) {
+        PREFETCH(&((PyListObject *)sources)->ob_item[wi[i + 8]]);
+        PREFETCH(&((PyListObject *)dps)->ob_item[wi[i + 8]]);
+    }
+    if (i + 4 < n && wi[i + 4] >= 0 && wi[i + 4] < nsrc) PREFETCH(PyList_GET_ITEM(sources, wi[i + 4]));
+}
+
 /* score_rows(template, sources, dp_ranks, worker, at, cost, matched_pages, matched_score, predicted, page_size,
  * names, extra) -> list of dicts, one per row i: template's copy with worker = sources[worker[i]],
  * dp_rank = dp_ranks[worker[i]], cost[i] and the score rounded to 6 decimals, matched_pages, matched_tokens
@@ -151,12 +163,15 @@ PyObject *kv_score_rows(PyObject *self, PyObject *args) {
     if (PyErr_Occurred()) { Py_XDECREF(out); cols_free(&c); return NULL; }
     const int64_t *wi = COL(&c, 0, int64_t);
     const Py_ssize_t nsrc = PyList_GET_SIZE(sources);
+    for (Py_ssize_t i = 0; i < 8 && i < c.n; i++)  /* the first rows' slots (prefetch_names takes it from there) */
+        if (wi[i] >= 0 && wi[i] < nsrc) PREFETCH(&((PyListObject *)sources)->ob_item[wi[i]]);
     for (Py_ssize_t i = 0; out && i < c.n; i++) {
         if (wi[i] < 0 || wi[i] >= nsrc) {
             PyErr_Format(PyExc_ValueError, "score_rows: worker %lld is not in 0..%zd", (long long)wi[i], nsrc - 1);
             Py_CLEAR(out);
             break;
         }
+        prefetch_names(sources, dps, wi, i, c.n);
         PyObject *row = one_row(tmpl, PyList_GET_ITEM(sources, wi[i]), PyList_GET_ITEM(dps, wi[i]), &c, i, page_size,
                                 names, extra, &reuse);
         if (!row) { Py_CLEAR(out); break; }
@@ -183,17 +198,26 @@ static inline uint64_t cost_key(double c) {
     return u >> 63 ? ~u : u | (1ull << 63);
 }
 
+/* a before b: bitwise, not short-circuit, so the merge below compiles to selects, not branches */
 static inline int ranked_before(const Ranked *a, const Ranked *b) {
-    return a->key < b->key || (a->key == b->key && a->tie < b->tie);
+    return (a->key < b->key) | ((a->key == b->key) & (a->tie < b->tie));
 }
 
 /* Bottom-up merge sort of r[0..n) by (key, tie) through tmp (stable; the compare inlined: qsort's
- * call per compare cost more than the sort itself for the ~100 rows of an answer). */
+ * call per compare cost more than the sort itself for the ~100 rows of an answer). The merge step is
+ * branch-free: which side goes next is a coin flip to the branch predictor (costs often tie, and
+ * then the tie orders are random), and a mispredict per element cost more than the element's move. */
 static Ranked *merge_sort(Ranked *r, Ranked *tmp, Py_ssize_t n) {
     for (Py_ssize_t w = 1; w < n; w *= 2) {
         for (Py_ssize_t lo = 0; lo < n; lo += 2 * w) {
             Py_ssize_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n, i = lo, j = mid, k = lo;
-            while (i < mid && j < hi) tmp[k++] = ranked_before(&r[j], &r[i]) ? r[j++] : r[i++];
+            while (i < mid && j < hi) {
+                const Py_ssize_t right = ranked_before(&r[j], &r[i]);
+                const Py_ssize_t from = i ^ ((i ^ j) & -right); /* j when right, else i: a mask, not a jump */
+                tmp[k++] = r[from];
+                j += right;
+                i += 1 - right;
+            }
             while (i < mid) tmp[k++] = r[i++];
             while (j < hi) tmp[k++] = r[j++];
         }
@@ -204,28 +228,40 @@ static Ranked *merge_sort(Ranked *r, Ranked *tmp, Py_ssize_t n) {
     return r;
 }
 
-/* cost_order(cost, worker, salt) -> bytes of native intp: the rows' order by (cost, tie) where a
- * worker's tie order is ((worker + 1) ^ salt) * 0x9E3779B97F4A7C15 mod 2**64 (numpy's lexsort of the two,
- * without building the tie column). */
+/* A worker's tie order under the request's salt: ((worker + 1) ^ salt) * 0x9E3779B97F4A7C15 mod 2**64. */
+static inline uint64_t tie_of(int64_t worker, uint64_t salt) { return (((uint64_t)worker + 1) ^ salt) * 0x9E3779B97F4A7C15ull; }
+
+/* The two columns both rankings take: 8-byte floats x and int64 workers of one length n (ValueError
+ * naming `fn` otherwise); 0, or -1 with both released. */
+static int rank_columns_get(PyObject *xo, PyObject *wo, const char *fn, const char *xname, Py_buffer *xb, Py_buffer *wb) {
+    if (kv_get_buf(xo, xb, 8, "d", 0, xname) < 0) return -1;
+    if (kv_get_buf(wo, wb, 8, "ql", 0, "worker") < 0) { PyBuffer_Release(xb); return -1; }
+    if (wb->len != xb->len) {
+        PyErr_Format(PyExc_ValueError, "%s: %zd %ss but %zd workers", fn, xb->len / 8, xname, wb->len / 8);
+        PyBuffer_Release(xb);
+        PyBuffer_Release(wb);
+        return -1;
+    }
+    return 0;
+}
+
+/* cost_order(cost, worker, salt) -> bytes of native intp: the rows' order by (cost, tie order) (numpy's
+ * lexsort of the two, without building the tie column). */
 PyObject *kv_cost_order(PyObject *self, PyObject *args) {
     PyObject *co, *wo;
     unsigned long long salt;
     if (!PyArg_ParseTuple(args, "OOK", &co, &wo, &salt)) return NULL;
     Py_buffer cb, wb;
-    if (kv_get_buf(co, &cb, 8, "d", 0, "cost") < 0) return NULL;
-    if (kv_get_buf(wo, &wb, 8, "ql", 0, "worker") < 0) { PyBuffer_Release(&cb); return NULL; }
+    if (rank_columns_get(co, wo, "cost_order", "cost", &cb, &wb) < 0) return NULL;
+    const Py_ssize_t n = cb.len / 8;
     PyObject *out = NULL;
-    Py_ssize_t n = cb.len / 8;
-    Ranked *r = NULL;
-    if (wb.len / 8 != n) {
-        PyErr_Format(PyExc_ValueError, "cost_order: %zd costs but %zd workers", n, wb.len / 8);
-    } else if ((r = PyMem_Malloc(2 * sizeof(Ranked) * (size_t)(n ? n : 1))) == NULL) {
+    Ranked *r = PyMem_Malloc(2 * sizeof(Ranked) * (size_t)(n ? n : 1));
+    if (!r) {
         PyErr_NoMemory();
     } else {
         const double *c = cb.buf;
         const int64_t *w = wb.buf;
-        for (Py_ssize_t i = 0; i < n; i++)
-            r[i] = (Ranked){cost_key(c[i]), (((uint64_t)w[i] + 1) ^ salt) * 0x9E3779B97F4A7C15ull, i};
+        for (Py_ssize_t i = 0; i < n; i++) r[i] = (Ranked){cost_key(c[i]), tie_of(w[i], salt), i};
         const Ranked *sorted = merge_sort(r, r + n, n);
         out = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(Py_ssize_t));
         if (out) {
@@ -235,6 +271,52 @@ PyObject *kv_cost_order(PyObject *self, PyObject *args) {
     }
     PyMem_Free(r);
     PyBuffer_Release(&cb);
+    PyBuffer_Release(&wb);
+    return out;
+}
+
+/* prefix_rank(have, worker, request_pages, scale, salt) -> bytes: the ranking without loads in one call.
+ * Row i costs max(request_pages - have[i], 0) * scale (as numpy's maximum: NaN stays NaN); the rows are
+ * ordered by (cost, tie order), and the result is their workers (int64), costs (float64) and positions
+ * in the input (intp), n of each, concatenated. Twin: consumers/cost.py (np.maximum, then lexsort). */
+PyObject *kv_prefix_rank(PyObject *self, PyObject *args) {
+    PyObject *ho, *wo;
+    double pages, scale;
+    unsigned long long salt;
+    if (!PyArg_ParseTuple(args, "OOddK", &ho, &wo, &pages, &scale, &salt)) return NULL;
+    Py_buffer hb, wb;
+    if (rank_columns_get(ho, wo, "prefix_rank", "have", &hb, &wb) < 0) return NULL;
+    const Py_ssize_t n = hb.len / 8;
+    PyObject *out = NULL;
+    Ranked *r = PyMem_Malloc(2 * sizeof(Ranked) * (size_t)(n ? n : 1));
+    double *cost = PyMem_Malloc(sizeof(double) * (size_t)(n ? n : 1));
+    if (!r || !cost) {
+        PyErr_NoMemory();
+    } else {
+        const double *have = hb.buf;
+        const int64_t *w = wb.buf;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const double d = pages - have[i];
+            cost[i] = (d >= 0.0 || d != d ? d : 0.0) * scale;
+            r[i] = (Ranked){cost_key(cost[i]), tie_of(w[i], salt), i};
+        }
+        const Ranked *sorted = merge_sort(r, r + n, n);
+        out = PyBytes_FromStringAndSize(NULL, n * 24);
+        if (out) {
+            int64_t *ow = (int64_t *)PyBytes_AS_STRING(out);
+            double *oc = (double *)(ow + n);
+            Py_ssize_t *oa = (Py_ssize_t *)(oc + n);
+            for (Py_ssize_t i = 0; i < n; i++) {
+                const Py_ssize_t at = sorted[i].at;
+                ow[i] = w[at];
+                oc[i] = cost[at];
+                oa[i] = at;
+            }
+        }
+    }
+    PyMem_Free(r);
+    PyMem_Free(cost);
+    PyBuffer_Release(&hb);
     PyBuffer_Release(&wb);
     return out;
 }

@@ -64,6 +64,7 @@ static PyMethodDef methods[] = {
     {"store_event", kv_store_event, METH_VARARGS, "one BlockStored: checks, the parent probe and the store loop"},
     {"clear_worker", kv_clear_worker, METH_VARARGS, "the clear loop of consumers.copies.clear_worker"},
     {"cost_order", kv_cost_order, METH_VARARGS, "cost_order(cost, worker, salt) -> the rows' order by (cost, tie)"},
+    {"prefix_rank", kv_prefix_rank, METH_VARARGS, "prefix_rank(have, worker, pages, scale, salt) -> the ranking without loads"},
     {"score_rows", kv_score_rows, METH_VARARGS, "the /score answer's worker dicts from the ranking's columns"},
     {"holds_bit", kv_holds_bit, METH_VARARGS, "does any view hold a key with a bit in the columns"},
     {NULL, NULL, 0, NULL},

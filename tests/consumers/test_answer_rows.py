@@ -43,6 +43,40 @@ def test_cost_order_is_numpys_lexsort_of_cost_then_tie(rows, salt):
     assert got.tolist() == np.lexsort((tie_orders(worker, salt), cost)).tolist()
 
 
+@compiled
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(
+    st.lists(st.tuples(COSTS, st.integers(0, 5000)), max_size=300, unique_by=lambda t: t[1]),
+    st.integers(0, 2**64 - 1),
+    st.integers(0, 4096),
+    st.sampled_from([0.0, 0.5, 1.0, 3.0]),
+)
+def test_prefix_rank_is_numpys_cost_then_lexsort(rows, salt, pages, scale):
+    have = np.array([c for c, _ in rows], np.float64)
+    worker = np.array([w for _, w in rows], np.int64)
+    raw = native.prefix_rank(have, worker, float(pages), scale, salt)
+    n = len(rows)
+    assert len(raw) == 24 * n
+    cost = np.maximum(float(pages) - have, 0.0) * scale  # the twin (consumers/cost.py)
+    order = np.lexsort((tie_orders(worker, salt), cost))
+    got_cost = np.frombuffer(raw, np.float64, n, 8 * n)
+    assert np.frombuffer(raw, np.int64, n).tolist() == worker[order].tolist()
+    np.testing.assert_array_equal(got_cost, cost[order])  # NaN where NaN
+    assert np.signbit(got_cost).tolist() == np.signbit(cost[order]).tolist()  # -0.0 where -0.0
+    assert np.frombuffer(raw, np.intp, n, 16 * n).tolist() == order.tolist()
+
+
+@compiled
+def test_prefix_rank_refuses_columns_that_differ_or_are_not_8_byte_numbers():
+    with pytest.raises(ValueError, match="prefix_rank: 2 haves but 1 workers"):
+        native.prefix_rank(np.zeros(2), np.zeros(1, np.int64), 4.0, 1.0, 0)
+    with pytest.raises(ValueError, match="have"):
+        native.prefix_rank(np.zeros(2, np.float32), np.zeros(2, np.int64), 4.0, 1.0, 0)
+    with pytest.raises(ValueError, match="worker"):
+        native.prefix_rank(np.zeros(2), np.zeros(2), 4.0, 1.0, 0)
+    assert native.prefix_rank(np.zeros(0), np.zeros(0, np.int64), 4.0, 1.0, 0) == b""
+
+
 @st.composite
 def _columns(draw):
     nsrc = draw(st.integers(1, 40))
