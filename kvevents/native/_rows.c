@@ -198,26 +198,17 @@ static inline uint64_t cost_key(double c) {
     return u >> 63 ? ~u : u | (1ull << 63);
 }
 
-/* a before b: bitwise, not short-circuit, so the merge below compiles to selects, not branches */
 static inline int ranked_before(const Ranked *a, const Ranked *b) {
-    return (a->key < b->key) | ((a->key == b->key) & (a->tie < b->tie));
+    return a->key < b->key || (a->key == b->key && a->tie < b->tie);
 }
 
 /* Bottom-up merge sort of r[0..n) by (key, tie) through tmp (stable; the compare inlined: qsort's
- * call per compare cost more than the sort itself for the ~100 rows of an answer). The merge step is
- * branch-free: which side goes next is a coin flip to the branch predictor (costs often tie, and
- * then the tie orders are random), and a mispredict per element cost more than the element's move. */
+ * call per compare cost more than the sort itself for the ~100 rows of an answer). */
 static Ranked *merge_sort(Ranked *r, Ranked *tmp, Py_ssize_t n) {
     for (Py_ssize_t w = 1; w < n; w *= 2) {
         for (Py_ssize_t lo = 0; lo < n; lo += 2 * w) {
             Py_ssize_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n, i = lo, j = mid, k = lo;
-            while (i < mid && j < hi) {
-                const Py_ssize_t right = ranked_before(&r[j], &r[i]);
-                const Py_ssize_t from = i ^ ((i ^ j) & -right); /* j when right, else i: a mask, not a jump */
-                tmp[k++] = r[from];
-                j += right;
-                i += 1 - right;
-            }
+            while (i < mid && j < hi) tmp[k++] = ranked_before(&r[j], &r[i]) ? r[j++] : r[i++];
             while (i < mid) tmp[k++] = r[i++];
             while (j < hi) tmp[k++] = r[j++];
         }
