@@ -39,7 +39,7 @@ _SOURCES = [
     "_apply",
     "_rows",
 ]
-_HEADERS = ["_native", "_sha256", "_table", "_holders", "_walk"]
+_HEADERS = ["_native", "_sha256", "_feed", "_table", "_holders", "_walk"]
 _LINK = ["-fsanitize=address,undefined"] if os.environ.get("KVEVENTS_SANITIZE") == "1" else []
 
 

@@ -42,7 +42,8 @@ answer from a request's token list (hash 8,192 tokens + lookup + predictions + l
 `answer_routed` the same as routing decisions (each credits the pick with predicted pages, so the
 round's later requests find them); `answer_loaded` routed, with a scraped load for every worker
 (the cost vectors over the whole fleet); `answer_packed` from the packed ids the HTTP front decodes
-(a /score body's token array is read straight into them, never into a list), without predictions.
+(a /score body's token array is read straight into them, never into a list), without predictions:
+what /score runs, each page hashed as the walk first reads it (PrefixRouter.match_packed).
 `--scale` runs one such run per point of a scale curve (benchmarks/peer_scale.py: each point in a
 process of its own, the record-log cold start of the largest point, results.json and one SVG per
 figure against the worker count). `--record-log PATH` writes the point's batches as a record log.

@@ -16,6 +16,7 @@ import numpy as np
 from kvevents import native
 from kvevents.consumers.index_reports import IndexReports
 from kvevents.consumers.lookup import (
+    ColumnsWalk,
     MatchColumns,
     PrefixMatch,
     WordLayout,
@@ -114,18 +115,47 @@ class IndexLookups(IndexReports):
     ) -> MatchColumns:
         """`prefix_match` as columns (worker index, prefix pages, score; no pages by medium), for a
         caller ranking every matched worker: the compiled walk then builds no object per worker."""
-        key = (lora_name, strict, medium_weight, MatchColumns)
-        bound = self._current_walkers().get(key)
-        if bound is not None and len(hashes) and native.active():
-            return bound(hashes)  # type: ignore[no-any-return]
-        plan = self._lookup_plan(lora_name, strict)
-        if plan and self._by_index and len(hashes) and native.active():
-            weights, layout = self._layout(medium_weight)
-            bound = bind_walk_columns(plan, layout, self._media, weights)
+        if len(hashes) and native.active():
+            bound = self._columns_walk(lora_name, strict, medium_weight)
             if bound is not None:
-                self._keep_walker(key, lora_name, bound)
                 return bound(hashes)
         return MatchColumns.of(self.prefix_match(hashes, lora_name, strict=strict, medium_weight=medium_weight))
+
+    def prefix_columns_packed(
+        self,
+        ids: bytes,
+        page_size: int,
+        prior: bytes | None,
+        lora_name: str | None = None,
+        *,
+        strict: bool = True,
+        medium_weight: Callable[[str | None], float] = lambda medium: 1.0,
+    ) -> tuple[np.ndarray, MatchColumns] | None:
+        """The event hashes of packed ids' whole pages (chained after `prior`) and their `prefix_columns`,
+        hashed as the compiled walk reads them (kvevents.consumers.lookup.ColumnsWalk.packed); None
+        where no compiled walk applies (the caller hashes, then calls `prefix_columns`)."""
+        if not native.active():
+            return None
+        bound = self._columns_walk(lora_name, strict, medium_weight)
+        return bound.packed(ids, page_size, prior) if bound is not None else None
+
+    def _columns_walk(
+        self, lora_name: str | None, strict: bool, medium_weight: Callable[[str | None], float]
+    ) -> ColumnsWalk | None:
+        """The compiled columns walk for these lookup options: cached, else bound (None: nothing to
+        walk, or weights the compiled walk declines)."""
+        key = (lora_name, strict, medium_weight, MatchColumns)
+        bound = self._current_walkers().get(key)
+        if bound is not None:
+            return bound  # type: ignore[return-value]
+        plan = self._lookup_plan(lora_name, strict)
+        if not plan or not self._by_index:
+            return None
+        weights, layout = self._layout(medium_weight)
+        made = bind_walk_columns(plan, layout, self._media, weights)
+        if made is not None:
+            self._keep_walker(key, lora_name, made)
+        return made
 
     def _current_walkers(self) -> dict[tuple[Any, ...], Callable[[np.ndarray], Any]]:
         """The bound walks, dropped first when a table's arrays moved since they were bound."""

@@ -22,8 +22,9 @@ Concurrency: a BlockIndex has no lock of its own and is not thread-safe. Its own
 around each call (kvevents.consumers.service.core.RouterService.lock): the feed's thread holds it
 for one `apply` (one batch: its events' pages, plus, now and then, the growth of one view's
 arrays, or for AllBlocksCleared the scan of the views that worker holds copies in), HTTP threads
-for one lookup (`holds`, `prefix_match`: one request, hashed before the lock is taken) or one
-report. A reader therefore sees the index between two batches, never inside one: every batch is
+for one lookup (`holds`, `prefix_match`: one request, hashed before the lock is taken;
+`prefix_columns_packed`: one request of packed ids up to 16,384 tokens, hashed page by page inside
+the lock as the walk reads them, ~85 ns a page) or one report. A reader therefore sees the index between two batches, never inside one: every batch is
 applied whole or, where it is refused (a bound), counted and skipped. Lookups read the arrays in
 place: no copy is made, and a lookup never waits for more than the one batch being applied.
 """

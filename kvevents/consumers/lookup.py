@@ -10,7 +10,7 @@ page by page and follows only the words still matching) can replace it behind
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -24,6 +24,7 @@ __all__ = [
     "WorkerMatch",
     "PrefixMatch",
     "MatchColumns",
+    "ColumnsWalk",
     "WordLayout",
     "walk",
     "walk_plan",
@@ -142,21 +143,36 @@ def bind_walk(
     return bound
 
 
+class ColumnsWalk:
+    """A compiled walk bound to a plan and layout, answering MatchColumns: of a request's hashes, or of
+    its packed ids (`packed`: each page hashed as the walk first needs it, so the SHA-256 chain, which
+    is latency-bound, and the table reads, which are memory-bound, overlap)."""
+
+    __slots__ = ("_raw",)
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+
+    def __call__(self, hashes: np.ndarray) -> MatchColumns:
+        return MatchColumns.from_bytes(len(hashes), self._raw(hashes))
+
+    def packed(self, ids: bytes, page_size: int, prior: bytes | None) -> tuple[np.ndarray, MatchColumns]:
+        """The whole pages of packed ids (little-endian uint32) hashed after `prior` (the event chain's
+        int64 hashes, as `packed_chain_int64` gives them) and their walk, in one pass."""
+        hashes, raw = self._raw.packed(ids, page_size, prior)
+        return np.frombuffer(hashes, np.int64), MatchColumns.from_bytes(len(hashes) // 8, raw)
+
+
 def bind_walk_columns(
     plan: list[tuple[HashTable, np.ndarray | None]],
     layout: list[WordLayout],
     media: list[str | None],
     weights: list[float],
-) -> Callable[[np.ndarray], MatchColumns] | None:
+) -> ColumnsWalk | None:
     """`bind_walk` returning MatchColumns (the same walk; no object per matched worker)."""
     if not native.active() or not all(type(w) is float for w in weights):
         return None
-    raw = native.bind_walk_columns([(t.cview(), f) for t, f in plan], layout, media, weights)
-
-    def columns(hashes: np.ndarray) -> MatchColumns:
-        return MatchColumns.from_bytes(len(hashes), raw(hashes))
-
-    return columns
+    return ColumnsWalk(native.bind_walk_columns([(t.cview(), f) for t, f in plan], layout, media, weights))
 
 
 def walk(m: np.ndarray, layout: list[WordLayout], media: list[str | None], weights: list[float]) -> PrefixMatch:

@@ -244,6 +244,20 @@ class PrefixRouter:
             as_hashes(hashes), lora_name, strict=self.lora_strict, medium_weight=self._weight
         )
 
+    def match_packed(
+        self, packed: bytes, cache_salt: str | None = None, lora_name: str | None = None
+    ) -> tuple[np.ndarray, MatchColumns]:
+        """`hash_packed` then `match_columns`, in one pass where compiled (each page hashed as the walk
+        first reads it: the hashing and the table reads overlap). Under the index lock, like a lookup."""
+        seed = _request_seed(cache_salt)
+        got = self.index.prefix_columns_packed(
+            packed, self.page_size, seed, lora_name, strict=self.lora_strict, medium_weight=self._weight
+        )
+        if got is not None:
+            return got
+        hashes = self.hash_packed(packed, cache_salt)
+        return hashes, self.match_columns(hashes, lora_name)
+
     def explain(
         self, token_ids: Sequence[int], cache_salt: str | None = None, lora_name: str | None = None
     ) -> dict[str, Any]:

@@ -15,14 +15,15 @@ Callers ask `active()` and call the functions below; nothing else imports the ex
 | `_native.h` | the C files' private header: argument helpers, compiler hints, the method table's functions |
 | `_speedups.c` | the module: method table, init, argument helpers |
 | `_chain.c`, `_sha256.h` | the contract's page chain: SHA-256 (SHA-NI or portable), token packing, int64 |
+| `_feed.h` | a chain hashed a page at a time as the walk asks (its code in `_chain.c`: the one file with SHA-256) |
 | `_json.c` | the /score body's JSON token-id array read straight into packed uint32, and found in the body (split_json_tokens) |
 | `_table.h`, `_table.c` | a table view as C reads it, the probe of one key, the layout export |
 | `_holders.h` | a slot's holders: its rows word, pool records, set/clear one bit (twin of consumers/holders.py) |
 | `_walk.h`, `_walk_args.c` | the walk's state; its arguments parsed, checked and flattened |
 | `_walk_layout.c` | the walk's WordLayouts packed once into one buffer (a lookup reads no attribute) |
 | `_walk.c` | the index walk: pipelined probes, per-word AND, results (twin of lookup.py's walk_plan) |
-| `_walk_bound.c` | BoundWalk: a walk prepared once (views open, layout flattened), called per request's hashes |
-| `_rows.c` | the /score answer: its ranking order (twin in consumers/cost.py) and worker dicts from the ranking's columns (twin in consumers/service/answer_rows.py) |
+| `_walk_bound.c` | BoundWalk: a walk prepared once (views open, layout flattened), called per request's hashes, or fed its packed ids (`packed`: hashed as it walks) |
+| `_rows.c` | the /score answer: its ranking order and its ranking without loads (`prefix_rank`) (twins in consumers/cost.py), and worker dicts from the ranking's columns (twin in consumers/service/answer_rows.py) |
 | `_apply.c` | the store/remove/clear loops and one-key checks (twins in consumers/table.py, copies.py, indexer.py) |
 """
 

@@ -1,7 +1,7 @@
 /* The contract's page chain in C (the twin of kvevents/_chain.py): digest i = sha256(digest i-1 + page i)
  * over little-endian uint32 token pages, the packing of token lists, and the published int64 of a
  * digest. The only file that includes _sha256.h (its compression choice is per file). */
-#include "_native.h"
+#include "_feed.h"
 #include "_sha256.h"
 
 #define CHAIN_PAGE_MAX ((Py_ssize_t)1 << 40) /* page sizes (tokens) chain_packed accepts */
@@ -275,6 +275,40 @@ PyObject *kv_chain_list(PyObject *self, PyObject *args) {
     PyMem_Free(buf);
     if (rc < 0) { Py_DECREF(out); Py_RETURN_NONE; }
     return out;
+}
+
+/* ------------------------------------------------------------------ a chain fed a page at a time */
+
+int kv_feed_open(KvFeed *F, PyObject *packed, PyObject *pso, PyObject *prior) {
+    memset(F, 0, sizeof *F);
+    if (page_size_of(pso, CHAIN_PAGE_MAX, &F->page_size) < 0) return -1;
+    if ((F->have = prior_of(prior, F->prev)) < 0) return -1;
+    if (PyObject_GetBuffer(packed, &F->pb, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "packed tokens must be bytes");
+        return -1;
+    }
+    F->pb_held = 1;
+    F->npages = F->pb.len / (4 * F->page_size);  /* whole pages: a partial tail is never hashed */
+    return (F->out = PyBytes_FromStringAndSize(NULL, F->npages * 8)) ? 0 : -1;
+}
+
+const int64_t *kv_feed_ints(const KvFeed *F) { return (const int64_t *)PyBytes_AS_STRING(F->out); }
+
+void kv_feed_upto(KvFeed *F, Py_ssize_t upto) {
+    if (upto > F->npages) upto = F->npages;
+    if (upto <= F->done) return;
+    const Py_ssize_t step = 4 * F->page_size;
+    chain_run(F->prev, F->have, (const uint8_t *)F->pb.buf + F->done * step, (upto - F->done) * step, step,
+              upto - F->done, NULL, (int64_t *)PyBytes_AS_STRING(F->out) + F->done);
+    F->have = 1;
+    F->done = upto;
+}
+
+void kv_feed_close(KvFeed *F) {
+    if (F->pb_held) PyBuffer_Release(&F->pb);
+    F->pb_held = 0;
+    Py_CLEAR(F->out);
 }
 
 PyObject *kv_sha_impl_name(PyObject *self, PyObject *noargs) { return PyUnicode_FromString(kv_sha_impl); }

@@ -224,13 +224,22 @@ static HOT_INLINE int step_pairs(Walk *W, const uint64_t *rw, Py_ssize_t k, Py_s
  * page i + 2 BLOCK probed (its rows words prefetched) and page i + BLOCK's rows words read (its record
  * prefetched), so the misses are spread evenly instead of a block's worth at once (which stalls on the
  * line fill buffers). Workers still matching at the last page end there. */
+/* With a feed, page j's hash is asked for just before the pipeline's first use of it (its bucket's
+ * prefetch, 3 BLOCK pages ahead): each turn hashes one page and walks one. */
+#define FEED_UPTO(W, upto) \
+    do {                      \
+        if ((W)->feed) kv_feed_upto((W)->feed, (upto)); \
+    } while (0)
+
 static int walk_pages(Walk *W) {
     const Py_ssize_t n = W->n;
+    FEED_UPTO(W, 3 * BLOCK + 1);
     prefetch_keys(W, 0, 3 * BLOCK);
     if (probe_pages(W, 0, 2 * BLOCK) < 0) return -1;
     load_pages(W, 0, BLOCK);
     int going = 1;
     for (Py_ssize_t i = 0; i < n && going; i++) {
+        FEED_UPTO(W, i + 3 * BLOCK + 1);
         prefetch_keys(W, i + 3 * BLOCK, i + 3 * BLOCK + 1);
         if (probe_pages(W, i + 2 * BLOCK, i + 2 * BLOCK + 1) < 0) return -1;
         load_pages(W, i + BLOCK, i + BLOCK + 1);

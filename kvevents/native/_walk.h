@@ -3,6 +3,7 @@
 #ifndef KVEVENTS_WALK_H
 #define KVEVENTS_WALK_H
 
+#include "_feed.h"
 #include "_holders.h"
 
 #define BLOCK 16 /* pages per pipeline step */
@@ -17,6 +18,7 @@ typedef struct {
     Py_buffer hb;
     int hb_held;
     const int64_t *q; /* the request's page hashes */
+    KvFeed *feed;     /* or NULL: q is whole; else q fills as the feed hashes (walk_pages asks it ahead) */
     Py_ssize_t n, nv, nw, nmedia, nc; /* nc: columns (the filters' length, else 1 + the layout's largest) */
     View *views;                      /* the plan's views */
     Py_buffer *fb;

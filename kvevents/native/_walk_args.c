@@ -19,6 +19,7 @@ void kv_walk_zero(Walk *W) {
     W->wm_fields = W->pm_fields = NULL;
     W->wm_off[0] = W->wm_off[1] = W->wm_off[2] = 0;
     W->hb_held = W->nloaded = 0;
+    W->feed = NULL;
     W->views = NULL;
     W->fb = NULL;
     W->filt = NULL;

@@ -43,6 +43,53 @@ static PyObject *bw_vectorcall(PyObject *callable, PyObject *const *args, size_t
     return out;
 }
 
+/* bound.packed(ids, page_size, prior) -> (hashes, result): the request's whole pages (ids: packed
+ * little-endian uint32) hashed page by page as the walk first needs each one (kv_feed_*), so the SHA-256
+ * chain and the table reads overlap. `hashes` is bytes of native int64, the chain's published hashes
+ * after `prior` (what kvevents._chain.packed_chain_int64 gives for the whole pages); `result` what a
+ * call with them gives. A call made while the binding is walking hashes first, then walks unbound. */
+static PyObject *bw_packed(PyObject *op, PyObject *args) {
+    BoundWalk *self = (BoundWalk *)op;
+    PyObject *packed, *page_size, *prior;
+    if (!PyArg_ParseTuple(args, "OOO", &packed, &page_size, &prior)) return NULL;
+    KvFeed F;
+    if (kv_feed_open(&F, packed, page_size, prior) < 0) {
+        kv_feed_close(&F);
+        return NULL;
+    }
+    PyObject *result;
+    if (self->busy) {
+        kv_feed_upto(&F, F.npages);
+        PyObject *mv = PyMemoryView_FromObject(F.out), *q = mv ? PyObject_CallMethod(mv, "cast", "s", "q") : NULL;
+        result = q ? kv_walk_once(self->args, q) : NULL; /* the hashes as int64 items, as a call takes them */
+        Py_XDECREF(q);
+        Py_XDECREF(mv);
+    } else {
+        Walk *W = &self->W;
+        self->busy = 1;
+        W->q = kv_feed_ints(&F);
+        W->n = F.npages;
+        W->feed = &F;
+        int rc = kv_walk_run(W, self->floats);
+        kv_feed_upto(&F, F.npages); /* the pages past the walk's end, or all of them when it did not walk */
+        result = W->result;
+        W->result = NULL;
+        W->feed = NULL;
+        kv_walk_end_call(W);
+        self->busy = 0;
+        if (rc < 0) Py_CLEAR(result);
+    }
+    PyObject *out = result ? PyTuple_Pack(2, F.out, result) : NULL;
+    Py_XDECREF(result);
+    kv_feed_close(&F);
+    return out;
+}
+
+static PyMethodDef bw_methods[] = {
+    {"packed", bw_packed, METH_VARARGS, "packed(ids, page_size, prior) -> (hashes, result): hash and walk at once"},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyObject *bw_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *bound;
     if ((kwargs && PyDict_GET_SIZE(kwargs)) || PyTuple_GET_SIZE(args) != 1 || !PyTuple_Check(bound = PyTuple_GET_ITEM(args, 0)) ||
@@ -85,6 +132,7 @@ static PyTypeObject BoundWalkType = {
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "BoundWalk(bound) -> a callable of the request's hashes: the index walk prepared once",
     .tp_members = bw_members,
+    .tp_methods = bw_methods,
     .tp_new = bw_new,
 };
 

@@ -8,6 +8,7 @@ import json
 import random
 from contextlib import nullcontext
 
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -18,9 +19,11 @@ from kvevents.consumers.cost import tie_orders
 from kvevents.consumers.loads import WorkerLoad
 from kvevents.consumers.service.answer_rows import ROW_TEMPLATE, rows_py
 from kvevents.consumers.service.core import RouterService
-from kvevents.consumers.service.score_body import ScoreBody
+from kvevents.consumers.service.score_body import ScoreBody, ScoreHead
+from kvevents.consumers.service.scoring import FUSED_MAX_BYTES
 from kvevents.consumers.worker_key import WorkerKey
 from kvevents.events import BlockStored, KVEventBatch
+from kvevents.hashing import pack_tokens
 from tests.helpers.push_feed import PushFeed
 
 compiled = pytest.mark.skipif(not native.active(), reason="kvevents.native._speedups not built")
@@ -192,3 +195,31 @@ def test_a_fresh_service_answers_with_no_workers_on_either_path():
             svc = RouterService(feed=PushFeed([]), page_size=4, seed=0)
             got = svc.answer_score(ScoreBody(tokens=list(range(12)), route=True), list(range(12)))
             assert got["workers"] == [] and got["pick"] is None
+
+
+@pytest.mark.parametrize("path", ["c", "python"])
+def test_packed_ids_answer_as_their_token_list_does(path):
+    """Packed ids up to FUSED_MAX_BYTES are hashed inside the lock as the walk reads them (compiled),
+    longer ones outside it: every answer equals the one its token list gets (from a twin service, so
+    the tie draws of the workers listed without a match agree)."""
+    if path == "c" and not native.active():
+        pytest.skip("kvevents.native._speedups not built")
+    rnd = random.Random(7)
+    by_list, by_packed = (RouterService(feed=PushFeed([]), page_size=4, seed=0) for _ in range(2))
+    tokens = [rnd.randrange(50_000) for _ in range(FUSED_MAX_BYTES // 4 + 40)]  # past the cap
+    for salt in (None, "tenant-a"):
+        hashes = by_list.router.hash_array(tokens, salt).tolist()
+        for w in range(12):
+            upto = rnd.randrange(1, len(hashes))
+            batch = KVEventBatch(0.0, [BlockStored(hashes[:upto], None, [], 4, None, "GPU", None)], 0)
+            by_list.index.apply(f"w{w}", batch)
+            by_packed.index.apply(f"w{w}", batch)
+    with native.python_only() if path == "python" else nullcontext():
+        for n in (0, 3, 4, 37, 400, FUSED_MAX_BYTES // 4, len(tokens)):
+            for salt in (None, "tenant-a"):
+                for lora in (None, "lora-a"):
+                    body = ScoreBody(tokens=tokens[:n], route=False, cache_salt=salt, lora_name=lora)
+                    head = ScoreHead(tokens=msgspec.Raw(b"[]"), route=False, cache_salt=salt, lora_name=lora)
+                    want = by_list.answer_score(body, body.tokens)
+                    assert by_packed.answer_score(head, pack_tokens(tokens[:n])) == want, (n, salt, lora)
+        assert want["workers"] and want["workers"][0]["matched_pages"] > 0

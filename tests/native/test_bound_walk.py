@@ -16,8 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvevents import native
+from kvevents._chain import packed_chain_int64
 from kvevents.consumers.lookup import PrefixMatch, WordLayout, WorkerMatch
 from kvevents.consumers.table import HashTable
+from kvevents.hashing import pack_tokens
 from kvevents.native.layout import CVIEW, ROW_REF
 
 pytestmark = pytest.mark.skipif(
@@ -130,3 +132,84 @@ def test_weights_that_are_not_floats_answer_not_implemented_every_call():
     for _ in range(2):
         assert bound(np.array(CHAIN, np.int64)) is NotImplemented
     assert bound(np.zeros(0, np.int64)) == PrefixMatch(0)  # no pages: the empty result, as `walk` gives
+
+
+# ---------------------------------------------------------------- packed ids, hashed as the walk reads them
+
+
+def _event_hashes(ids: list[int], page_size: int, prior: bytes | None) -> np.ndarray:
+    """The int64 event hashes of the whole pages of `ids` (the reference: hashing, then the walk)."""
+    packed = pack_tokens(ids)
+    whole = packed[: len(packed) - len(packed) % (4 * page_size)]
+    return np.frombuffer(packed_chain_int64(whole, page_size, prior), np.int64)
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(
+    st.sampled_from([1, 3, 16]),
+    st.integers(0, 70),
+    st.integers(0, 15),
+    st.sampled_from([None, bytes(range(32))]),
+    st.lists(st.tuples(st.integers(0, 2), st.integers(1, 15), st.integers(0, 70)), max_size=6),
+    st.booleans(),
+)
+def test_packed_equals_hashing_then_walking(page_size, pages, tail, prior, holders, columns_mode):
+    rnd = np.random.default_rng(pages * 131 + tail)
+    ids = rnd.integers(0, 2**32, pages * page_size + tail % page_size, dtype=np.uint64).tolist()
+    hashes = _event_hashes(ids, page_size, prior)
+    t = _table(hashes.tolist(), [(col, bits if col < 2 else bits & 0b11 or 1, n) for col, bits, n in holders])
+    plan = _plan(t)
+    if columns_mode:
+        bound = native.bind_walk_columns(plan, LAYOUT, MEDIA, WEIGHTS)
+    else:
+        bound = native.bind_walk(plan, LAYOUT, MEDIA, WEIGHTS, PrefixMatch, WorkerMatch)
+    for _ in range(2):  # the binding is free again after a call
+        got_hashes, got = bound.packed(pack_tokens(ids), page_size, prior)
+        assert np.frombuffer(got_hashes, np.int64).tolist() == hashes.tolist()
+        assert got == bound(hashes)
+
+
+def test_packed_answers_the_hashes_even_where_the_walk_declines():
+    ids = list(range(64))
+    hashes = _event_hashes(ids, 16, None)
+    t = _table(hashes.tolist(), [(0, 0b1, 4)])
+    bound = native.bind_walk(_plan(t), LAYOUT, MEDIA, [1, 0.5], PrefixMatch, WorkerMatch)
+    got_hashes, got = bound.packed(pack_tokens(ids), 16, None)
+    assert got is NotImplemented and np.frombuffer(got_hashes, np.int64).tolist() == hashes.tolist()
+
+
+def test_packed_from_inside_a_call_hashes_then_walks_on_its_own():
+    ids = list(range(40 * 4))
+    hashes = _event_hashes(ids, 4, None)
+    t = _table(hashes.tolist(), HOLDERS)
+    plan = _plan(t)
+    inner: list = []
+
+    class Reentrant:
+        def __init__(self, pages: int) -> None:
+            self.pages, self.workers = pages, {}
+            if not inner:
+                inner.append(None)
+                inner[0] = bound.packed(pack_tokens(ids[:36]), 4, None)
+
+        def __eq__(self, other: object) -> bool:
+            return (self.pages, self.workers) == (getattr(other, "pages", None), getattr(other, "workers", None))
+
+    bound = native.bind_walk(plan, LAYOUT, MEDIA, WEIGHTS, Reentrant, WorkerMatch)
+    got_hashes, got = bound.packed(pack_tokens(ids), 4, None)
+    assert got == native.walk(hashes, plan, LAYOUT, MEDIA, WEIGHTS, PrefixMatch, WorkerMatch)
+    inner_hashes, inner_got = inner[0]
+    assert np.frombuffer(inner_hashes, np.int64).tolist() == hashes[:9].tolist()
+    assert inner_got == native.walk(hashes[:9], plan, LAYOUT, MEDIA, WEIGHTS, PrefixMatch, WorkerMatch)
+
+
+def test_packed_refuses_bad_arguments_with_value_error():
+    bound = native.bind_walk_columns(_plan(_table(CHAIN, HOLDERS)), LAYOUT, MEDIA, WEIGHTS)
+    with pytest.raises(ValueError, match="packed tokens must be bytes"):
+        bound.packed("not bytes", 16, None)
+    with pytest.raises(ValueError, match="page_size"):
+        bound.packed(b"\0" * 64, 0, None)
+    with pytest.raises(ValueError, match="prior"):
+        bound.packed(b"\0" * 64, 16, b"short")
+    hashes, got = bound.packed(b"", 16, None)
+    assert hashes == b"" and got == bound(np.zeros(0, np.int64))

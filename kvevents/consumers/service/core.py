@@ -29,7 +29,7 @@ from kvevents.consumers.service.freshness import Freshness
 from kvevents.consumers.service.metrics import ServiceMetrics
 from kvevents.consumers.service.score_body import MAX_NAME_CHARS, MAX_TOKENS, Body, ScoreBody, ScoreHead
 from kvevents.consumers.service.score_request import DecodedScore, LoadEntry, ScoreRequest, decode_score
-from kvevents.consumers.service.scoring import RoutingOptions, Scorer
+from kvevents.consumers.service.scoring import FUSED_MAX_BYTES, RoutingOptions, Scorer
 from kvevents.consumers.service.seams import InflightSource
 from kvevents.consumers.service.status import StatusBoard
 from kvevents.consumers.service.worker_rows import worker_row
@@ -316,10 +316,13 @@ class RouterService:
         self, req: ScoreHead | ScoreBody | ScoreRequest, tokens: bytes | list[int] | None
     ) -> dict[str, Any]:
         """The /score answer of a decoded body (ValueError: a 400): the request's pages hashed here,
-        outside the index lock, then looked up, ranked and credited (kvevents.consumers.service.scoring)."""
+        outside the index lock (packed ids up to FUSED_MAX_BYTES: inside it, as the walk reads them),
+        then looked up, ranked and credited (kvevents.consumers.service.scoring)."""
         extra: dict[str, Any] = {}
         if isinstance(req, ScoreRequest) or tokens is None:  # the slow path: prompt or messages maybe
             tokens = self.request_tokens(req)  # type: ignore[arg-type]  # (only ScoreRequest gives None)
+        if isinstance(tokens, bytes) and len(tokens) <= FUSED_MAX_BYTES and not req.explain:
+            return self.scorer.answer(req, None, len(tokens) // 4 // self.router.page_size, extra, tokens)
         if isinstance(tokens, bytes):
             hashes = self.router.hash_packed(tokens, req.cache_salt)
         else:

@@ -7,7 +7,8 @@ are capped and past the cap they queue (then 503); connections that sent no requ
 apart, the oldest closed past it (kvevents.consumers.service.http_guard). POST /score needs an
 application/json body; one up to INLINE_BODY_BYTES is scored on the event loop, a longer one on a
 small pool behind a gate of its own (kvevents.consumers.service.score_http, score_pool); the
-service hashes outside the index lock, looks up inside.
+service looks up inside the index lock and hashes a body's ids there too, as the walk reads them, up
+to 16,384 tokens (longer ones before taking it: kvevents.consumers.service.scoring).
 OpenAPI is served at /openapi.json, generated from the models below. With keys, every request's key
 is checked first (kvevents.consumers.service.auth); with a proxy, its /v1 routes are served too
 (kvevents.consumers.service.proxy); with a certificate, over HTTPS.

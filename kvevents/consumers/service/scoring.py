@@ -1,9 +1,13 @@
 """The POST /score answer: a request's pages -> matched prefixes (index + predictions) -> loads ->
 ranking by cost (kvevents.consumers.cost) -> the JSON object, and the routing decision's credit.
 
-The request's pages are hashed outside the index lock; the lookup, the predictions, the load
-vectors and the ranking run inside it (a few tens of microseconds), so the worker indices they
-share stay valid. A /score call is a routing decision (README, "How /score routes"): unless the
+A token list's pages, and packed ids past FUSED_MAX_BYTES, are hashed outside the index lock; the
+lookup, the predictions, the load vectors and the ranking run inside it (a few tens of microseconds),
+so the worker indices they share stay valid. Packed ids up to FUSED_MAX_BYTES (a /score body's, as
+the HTTP front decodes it) are hashed inside it, page by page as the compiled walk reads them
+(PrefixRouter.match_packed): the SHA-256 chain and the table reads then overlap, and the lock is held
+for that request's hashing too (~85 ns a page: 90 us at the cap). The GIL is held throughout either
+way, so another Python thread waits as long. A /score call is a routing decision (README, "How /score routes"): unless the
 body says `"route": false`, the pick (`workers[0]`) is credited the request's whole pages as
 predicted copies (kvevents.consumers.predictions).
 """
@@ -13,7 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -26,10 +30,12 @@ from kvevents.consumers.service.seams import InflightSource, ScoringService
 from kvevents.consumers.table import as_hashes
 from kvevents.consumers.worker_key import WorkerKey
 
-__all__ = ["Scorer", "InflightSource", "RoutingOptions"]
+__all__ = ["FUSED_MAX_BYTES", "Scorer", "InflightSource", "RoutingOptions"]
 
 #: The router's own in-flight count per worker (prefill blocks, decode blocks), e.g. from its proxy.
 _EWMA = 0.05  # weight of each request in the mean request size
+#: Packed ids up to this many bytes (16,384 tokens) are hashed inside the lock, as the walk reads them.
+FUSED_MAX_BYTES = 1 << 16
 _NEVER = -float("inf")  # LoadVectors.at of a worker with no load
 
 
@@ -75,9 +81,13 @@ class Scorer:
             top_k=s.top_k if top_k is None else top_k,
         )
 
-    def answer(self, req: Any, hashes: np.ndarray, pages: int, extra: dict[str, Any]) -> dict[str, Any]:
-        """The 200 answer for a request whose page hashes are `hashes` (ValueError: a 400)."""
-        hashes = as_hashes(hashes)
+    def answer(
+        self, req: Any, hashes: np.ndarray | None, pages: int, extra: dict[str, Any], packed: bytes | None = None
+    ) -> dict[str, Any]:
+        """The 200 answer for a request whose page hashes are `hashes` (ValueError: a 400), or with
+        `hashes` None, whose packed ids are `packed` (hashed inside the lock: module docstring)."""
+        if packed is None:
+            hashes = as_hashes(hashes)
         settings = self.settings_for(req)
         given = _request_loads(req.loads, self.loads.clock()) if req.loads else ()
         source = self.inflight  # read outside the lock: the proxy's counts need not wait for the index
@@ -86,7 +96,11 @@ class Scorer:
         lora = req.lora_name
         with svc.lock:
             now = self.loads.clock()
-            found = svc.router.match_columns(hashes, lora)
+            if packed is not None:
+                hashes, found = svc.router.match_packed(packed, req.cache_salt, lora)
+            else:
+                found = svc.router.match_columns(cast(np.ndarray, hashes), lora)
+            hashes = cast(np.ndarray, hashes)
             keys = svc.index.keys_by_index()
             slots = self.slots.of(keys)
             predicted = self._predicted(found, keys, hashes, lora, now)
