@@ -20,6 +20,7 @@ from collections import deque
 from typing import Any, Callable, Mapping, Sequence
 
 from kvevents.feed import Delivery, FeedLoop, Reset, SourceStatus
+from kvevents.jetstream.backlog import BACKLOG_BYTES, BACKLOG_ITEMS, Backlog
 from kvevents.jetstream.gate import Gate, pick_snapshots
 from kvevents.jetstream.link import (
     ROOT,
@@ -36,7 +37,7 @@ from kvevents.jetstream.link import (
 from kvevents.jetstream.messages import CaughtUp, QueueItem, Refilled, Snapshots, Stop, StoredMsg
 from kvevents.jetstream.order import LiveMsg, Refill, Snapshot, SnapshotAssembler, StreamOrder
 from kvevents.jetstream.positions import positions_from_records, start_from
-from kvevents.jetstream.reread import read_all, read_subject
+from kvevents.jetstream.reread import read_all, read_subject, stream_info
 from kvevents.jetstream.signing import SignKey
 from kvevents.published import PublishedWatch
 
@@ -59,7 +60,8 @@ class JetStreamFeed:
     reads the live batches stored since then instead of a snapshot and its tail. `sign_key`: the
     bus's key (None reads unsigned messages: anyone who may publish can forge); `max_sources`
     sources and `max_ranks` dp ranks per source are tracked, messages of further ones counted
-    (`sources_refused`, `ranks_refused`) and dropped.
+    (`sources_refused`, `ranks_refused`) and dropped. `backlog`: (messages, bytes) read ahead of
+    `poll()` at most (kvevents.jetstream.backlog); past them the server is held back.
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class JetStreamFeed:
         sign_key: SignKey | None = None,
         max_sources: int = 4096,
         max_ranks: int = 64,
+        backlog: tuple[int, int] = (BACKLOG_ITEMS, BACKLOG_BYTES),
     ) -> None:
         check_token("stream", stream)
         if durable is not None:
@@ -105,13 +108,13 @@ class JetStreamFeed:
         self.durable = durable
         self.start_time = start_time  # read live batches stored since then (unix time), no snapshots
         start_from(self.order, start_time, resume)
-        self._init_state(clock)
+        self._init_state(clock, backlog)
 
-    def _init_state(self, clock: Callable[[], float]) -> None:
+    def _init_state(self, clock: Callable[[], float], backlog: tuple[int, int]) -> None:
         """Nothing read or connected yet: the queue between the NATS side and the poll side, empty."""
         self._handled: deque[tuple[int, Any]] = deque()  # durable mode: (stream seq, msg) not yet acknowledged
         self._asm = SnapshotAssembler()
-        self._q: queue.Queue[QueueItem] = queue.Queue()
+        self._q: Backlog[QueueItem] = Backlog(*backlog)  # bounded: the NATS side waits for room
         self._lt: LoopThread | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -176,7 +179,7 @@ class JetStreamFeed:
         while True:
             wait = deadline - time.monotonic()
             try:
-                item = self._q.get(timeout=wait) if wait > 0 and not got else self._q.get_nowait()
+                item = self._q.get(wait if wait > 0 and not got else 0)
             except queue.Empty:
                 break
             if isinstance(item, Stop):
@@ -214,6 +217,8 @@ class JetStreamFeed:
     def counters(self) -> dict[str, int]:
         out = dict(self._counters_extra)
         out.update(self.order.counters)
+        q = self._q
+        out.update(backlog_waits=q.waits, backlog_peak_messages=q.peak_items, backlog_peak_bytes=q.peak_bytes)
         return out
 
     # ------------------------------------------------------------------ extras
@@ -357,7 +362,7 @@ class JetStreamFeed:
                 stop=self._stop.is_set,
             )
             js = self._js = nc.jetstream()
-            info = await self._stream_info(js)
+            info = await stream_info(js, self.stream)
             self._connected.set()
             subjects = info.state.subjects or {}
             last = int(info.state.last_seq or 0)
@@ -404,27 +409,14 @@ class JetStreamFeed:
             if nc is not None:
                 await close(nc)
 
-    async def _stream_info(self, js: Any) -> Any:
-        """The stream's info (with its subjects), waiting for a bridge to create the stream."""
-        from nats.js.errors import NotFoundError
-
-        waited = False
-        while True:
-            try:
-                return await js.stream_info(self.stream, subjects_filter=stream_filter(self.stream))
-            except NotFoundError:
-                if not waited:
-                    log.warning("JetStream stream %s not found yet; waiting for a bridge to create it", self.stream)
-                    waited = True
-            except Exception as exc:  # noqa: BLE001 - NATS restarting: retry
-                log.debug("stream info: %s", exc)
-            await asyncio.sleep(0.5)
-
     async def _ordered(self, js: Any, cfg: Any) -> None:
         """Everything from the configured start, on an ordered push consumer (recreated after gaps or a restart)."""
 
         async def on_msg(msg: Any) -> None:
-            self._q.put(StoredMsg(msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream))
+            await self._q.room(self._stop.is_set)  # a full backlog holds this callback: flow control pauses the server
+            self._q.put(
+                StoredMsg(msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream), len(msg.data)
+            )
 
         sub = await js.subscribe(
             stream_filter(self.stream),
@@ -432,6 +424,9 @@ class JetStreamFeed:
             ordered_consumer=True,
             config=cfg,
             idle_heartbeat=1.0,
+            # nats-py's own buffer: a full backlog holds the callback, so flow control is answered late
+            # and the server pauses; these limits only catch a server that does not (past them
+            # nats-py drops, and the ordered consumer re-reads from the gap)
             pending_bytes_limit=1 << 30,
             pending_msgs_limit=1 << 22,
         )
@@ -469,10 +464,11 @@ class JetStreamFeed:
                         durable=self.durable,
                         stream=self.stream,
                         config=cfg,
-                        pending_bytes_limit=1 << 30,
-                        pending_msgs_limit=1 << 22,
+                        pending_bytes_limit=self._q.max_bytes,
+                        pending_msgs_limit=self._q.max_items,
                     )
-                msgs = await psub.fetch(512, timeout=0.5)
+                await self._q.room(self._stop.is_set)  # fetch no more than the poll side has room for
+                msgs = await psub.fetch(min(512, self._q.max_items), timeout=0.5)
             except (NatsTimeout, asyncio.TimeoutError):
                 continue
             except asyncio.CancelledError:
@@ -483,7 +479,8 @@ class JetStreamFeed:
                 continue
             for msg in msgs:
                 self._q.put(
-                    StoredMsg(msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream, msg)
+                    StoredMsg(msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream, msg),
+                    len(msg.data),
                 )
 
     async def _read_snapshots(

@@ -1,5 +1,5 @@
-"""Reading what a stream holds on one subject filter, start to end, on the feed's NATS loop: the
-cold start's stored snapshots, and a repair's re-read of one source's live batches from a stream
+"""Reading what a stream holds on one subject filter, start to end, on the feed's NATS loop (and its
+info, once a bridge has made it): the cold start's stored snapshots, and a repair's re-read of one source's live batches from a stream
 position on (delivered once already, on a state that turned out wrong).
 
 Each read is an ordered push consumer, dropped once nothing more is pending.
@@ -8,11 +8,32 @@ Each read is an ordered push consumer, dropped once nothing more is pending.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, Callable
 
+from kvevents.jetstream.link import stream_filter
 from kvevents.jetstream.messages import StoredMsg
 
-__all__ = ["read_all", "read_subject"]
+__all__ = ["read_all", "read_subject", "stream_info"]
+
+log = logging.getLogger("kvevents.jetstream")
+
+
+async def stream_info(js: Any, stream: str) -> Any:
+    """The stream's info (with its subjects), waiting for a bridge to create the stream."""
+    from nats.js.errors import NotFoundError
+
+    waited = False
+    while True:
+        try:
+            return await js.stream_info(stream, subjects_filter=stream_filter(stream))
+        except NotFoundError:
+            if not waited:
+                log.warning("JetStream stream %s not found yet; waiting for a bridge to create it", stream)
+                waited = True
+        except Exception as exc:  # noqa: BLE001 - NATS restarting: retry
+            log.debug("stream info: %s", exc)
+        await asyncio.sleep(0.5)
 
 
 async def _until_done(sub: Any, done: asyncio.Event, stop: Callable[[], bool], timeout_s: float | None) -> None:
