@@ -9,6 +9,7 @@ extension is not built.
 from __future__ import annotations
 
 import gc
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -90,6 +91,23 @@ def test_a_call_that_failed_half_way_leaves_the_next_one_right():
     )
 
 
+def _reentrant(inner: list, call: Callable[[], Any]) -> type:
+    """A PrefixMatch stand-in whose first construction makes `call()` (a call of the same binding, from
+    inside the walk building it) and keeps its answer in `inner[0]`."""
+
+    class Reentrant:
+        def __init__(self, pages: int) -> None:
+            self.pages, self.workers = pages, {}
+            if not inner:
+                inner.append(None)
+                inner[0] = call()
+
+        def __eq__(self, other: object) -> bool:
+            return (self.pages, self.workers) == (getattr(other, "pages", None), getattr(other, "workers", None))
+
+    return Reentrant
+
+
 def test_a_call_from_inside_a_call_walks_on_its_own():
     """A result class whose __init__ calls the same binding: the inner call cannot share the outer
     one's running state, so it takes the unbound path; both answers are right."""
@@ -97,18 +115,7 @@ def test_a_call_from_inside_a_call_walks_on_its_own():
     plan = _plan(t)
     inner_q = np.array(CHAIN[:9], np.int64)
     inner: list = []
-
-    class Reentrant:
-        def __init__(self, pages: int) -> None:
-            self.pages, self.workers = pages, {}
-            if not inner:
-                inner.append(None)
-                inner[0] = bound(inner_q)
-
-        def __eq__(self, other: object) -> bool:
-            return (self.pages, self.workers) == (getattr(other, "pages", None), getattr(other, "workers", None))
-
-    bound = native.bind_walk(plan, LAYOUT, MEDIA, WEIGHTS, Reentrant, WorkerMatch)
+    bound = native.bind_walk(plan, LAYOUT, MEDIA, WEIGHTS, _reentrant(inner, lambda: bound(inner_q)), WorkerMatch)
     q = np.array(CHAIN, np.int64)
     got = bound(q)
     assert got == native.walk(q, plan, LAYOUT, MEDIA, WEIGHTS, PrefixMatch, WorkerMatch)
@@ -184,18 +191,8 @@ def test_packed_from_inside_a_call_hashes_then_walks_on_its_own():
     t = _table(hashes.tolist(), HOLDERS)
     plan = _plan(t)
     inner: list = []
-
-    class Reentrant:
-        def __init__(self, pages: int) -> None:
-            self.pages, self.workers = pages, {}
-            if not inner:
-                inner.append(None)
-                inner[0] = bound.packed(pack_tokens(ids[:36]), 4, None)
-
-        def __eq__(self, other: object) -> bool:
-            return (self.pages, self.workers) == (getattr(other, "pages", None), getattr(other, "workers", None))
-
-    bound = native.bind_walk(plan, LAYOUT, MEDIA, WEIGHTS, Reentrant, WorkerMatch)
+    again = _reentrant(inner, lambda: bound.packed(pack_tokens(ids[:36]), 4, None))
+    bound = native.bind_walk(plan, LAYOUT, MEDIA, WEIGHTS, again, WorkerMatch)
     got_hashes, got = bound.packed(pack_tokens(ids), 4, None)
     assert got == native.walk(hashes, plan, LAYOUT, MEDIA, WEIGHTS, PrefixMatch, WorkerMatch)
     inner_hashes, inner_got = inner[0]
