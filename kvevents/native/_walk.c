@@ -220,6 +220,89 @@ static HOT_INLINE int step_pairs(Walk *W, const uint64_t *rw, Py_ssize_t k, Py_s
     return W->nact > 0;
 }
 
+/* ------------------------------------------------------------------ a page against the page before */
+
+#define DIFF_MAX 8     /* positions two records may differ in for step_diff; past it, step_pairs */
+#define STEP_SAME 2    /* the page's holders are the page before's: nothing to step */
+#define DIFF_FALLBACK 3
+
+/* A pair of page i names word w's column with `bits`: AND them into its prefix. */
+static HOT_INLINE void and_pair(Walk *W, uint64_t p, const uint64_t *f, Py_ssize_t i, int *dropped) {
+    uint64_t col = p >> 32;
+    if (col >= (uint64_t)W->nc) return;
+    int32_t w = W->colword[col];
+    if (w < 0 || !W->acc[w]) return;
+    uint64_t a = W->acc[w], now = a & (f ? (p & KV_LOW & f[col]) : (p & KV_LOW));
+    if (now == a) return;
+    record_ends(W, w, a & ~now, i);
+    W->acc[w] = now;
+    *dropped |= !now;
+}
+
+/* Page i names no pair of column col: its word's prefixes end here. */
+static HOT_INLINE void end_column(Walk *W, uint64_t col, Py_ssize_t i, int *dropped) {
+    if (col >= (uint64_t)W->nc) return;
+    int32_t w = W->colword[col];
+    if (w < 0 || !W->acc[w]) return;
+    record_ends(W, w, W->acc[w], i);
+    W->acc[w] = 0;
+    *dropped = 1;
+}
+
+/* One view, one column per word, page i > 0 whose record is the last stepped page's with a few pairs
+ * changed (a worker evicted, another one stored: the rest keep their places). A pair equal to the one
+ * at its position before changes nothing (every prefix still matching is inside its bits already), so
+ * only the changed positions are stepped: their new pairs AND into their words, and a column they no
+ * longer name ends its word (a record's columns are distinct, so such a column is nowhere else on the
+ * page). Same results as same_as_before + step_pairs; STEP_SAME, 1 while any word matches, 0 none,
+ * DIFF_FALLBACK (inline pairs, or more than DIFF_MAX changed: step_pairs), -1 on a bad record. */
+static HOT_INLINE int step_diff(Walk *W, uint64_t r, uint64_t p, Py_ssize_t i) {
+    if (r == p) return STEP_SAME;
+    if (r < KV_ROW_REF || p < KV_ROW_REF) return DIFF_FALLBACK;
+    uint64_t *a = NULL, *b = NULL;
+    Py_ssize_t na = 0, nb = 0;
+    int cls;
+    if (rec_open(&W->views[0], r, &a, &na, &cls) < 0 || rec_open(&W->views[0], p, &b, &nb, &cls) < 0) return -1;
+    const Py_ssize_t m = na < nb ? na : nb, tail = na > nb ? na - nb : nb - na;
+    if (tail > DIFF_MAX) return DIFF_FALLBACK;
+    Py_ssize_t at[DIFF_MAX], nd = 0;
+    for (Py_ssize_t j = 0; j < m; j++)
+        if (a[j] != b[j]) {
+            if (nd + tail == DIFF_MAX) return DIFF_FALLBACK;
+            at[nd++] = j;
+        }
+    if (!nd && !tail) return STEP_SAME;
+    const uint64_t *f = W->filt[0];
+    int dropped = 0;
+    for (Py_ssize_t d = 0; d < nd; d++) and_pair(W, a[at[d]], f, i, &dropped);
+    for (Py_ssize_t j = m; j < na; j++) and_pair(W, a[j], f, i, &dropped);
+    for (Py_ssize_t d = 0; d < nd + (nb - m); d++) { /* the columns the page before named at changed places */
+        uint64_t col = (d < nd ? b[at[d]] : b[m + d - nd]) >> 32;
+        int named = 0;
+        for (Py_ssize_t e = 0; e < nd && !named; e++) named = (a[at[e]] >> 32) == col;
+        for (Py_ssize_t j = m; j < na && !named; j++) named = (a[j] >> 32) == col;
+        if (!named) end_column(W, col, i, &dropped);
+    }
+    if (dropped) {
+        Py_ssize_t kept = 0;
+        for (Py_ssize_t t = 0; t < W->nact; t++)
+            if (W->acc[W->act[t]]) W->act[kept++] = W->act[t];
+        W->nact = kept;
+    }
+    return W->nact > 0;
+}
+
+/* Page i > 0 for layouts of one column per word: STEP_SAME, 1 while any word matches, 0, -1. */
+static HOT_INLINE int step_next(Walk *W, const uint64_t *rw, Py_ssize_t k, Py_ssize_t i) {
+    if (W->nv == 1) {
+        int got = step_diff(W, rw[k], W->prev[0], i);
+        if (got != DIFF_FALLBACK) return got;
+    } else if (same_as_before(W, rw, k)) {
+        return STEP_SAME;
+    }
+    return step_pairs(W, rw, k, i);
+}
+
 /* The pipelined walk, a page at a time: as page i is walked, page i + 3 BLOCK's buckets are prefetched,
  * page i + 2 BLOCK probed (its rows words prefetched) and page i + BLOCK's rows words read (its record
  * prefetched), so the misses are spread evenly instead of a block's worth at once (which stalls on the
@@ -246,8 +329,12 @@ static int walk_pages(Walk *W) {
         const uint64_t *rw = W->rw + ring_at(W, i);
         const Py_ssize_t k = i % BLOCK;
         if (!W->credit) {
-            if (i > 0 && same_as_before(W, rw, k)) continue;
-            if ((going = step_pairs(W, rw, k, i)) < 0) return -1;
+            going = i > 0 ? step_next(W, rw, k, i) : step_pairs(W, rw, k, i);
+            if (going < 0) return -1;
+            if (going == STEP_SAME) {
+                going = 1;
+                continue;
+            }
         } else {
             if (spread_page(W, rw, k) < 0) return -1;
             going = step_words(W, i);

@@ -427,6 +427,83 @@ def test_many_workers_on_one_chain_equal_the_python_walk(workers, rnd):
             _columns_equal(fast.prefix_columns(np.array(q, np.int64), medium_weight=weight), want)
 
 
+@settings(max_examples=12, derandomize=True, deadline=None)
+@given(st.integers(40, 420), st.randoms(use_true_random=False))
+def test_records_changing_from_page_to_page_equal_the_python_walk(workers, rnd):
+    """A page's holder record against the page before's (the walk steps only the pairs that changed
+    place, else every pair): hundreds of workers in up to 14 columns ending together or apart,
+    pages removed and stored again (a removed pair's place is taken by the record's last one, a
+    stored one goes last), workers cleared, a second medium and an adapter's view; every lookup
+    must still be the Python walk's."""
+    chain = [rnd.randrange(-(2**63), 2**63) for _ in range(40)]
+    groups = [range(g, min(g + 32, workers)) for g in range(0, workers, 32)]  # a column per group of 32
+    ops: list[tuple[str, object]] = []
+    two_media = rnd.random() < 0.25  # then words of two columns: the walk credits media page by page instead
+    for g in groups:
+        together = rnd.random() < 0.4  # the whole column ends at one page: its pair leaves the record
+        end = rnd.randrange(1, 41)
+        for w in g:
+            upto = end if together else rnd.choice([40, end, rnd.randrange(1, 41)])
+            lora = "a" if rnd.random() < 0.1 else None
+            ops.append((f"w{w}", BlockStored(chain[:upto], None, [], 16, None, "GPU", lora)))
+            if two_media and rnd.random() < 0.1:
+                ops.append(
+                    (f"w{w}", BlockStored(chain[: rnd.randrange(1, upto + 1)], None, [], 16, None, "DISK", None))
+                )
+    for _ in range(rnd.randrange(0, 8)):
+        # pages a..b of most of a column removed (its pair's place taken by the record's last pair),
+        # then stored again by some of them (the pair goes last, often with other bits)
+        g, a = rnd.choice(groups), rnd.randrange(40)
+        b = rnd.randrange(a + 1, 41)
+        gone = [w for w in g if rnd.random() < 0.9]
+        ops += [(f"w{w}", BlockRemoved(chain[a:b], "GPU", None)) for w in gone]
+        back = chain[a - 1] if a else None
+        ops += [(f"w{w}", BlockStored(chain[a:b], back, [], 16, None, "GPU", None)) for w in gone if rnd.random() < 0.5]
+    for _ in range(rnd.randrange(0, 3)):
+        ops.append((f"w{rnd.randrange(workers)}", AllBlocksCleared()))
+    built = []
+    for path in ("c", "python"):
+        idx = BlockIndex()
+        with native.python_only() if path == "python" else nullcontext():
+            for src, ev in ops:
+                idx.apply(src, KVEventBatch(0.0, [ev], 0))
+        built.append(idx)
+    fast, slow = built
+    for q in (chain, chain[:23], [*chain[:30], 12345, *chain[31:]]):
+        hs = np.array(q, np.int64)
+        for lora, strict, weight in ((None, True, _ONE), (None, True, _TIERED), ("a", False, _ONE), ("a", True, _ONE)):
+            got = fast.prefix_match(hs, lora, strict=strict, medium_weight=weight)
+            with native.python_only():
+                want = slow.prefix_match(hs, lora, strict=strict, medium_weight=weight)
+            assert got == want and list(got.workers) == list(want.workers)
+            _columns_equal(fast.prefix_columns(hs, lora, strict=strict, medium_weight=weight), want)
+
+
+def test_a_column_moved_past_the_end_of_the_record_before_is_still_stepped():
+    """Page 0's record is [A, B], page 1's [A, C, B'] (B stored there after C, by fewer workers):
+    B' sits past the end of the shorter record before it, and b2, absent from it, ends at page 1."""
+    h0, h1 = 1001, 1002
+    stores = [("a1", [h0, h1], None), ("b2", [h0], None), ("c1", [h1], h0), ("b1", [h0, h1], None)]
+    built = []
+    for path in ("c", "python"):
+        idx = BlockIndex()
+        with native.python_only() if path == "python" else nullcontext():
+            # columns are groups of 32 workers: a1 in the first, b1 and b2 in the second, c1 in the third
+            for src in ["a1", *(f"pad{i}" for i in range(31)), "b1", "b2", *(f"pad{i}" for i in range(31, 61)), "c1"]:
+                idx.apply(src, KVEventBatch(0.0, [], 0))
+            for src, hs, parent in stores:
+                idx.apply(src, KVEventBatch(0.0, [BlockStored(hs, parent, [], 16, None, "GPU", None)], 0))
+        built.append(idx)
+    fast, slow = built
+    q = np.array([h0, h1, 1003], np.int64)
+    got = fast.prefix_match(q)
+    with native.python_only():
+        want = slow.prefix_match(q)
+    assert got == want
+    assert {w: m.pages for w, m in got.workers.items()} == {0: 2, 32: 2, 33: 1}
+    _columns_equal(fast.prefix_columns(q), want)
+
+
 @settings(max_examples=40, derandomize=True, deadline=None)
 @given(OPS, st.lists(st.lists(KEYS, min_size=1, max_size=40), min_size=1, max_size=3))
 def test_lookups_between_changes_equal_the_python_walk(ops, requests):
