@@ -22,9 +22,11 @@ peer's input form, for the peer), lookup with hashes given (kvevents `BlockIndex
 peer `find_matches`), full request (hash 8,192 tokens + that lookup), hashing alone, and memory
 per held copy (kvevents: tracemalloc of the index build plus its table arrays in huge-page
 mappings, which tracemalloc does not see; both: RSS growth), and (kvevents only) the router's
-whole answer (`PrefixRouter.score`: hash, look up, rank every worker). Each round applies everything into a
-fresh index and then times every request; the sides take turns round by round, so a busy machine
-slows them alike. p50/p99 per round; the machine is shared, so compare p50s and rounds. Apply and
+whole answer (`PrefixRouter.score`: hash, look up, rank every worker). Each round applies
+everything into a fresh index and then times every request, right after that side's own apply;
+the sides take turns round by round, so a busy machine slows them alike. p50/p99 per round (and
+`*_p99_pooled_us`: over every round's samples at once); the machine is shared, so compare p50s
+and rounds. Apply and
 the lookups are also timed in process CPU time (`*_cpu`: the peer's includes its tree's background
 thread), which a busy machine's descheduling does not inflate.
 `lookup_columns` (kvevents only) is the same walk as the lookup /score runs it
@@ -407,7 +409,8 @@ class Peer:
 
 
 def summarize(applies: list[dict], rounds: list[dict], extra: dict | None = None) -> dict:
-    """Per-round p50/p99 (us) of each phase, the median over rounds, apply rates and memory."""
+    """Per-round p50/p99 (us) of each phase, the median over rounds, the p99 of all rounds' samples
+    pooled, apply rates and memory."""
     rates = [a["apply_copies_per_s"] for a in applies]
     s: dict = {
         "apply_copies_per_s_best": max(rates),
@@ -424,6 +427,7 @@ def summarize(applies: list[dict], rounds: list[dict], extra: dict | None = None
         s[f"{phase}_p99_us"] = [round(p[1], 1) for p in per]
         s[f"{phase}_p50_median_us"] = round(statistics.median(p[0] for p in per), 1)
         s[f"{phase}_p99_median_us"] = round(statistics.median(p[1] for p in per), 1)
+        s[f"{phase}_p99_pooled_us"] = round(_quantiles([x for r in rounds for x in r[phase]])[1], 1)
     s.update(extra or {})
     return s
 
@@ -497,14 +501,15 @@ def _measure(rounds_n: int, sides: dict, peer: Peer | None, report: dict) -> Non
                 return fn(side)
         return fn(side)
 
+    # each side's round right after its own apply: timed after the other side's apply instead (which
+    # streams ~1 GB through the caches), a side starts its round with its index evicted, and the
+    # side after it does not (its round follows a round, which touches only its index)
     for _ in range(rounds_n):
         for name in sides:
             applies[name].append(on(name, Ours.apply))
-        if peer:
-            applies["dynamo"].append(peer.ask("apply"))
-        for name in sides:
             rounds[name].append(on(name, Ours.round))
         if peer:
+            applies["dynamo"].append(peer.ask("apply"))
             rounds["dynamo"].append(peer.ask("round"))
     for name in sides:
         report[name] = summarize(
