@@ -15,6 +15,7 @@
 #define HOT_INLINE inline __attribute__((always_inline))
 #define COLD __attribute__((noinline, cold))
 #define CTZ64(x) __builtin_ctzll(x)
+#define POPCOUNT64(x) __builtin_popcountll(x)
 #define KV_HIDDEN __attribute__((visibility("hidden")))
 #define UNLIKELY(x) __builtin_expect(!!(x), 0)
 #else
@@ -24,6 +25,7 @@
 #define COLD
 #define KV_HIDDEN
 static inline int CTZ64(uint64_t x) { int n = 0; while (!(x & 1)) { x >>= 1; n++; } return n; }
+static inline int POPCOUNT64(uint64_t x) { int n = 0; for (; x; x &= x - 1) n++; return n; }
 #endif
 
 #define MAX_PAGES ((Py_ssize_t)1 << 40) /* more pages (or tokens) than any argument may hold */

@@ -1,9 +1,10 @@
 /* The index walk (the twin of consumers/lookup.py's walk_plan): probe a request's pages in the plan's
  * table views, spread each page's holder pairs (each AND its view's filter) into a row of columns, AND
  * down the pages per word of 32 workers, credit each worker's pages to media, and build the PrefixMatch
- * of WorkerMatches. A page costs its pairs plus the words still matching, not the fleet's width.
- * Software-pipelined by blocks of BLOCK pages; stops at the first page no worker holds. Its arguments:
- * _walk_args.c. */
+ * of WorkerMatches. A page costs its pairs plus the words still matching, not the fleet's width; a
+ * page held by the page before's holders costs a compare, and one whose record differs from the page
+ * before's in a few places costs those places (step_diff). Software-pipelined by blocks of BLOCK
+ * pages; stops at the first page no worker holds. Its arguments: _walk_args.c. */
 #include "_walk.h"
 
 /* ------------------------------------------------------------------ the pages */
@@ -255,7 +256,8 @@ static HOT_INLINE void end_column(Walk *W, uint64_t col, Py_ssize_t i, int *drop
  * only the changed positions are stepped: their new pairs AND into their words, and a column they no
  * longer name ends its word (a record's columns are distinct, so such a column is nowhere else on the
  * page). Same results as same_as_before + step_pairs; STEP_SAME, 1 while any word matches, 0 none,
- * DIFF_FALLBACK (inline pairs, or more than DIFF_MAX changed: step_pairs), -1 on a bad record. */
+ * DIFF_FALLBACK (inline pairs, records over 64 pairs, or more than DIFF_MAX changed: step_pairs), -1 on
+ * a bad record. */
 static HOT_INLINE int step_diff(Walk *W, uint64_t r, uint64_t p, Py_ssize_t i) {
     if (r == p) return STEP_SAME;
     if (r < KV_ROW_REF || p < KV_ROW_REF) return DIFF_FALLBACK;
@@ -264,13 +266,12 @@ static HOT_INLINE int step_diff(Walk *W, uint64_t r, uint64_t p, Py_ssize_t i) {
     int cls;
     if (rec_open(&W->views[0], r, &a, &na, &cls) < 0 || rec_open(&W->views[0], p, &b, &nb, &cls) < 0) return -1;
     const Py_ssize_t m = na < nb ? na : nb, tail = na > nb ? na - nb : nb - na;
-    if (tail > DIFF_MAX) return DIFF_FALLBACK;
+    if (tail > DIFF_MAX || m > 64) return DIFF_FALLBACK;
     Py_ssize_t at[DIFF_MAX], nd = 0;
-    for (Py_ssize_t j = 0; j < m; j++)
-        if (a[j] != b[j]) {
-            if (nd + tail == DIFF_MAX) return DIFF_FALLBACK;
-            at[nd++] = j;
-        }
+    uint64_t changed = 0; /* the changed places as a mask, without a branch per place (they fall anywhere) */
+    for (Py_ssize_t j = 0; j < m; j++) changed |= (uint64_t)(a[j] != b[j]) << j;
+    if (POPCOUNT64(changed) + tail > DIFF_MAX) return DIFF_FALLBACK;
+    for (; changed; changed &= changed - 1) at[nd++] = CTZ64(changed);
     if (!nd && !tail) return STEP_SAME;
     const uint64_t *f = W->filt[0];
     int dropped = 0;
