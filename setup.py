@@ -35,6 +35,7 @@ _SOURCES = [
     "_walk_layout",
     "_walk_args",
     "_walk",
+    "_walk_emit",
     "_walk_bound",
     "_apply",
     "_rows",

@@ -21,7 +21,8 @@ Callers ask `active()` and call the functions below; nothing else imports the ex
 | `_holders.h` | a slot's holders: its rows word, pool records, set/clear one bit (twin of consumers/holders.py) |
 | `_walk.h`, `_walk_args.c` | the walk's state; its arguments parsed, checked and flattened |
 | `_walk_layout.c` | the walk's WordLayouts packed once into one buffer (a lookup reads no attribute) |
-| `_walk.c` | the index walk: pipelined probes, per-word AND, results (twin of lookup.py's walk_plan) |
+| `_walk.c` | the index walk: pipelined probes, per-word AND, a page stepped against the page before (twin of lookup.py's walk_plan) |
+| `_walk_emit.c` | the walk's results: PrefixMatch of WorkerMatches, or the matched workers as columns |
 | `_walk_bound.c` | BoundWalk: a walk prepared once (views open, layout flattened), called per request's hashes, or fed its packed ids (`packed`: hashed as it walks) |
 | `_rows.c` | the /score answer: its ranking order and its ranking without loads (`prefix_rank`) (twins in consumers/cost.py), and worker dicts from the ranking's columns (twin in consumers/service/answer_rows.py) |
 | `_apply.c` | the store/remove/clear loops and one-key checks (twins in consumers/table.py, copies.py, indexer.py) |

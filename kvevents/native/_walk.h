@@ -72,5 +72,7 @@ KV_HIDDEN void kv_walk_reset(Walk *W);
 KV_HIDDEN void kv_walk_end_call(Walk *W);
 KV_HIDDEN int kv_walk_run(Walk *W, int floats);
 KV_HIDDEN PyObject *kv_walk_once(PyObject *bound, PyObject *hashes);
+/* _walk_emit.c: the walk's result (W->result, or the PrefixMatch's workers dict) from its ends; 0, or -1 */
+KV_HIDDEN int kv_walk_emit(Walk *W);
 
 #endif
