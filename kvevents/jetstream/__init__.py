@@ -7,6 +7,7 @@
 | `feed.py` | `JetStreamFeed`: a consumer's `EventFeed` over a kvevents JetStream stream |
 | `messages.py` | the feed's queue items, and a stored message's subject and headers parsed with a guard |
 | `backlog.py` | the feed's queue from its NATS side to `poll()`, bounded: past it the server is held back |
+| `pacing.py` | the cold start's picked snapshots handed to the ordering a few per `poll()`, not all decoded at once |
 | `replays.py` | the bridge's replayed batches told apart: first-contact history or a gap's repair |
 | `signing.py` | message authenticity: the HMAC-SHA256 key file bridges and consumers share (`--sign-key`) |
 | `gate.py` | what a consumer lets through: signature, headers, snapshots matching their end marker |

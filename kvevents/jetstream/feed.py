@@ -36,6 +36,7 @@ from kvevents.jetstream.link import (
 )
 from kvevents.jetstream.messages import CaughtUp, QueueItem, Refilled, Snapshots, Stop, StoredMsg
 from kvevents.jetstream.order import LiveMsg, Refill, Snapshot, SnapshotAssembler, StreamOrder
+from kvevents.jetstream.pacing import SNAPSHOT_BATCHES_PER_POLL, SnapshotPacer
 from kvevents.jetstream.positions import positions_from_records, start_from
 from kvevents.jetstream.reread import read_all, read_subject, stream_info
 from kvevents.jetstream.signing import SignKey
@@ -62,6 +63,8 @@ class JetStreamFeed:
     sources and `max_ranks` dp ranks per source are tracked, messages of further ones counted
     (`sources_refused`, `ranks_refused`) and dropped. `backlog`: (messages, bytes) read ahead of
     `poll()` at most (kvevents.jetstream.backlog); past them the server is held back.
+    `snapshot_batches_per_poll`: the cold start's snapshots go out a few per `poll()`, about this many
+    batches (kvevents.jetstream.pacing), so a fleet's snapshots are never all decoded at once.
     """
 
     def __init__(
@@ -85,6 +88,7 @@ class JetStreamFeed:
         max_sources: int = 4096,
         max_ranks: int = 64,
         backlog: tuple[int, int] = (BACKLOG_ITEMS, BACKLOG_BYTES),
+        snapshot_batches_per_poll: int = SNAPSHOT_BATCHES_PER_POLL,
     ) -> None:
         check_token("stream", stream)
         if durable is not None:
@@ -108,6 +112,8 @@ class JetStreamFeed:
         self.durable = durable
         self.start_time = start_time  # read live batches stored since then (unix time), no snapshots
         start_from(self.order, start_time, resume)
+        self._pacer = SnapshotPacer(snapshot_batches_per_poll)
+        self._sync_when_paced = False  # the pick said synced: marked once its snapshots are all out
         self._init_state(clock, backlog)
 
     def _init_state(self, clock: Callable[[], float], backlog: tuple[int, int]) -> None:
@@ -176,7 +182,7 @@ class JetStreamFeed:
         self._ack_consumed()
         deadline = time.monotonic() + timeout_s
         got = 0
-        while True:
+        while not self._pacer.pending:  # stored messages wait until the snapshots before them are out
             wait = deadline - time.monotonic()
             try:
                 item = self._q.get(wait if wait > 0 and not got else 0)
@@ -188,6 +194,8 @@ class JetStreamFeed:
             got += 1
             if got >= 5000:
                 break
+        if self._pacer.pending and self._pacer.hand_out(self.order.snapshot) and self._sync_when_paced:
+            self._mark_synced()
         self.order.tick()
         for r in self.order.take_refills():
             self._ask_refill(r)
@@ -251,11 +259,10 @@ class JetStreamFeed:
             self._bad("bad_snapshot_messages", why)
         for counter, why in item.refused:
             self._bad(counter, why)
-        for snap in item.chosen.values():
-            if self.only is None or snap.source in self.only:
-                self.order.snapshot(snap)
+        self._pacer.add(s for s in item.chosen.values() if self.only is None or s.source in self.only)
         self._sync_target = item.last_seq
-        if item.last_seq == 0 or item.synced:
+        self._sync_when_paced = item.last_seq == 0 or item.synced
+        if self._sync_when_paced and not self._pacer.pending:
             self._mark_synced()
 
     def _take_message(self, msg: StoredMsg) -> None:
@@ -321,11 +328,8 @@ class JetStreamFeed:
             log.warning("jetstream stream %s: message skipped (%s; %d %s so far)", self.stream, why, n, counter)
 
     def _ack_consumed(self, wait: bool = False) -> None:
-        """Durable mode: acknowledge every handled message whose batches were handed out.
-
-        Called when the previous poll's output is consumed (the next poll, or stop); a message
-        still held for ordering (or any after it) stays unacknowledged, so a restart re-reads it.
-        """
+        """Durable mode, once the last poll's output is consumed (next poll, stop): acknowledge the handled
+        messages whose batches went out; one held for ordering (and any after it) waits, so a restart re-reads it."""
         if not self._handled or self._lt is None:
             return
         floor = self.order.lowest_pending_stream_seq()
