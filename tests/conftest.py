@@ -56,7 +56,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reports the collection: no test is scheduled yet
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The slow set-ups of the selected modules start ahead of them (xdist's gw0 only)."""
+    """The slow set-ups of the selected modules start ahead of them (on the xdist worker that claims the lead)."""
     runs: list[ahead.Ahead] = []
     for item in session.items:
         run = ahead.of(item)
