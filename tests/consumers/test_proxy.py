@@ -12,10 +12,12 @@ from typing import Any
 import httpx
 import pytest
 
+from kvevents.consumers.cost import CostSettings
 from kvevents.consumers.prompts import PromptRenderer
 from kvevents.consumers.service.proxy import ProxyConfig
 from kvevents.consumers.service.proxy_request import ModelNames, plan_request
 from kvevents.consumers.service.proxy_targets import Targets, WorkerUrl, parse_worker_url
+from kvevents.consumers.service.scoring import RoutingOptions
 from kvevents.consumers.worker_key import WorkerKey
 from kvevents.testing.tokenizers import CHATML, make_tokenizer_dir
 from tests.helpers.proxy_rig import PAGE, Handler, Rig, Upstream, dead_url, wait_for
@@ -218,6 +220,38 @@ def test_without_a_tokenizer_text_goes_to_the_worker_with_fewer_blocks_in_flight
         second.join(10)
         assert sorted(r.headers["x-kvevents-worker"] for r in results) == ["a", "b"]
         assert rig.service.status_view()["proxy"]["load_only_total"] == {"no tokenizer": 2}
+    finally:
+        release.set()
+        rig.close()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_worker_not_listed_yet_is_placed_by_its_own_cost(upstreams, temperature: float) -> None:
+    """b has a URL but no publisher (the index never lists it): idle, it costs less than a busy a
+    and takes the second request; with a temperature the drawn pick (a) still goes first."""
+    release = threading.Event()
+
+    def hold(h: Handler, body: dict) -> None:
+        release.wait(10)
+        h.json(200, {"system_fingerprint": h.server.owner.name})
+
+    a, b = upstreams("a", hold), upstreams("b", hold)
+    routing = RoutingOptions(cost=CostSettings(temperature=temperature))
+    rig = Rig(["a"], {"a": a.url, "b": b.url}, routing=routing)
+    results: list[httpx.Response] = []
+    try:
+        first = threading.Thread(target=lambda: results.append(_post(rig, "/v1/completions", {"prompt": "x" * 400})))
+        first.start()
+        wait_for(lambda: a.requests, what="the first request at the listed worker (a tie goes to it)")
+        assert not b.requests
+        second = threading.Thread(target=lambda: results.append(_post(rig, "/v1/completions", {"prompt": "y"})))
+        second.start()
+        want = a if temperature else b
+        wait_for(lambda: len(want.requests) == (2 if temperature else 1), what="the second request")
+        release.set()
+        first.join(10)
+        second.join(10)
+        assert sorted(r.headers["x-kvevents-worker"] for r in results) == (["a", "a"] if temperature else ["a", "b"])
     finally:
         release.set()
         rig.close()

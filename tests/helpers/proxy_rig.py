@@ -129,13 +129,14 @@ class Rig:
         security: Any = None,
         config: ProxyConfig | None = None,
         clock: Callable[[], float] = time.monotonic,
+        routing: Any = None,
     ) -> None:
         self.pubs = {
             n: Publisher(endpoint="tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*", heartbeat_interval_s=0.1)
             for n in names
         }
         sources = [Source(p.endpoint, p.replay_endpoint, n) for n, p in self.pubs.items()]
-        self.service = RouterService(sources, page_size=PAGE, seed=0, renderer=renderer)
+        self.service = RouterService(sources, page_size=PAGE, seed=0, renderer=renderer, routing=routing)
         self.service.start()
         keyed = security is not None and security.keyed
         self.proxy = Proxy(
@@ -152,8 +153,8 @@ class Rig:
             raise
         scheme = "https" if security is not None and security.tls else "http"
         self.base = f"{scheme}://{host}:{port}"
-        # every publisher heard before a test sends: a worker the index has not listed yet is tried
-        # last whatever its load, which would race the tests that route by load
+        # every publisher heard before a test sends: a worker the index has not listed yet is costed
+        # by the proxy's own in-flight count alone, which would race the tests that route by load
         try:
             wait_for(self._all_listed, what="every worker listed by the router")
         except BaseException:

@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from typing import Any, Callable, Mapping, Sequence
 
+from kvevents.consumers.cost import CostSettings
 from kvevents.consumers.indexer import BlockIndex
 from kvevents.consumers.keying import SourceKeyer
 from kvevents.consumers.loads import LoadBoard
@@ -227,6 +228,11 @@ class RouterService:
         decode_blocks)}, called once per /score outside the index lock (it must not call into this
         service). A third load source, always current (README, "Load"); None removes it."""
         self.scorer.inflight = fn
+
+    @property
+    def cost_settings(self) -> CostSettings:
+        """The server's ranking settings (route --policy, --prefill-load-scale, ...)."""
+        return self.scorer.settings
 
     @property
     def inflight_source(self) -> InflightSource | None:

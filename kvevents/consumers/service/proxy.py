@@ -5,7 +5,8 @@ A request is scored by the service as POST /score would score it (kvevents.consu
 proxy_request says what is read from the body), then sent, body unchanged, to the first ranked
 worker that has a URL (kvevents.consumers.service.proxy_targets) by one pooled httpx.AsyncClient on
 the server's event loop. A ranking by prefix alone (no `cost` in its entries) gives ties to the
-worker with fewer blocks in flight. A connection that fails before the answer's head arrives is
+worker with fewer blocks in flight; in a cost ranking a worker the index has not listed yet (a
+--worker-url heard of before its publisher) goes where its own cost puts it. A connection that fails before the answer's head arrives is
 retried on the next worker (up to `attempts` workers); once a head arrived, never. The answer goes
 back as it comes: an event stream chunk by chunk, anything else whole, with `x-kvevents-worker` and
 `x-kvevents-dp-rank`. While a request is in flight its blocks count as its worker's load
@@ -69,6 +70,18 @@ class ProxyConfig:
             raise ValueError("ProxyConfig: attempts and max_connections must be >= 1")
         if not (self.connect_timeout_s > 0 and self.read_timeout_s > 0 and self.down_for_s >= 0):
             raise ValueError("ProxyConfig: timeouts must be > 0")
+
+
+@dataclass(frozen=True)
+class _Row:
+    """A worker the proxy may try: its place in the answer, score, key, URL, matched pages, cost."""
+
+    pos: int
+    score: float
+    key: WorkerKey
+    url: str
+    matched: int
+    cost: float
 
 
 @dataclass(frozen=True)
@@ -244,26 +257,49 @@ class Proxy:
             self.stats.routed_by_load(plan.why_unscored or "unknown")
             status, answer = self.service.handle_score(b'{"tokens": []}')  # every worker, ranked by load alone
         pages = plan.pages(scored_pages, self.service.router.page_size)
-        return self._candidates(answer.get("workers", []), pages)
+        return self._candidates(answer.get("workers", []), pages, int(answer.get("pages", 0)))
 
-    def _candidates(self, workers: list[dict[str, Any]], pages: int) -> list[_Candidate]:
+    def _candidates(self, workers: list[dict[str, Any]], pages: int, scored: int = 0) -> list[_Candidate]:
         keys = [WorkerKey(w["worker"], w["dp_rank"]) for w in workers]
         self.targets.seen(keys)
-        rows: list[tuple[int, float, WorkerKey, str, int]] = []  # (position, score, key, url, matched pages)
+        by_cost = bool(workers) and "cost" in workers[0]
+        rows: list[_Row] = []
         for pos, (w, key) in enumerate(zip(workers, keys)):
             url = self.targets.url_for(key)
             if url is not None:
-                rows.append((pos, float(w.get("score", 0.0)), key, url, int(w.get("matched_pages", 0))))
-        listed = set(keys)
+                rows.append(_Row(pos, float(w.get("score", 0.0)), key, url, int(w.get("matched_pages", 0)), float(w.get("cost", 0.0))))  # fmt: skip
+        listed, unlisted = set(keys), list[_Row]()
         for key in self.targets.all_keys():  # workers the index does not know yet
             url = self.targets.url_for(key)
             if key not in listed and url is not None:
-                rows.append((len(rows) + len(workers), 0.0, key, url, 0))
-        if not (workers and "cost" in workers[0]):  # a prefix-only ranking: ties to fewer blocks in flight
-            rows.sort(key=lambda r: (-r[1], self.book.total(r[2]), r[0]))
-        up = [r for r in rows if not self.targets.is_down(r[3])]
-        down = [r for r in rows if self.targets.is_down(r[3])]
-        return [_Candidate(r[2], r[3], max(pages - r[4], 0), pages) for r in up + down]
+                unlisted.append(_Row(len(workers) + len(unlisted), 0.0, key, url, 0, 0.0))
+        if by_cost:
+            rows = self._place_by_cost(rows, unlisted, scored)
+        else:  # a prefix-only ranking: ties to fewer blocks in flight
+            rows = sorted(rows + unlisted, key=lambda r: (-r.score, self.book.total(r.key), r.pos))
+        up = [r for r in rows if not self.targets.is_down(r.url)]
+        down = [r for r in rows if self.targets.is_down(r.url)]
+        return [_Candidate(r.key, r.url, max(pages - r.matched, 0), pages) for r in up + down]
+
+    def _place_by_cost(self, ranked: list[_Row], unlisted: list[_Row], scored: int) -> list[_Row]:
+        """A cost ranking with each worker the index has not listed yet placed by its own cost (no
+        match: prefill_load_scale x (its blocks in flight + the scored pages) + its decode blocks, as
+        the router costs a listed worker), after the listed ones that cost no more; a drawn pick
+        (temperature) stays first."""
+        if not unlisted:
+            return ranked
+        settings = self.service.cost_settings
+        scale, first = float(settings.prefill_load_scale), 1 if settings.temperature else 0
+        inflight = self.book.blocks()
+        out = list(ranked)
+        for row in unlisted:
+            prefill, decode = inflight.get(row.key, (0, 0))
+            cost = scale * max(prefill + scored, 0) + decode
+            at = len(out)
+            while at > first and out[at - 1].cost > cost:
+                at -= 1
+            out.insert(at, _Row(row.pos, row.score, row.key, row.url, 0, cost))
+        return out
 
     # ---------------------------------------------------------------- sending
 
