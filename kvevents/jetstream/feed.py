@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from kvevents.feed import Delivery, FeedLoop, Reset, SourceStatus
 from kvevents.jetstream.backlog import BACKLOG_BYTES, BACKLOG_ITEMS, Backlog
+from kvevents.jetstream.consuming import read_durable, read_ordered
 from kvevents.jetstream.gate import Gate, pick_snapshots
 from kvevents.jetstream.link import (
     ROOT,
@@ -32,7 +33,6 @@ from kvevents.jetstream.link import (
     connect,
     live_subject,
     parse_subject,
-    stream_filter,
 )
 from kvevents.jetstream.messages import CaughtUp, QueueItem, Refilled, Snapshots, Stop, StoredMsg
 from kvevents.jetstream.order import LiveMsg, Refill, Snapshot, SnapshotAssembler, StreamOrder
@@ -383,9 +383,8 @@ class JetStreamFeed:
 
                 when = dt.datetime.fromtimestamp(self.start_time, dt.timezone.utc)
                 self._q.put(Snapshots({}, last, last == 0))
-                return await self._ordered(
-                    js, ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=when)
-                )
+                cfg = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=when)
+                return await read_ordered(js, self.stream, cfg, self._q, self._stop.is_set, self._synced.is_set)
             bad: list[str] = []
             refused: list[tuple[str, str]] = []
             if not resumed and any(s.endswith(".snap") for s in subjects):
@@ -402,8 +401,8 @@ class JetStreamFeed:
                 cfg = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
             self._q.put(Snapshots(chosen, last, last < start or resumed, tuple(bad), tuple(refused)))
             if self.durable is not None:
-                return await self._pull(js, cfg)
-            await self._ordered(js, cfg)
+                return await read_durable(js, self.stream, cfg, self.durable, self._q, self._stop.is_set)
+            await read_ordered(js, self.stream, cfg, self._q, self._stop.is_set, self._synced.is_set)
         except asyncio.CancelledError:
             pass
         except Exception as exc:  # noqa: BLE001 - reported through .error
@@ -412,80 +411,6 @@ class JetStreamFeed:
         finally:
             if nc is not None:
                 await close(nc)
-
-    async def _ordered(self, js: Any, cfg: Any) -> None:
-        """Everything from the configured start, on an ordered push consumer (recreated after gaps or a restart)."""
-
-        async def on_msg(msg: Any) -> None:
-            await self._q.room(self._stop.is_set)  # a full backlog holds this callback: flow control pauses the server
-            self._q.put(
-                StoredMsg(msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream), len(msg.data)
-            )
-
-        sub = await js.subscribe(
-            stream_filter(self.stream),
-            cb=on_msg,
-            ordered_consumer=True,
-            config=cfg,
-            idle_heartbeat=1.0,
-            # nats-py's own buffer: a full backlog holds the callback, so flow control is answered late
-            # and the server pauses; these limits only catch a server that does not (past them
-            # nats-py drops, and the ordered consumer re-reads from the gap)
-            pending_bytes_limit=1 << 30,
-            pending_msgs_limit=1 << 22,
-        )
-        try:
-            while not self._stop.is_set():
-                await asyncio.sleep(0.2)
-                if not self._synced.is_set():
-                    try:
-                        ci = await sub.consumer_info()
-                    except Exception:  # noqa: BLE001 - asked again next turn
-                        continue
-                    if ci.num_pending == 0 and sub.pending_msgs == 0:  # all stored so far is handed over
-                        self._q.put(CaughtUp())
-        finally:
-            try:
-                await sub.unsubscribe()
-            except Exception:  # noqa: BLE001 - closing anyway
-                pass
-
-    async def _pull(self, js: Any, cfg: Any) -> None:
-        """The durable mode: a pull consumer named `durable`, acknowledged once deliveries are consumed."""
-        from nats.errors import TimeoutError as NatsTimeout
-        from nats.js.api import AckPolicy
-
-        cfg.durable_name = self.durable
-        cfg.ack_policy = AckPolicy.EXPLICIT
-        cfg.ack_wait = 30.0
-        cfg.max_ack_pending = 1 << 20
-        psub = None
-        while not self._stop.is_set():
-            try:
-                if psub is None:
-                    psub = await js.pull_subscribe(
-                        stream_filter(self.stream),
-                        durable=self.durable,
-                        stream=self.stream,
-                        config=cfg,
-                        pending_bytes_limit=self._q.max_bytes,
-                        pending_msgs_limit=self._q.max_items,
-                    )
-                await self._q.room(self._stop.is_set)  # fetch no more than the poll side has room for
-                msgs = await psub.fetch(min(512, self._q.max_items), timeout=0.5)
-            except (NatsTimeout, asyncio.TimeoutError):
-                continue
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - NATS restarting: fetch again
-                log.debug("durable fetch: %s", exc)
-                await asyncio.sleep(0.5)
-                continue
-            for msg in msgs:
-                self._q.put(
-                    StoredMsg(msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream, msg),
-                    len(msg.data),
-                )
 
     async def _read_snapshots(
         self, js: Any, on_bad: Callable[[str], object], on_refused: Callable[[str, str], object]
