@@ -1,33 +1,167 @@
-"""The feed's two ways of reading its stream into its backlog: an ordered push consumer (the default)
-and a durable pull consumer (`durable=`, acknowledged once deliveries are consumed).
+"""The feed's ways of reading its stream into its backlog: what is stored when it starts, by an
+ephemeral pull consumer, then the live tail on an ordered push consumer (the default); or a durable
+pull consumer throughout (`durable=`, acknowledged once deliveries are consumed).
 
-Both hold back when the backlog is full (`Backlog.room`), so a slow `poll()` side slows the server,
-never loses a message: the push callback answers flow control late, the pull loop fetches no more
-than there is room for.
+All hold back when the backlog is full (`Backlog.room`), so a slow `poll()` side slows the server,
+never loses a message: the push callback answers flow control late, the pull loops fetch no more
+than there is room for. The catch-up pulls because a push consumer's server sends ahead of flow
+control into nats-py's own queue: at a cold start of millions of copies that read-ahead, made
+among the index's long-lived objects, left the process's arenas fragmented (benchmarks/README.md,
+the JetStream cold starts). A pull never holds more than one fetch beyond the backlog; once caught
+up (nothing left pending), the live tail goes on from the next stream seq by push, whose latency
+a pull's linger would add to.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+from collections import Counter
 from typing import Any, Callable
 
 from kvevents.jetstream.backlog import Backlog
 from kvevents.jetstream.link import stream_filter
 from kvevents.jetstream.messages import CaughtUp, QueueItem, StoredMsg
 
-__all__ = ["read_durable", "read_ordered"]
+__all__ = ["catch_up", "read_durable", "read_ordered", "read_stream"]
 
 log = logging.getLogger("kvevents.jetstream")
 
 FETCH_BATCH = 512  # messages one pull asks for (fewer when the backlog holds fewer items)
 FETCH_WAIT_S = 0.5
+CATCH_UP_WAIT_S = 0.2  # a catch-up fetch that gets nothing this long: all stored is handed over
 ACK_WAIT_S = 30.0  # the server redelivers what is not acknowledged in this long
+INACTIVE_S = 10.0  # the server drops a catch-up consumer left behind this long (a reader gone)
 CAUGHT_UP_EVERY_S = 0.2  # how often an ordered reader not synced yet asks whether it is caught up
+
+
+def _fetch_size(q: Backlog[QueueItem]) -> int:
+    """What one fetch asks for: what the backlog has room for (at least 1), at most FETCH_BATCH."""
+    return max(1, min(FETCH_BATCH, q.max_items - q.held()[0]))
 
 
 def _stored(msg: Any, ack: Any = None) -> StoredMsg:
     return StoredMsg(msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream, ack)
+
+
+async def read_stream(
+    js: Any,
+    stream: str,
+    cfg: Any,
+    q: Backlog[QueueItem],
+    stopped: Callable[[], bool],
+    synced: Callable[[], bool],
+    counts: Counter[str] | None = None,
+) -> None:
+    """Everything from `cfg`'s start: what is stored by `catch_up`, then the tail by `read_ordered`
+    (`counts` hears catch_up's counts and `catch_ups_done`)."""
+    counts = Counter() if counts is None else counts
+    rest = await catch_up(js, stream, cfg, q, stopped, counts)
+    if rest is not None:
+        counts["catch_ups_done"] += 1
+        if not synced():
+            q.put(CaughtUp())
+        await read_ordered(js, stream, rest, q, stopped, synced)
+
+
+async def catch_up(
+    js: Any,
+    stream: str,
+    cfg: Any,
+    q: Backlog[QueueItem],
+    stopped: Callable[[], bool],
+    counts: Counter[str] | None = None,
+) -> Any:
+    """Fetch from `cfg`'s start on an ephemeral pull consumer (no acks) until nothing is pending; the
+    config the tail goes on from (`cfg` itself if nothing was stored, else the next stream seq), or
+    None when stopped first. A consumer seq that skips (a message nats-py dropped) or a failing fetch
+    (the server restarting) starts a new consumer after the last message handed over. `counts`
+    hears `catch_up_messages` and `catch_up_consumers` (each consumer made)."""
+    counts = Counter() if counts is None else counts
+    from nats.errors import TimeoutError as NatsTimeout
+    from nats.js.api import AckPolicy, DeliverPolicy
+
+    pulled = dataclasses.replace(cfg, ack_policy=AckPolicy.NONE, inactive_threshold=INACTIVE_S)
+    after: int | None = None  # the next stream seq once a message was handed over
+    psub, consumer_seq = None, 0
+    try:
+        while not stopped():
+            try:
+                if psub is None:
+                    at = pulled
+                    if after is not None:
+                        at = dataclasses.replace(
+                            pulled,
+                            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                            opt_start_seq=after,
+                            opt_start_time=None,
+                        )
+                    counts["catch_up_consumers"] += 1
+                    psub = await js.pull_subscribe(
+                        stream_filter(stream),
+                        stream=stream,
+                        config=at,
+                        pending_bytes_limit=1 << 30,
+                        pending_msgs_limit=1 << 22,
+                    )
+                    consumer_seq = 0
+                await q.room(stopped)
+                msgs = await psub.fetch(_fetch_size(q), timeout=CATCH_UP_WAIT_S)
+            except (NatsTimeout, asyncio.TimeoutError):
+                if psub is not None and await _nothing_pending(psub):
+                    return _from(cfg, after)  # all stored is handed over
+                continue
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - NATS restarting: a new consumer after the last handed over
+                log.debug("catch-up fetch: %s", exc)
+                await _drop(psub)
+                psub = None
+                await asyncio.sleep(FETCH_WAIT_S)
+                continue
+            for msg in msgs:
+                md = msg.metadata
+                if md.sequence.consumer != consumer_seq + 1:
+                    await _drop(psub)
+                    psub = None
+                    break
+                consumer_seq, after = md.sequence.consumer, md.sequence.stream + 1
+                counts["catch_up_messages"] += 1
+                q.put(_stored(msg), len(msg.data))
+            else:
+                if msgs and msgs[-1].metadata.num_pending == 0:
+                    return _from(cfg, after)
+        return None
+    finally:
+        await _drop(psub)
+
+
+def _from(cfg: Any, after: int | None) -> Any:
+    """`cfg`, or a config starting at stream seq `after` (the catch-up handed over what was before)."""
+    from nats.js.api import ConsumerConfig, DeliverPolicy
+
+    if after is None:
+        return cfg
+    return ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after)
+
+
+async def _nothing_pending(psub: Any) -> bool:
+    """Whether the server holds nothing more for this consumer (a fetch that timed out may only
+    have been slow); False when it cannot say."""
+    try:
+        info = await psub.consumer_info()
+    except Exception:  # noqa: BLE001 - asked again after the next fetch
+        return False
+    return int(info.num_pending or 0) == 0 and int(info.num_ack_pending or 0) == 0
+
+
+async def _drop(psub: Any) -> None:
+    if psub is not None:
+        try:
+            await psub.unsubscribe()
+        except Exception:  # noqa: BLE001 - closing anyway
+            pass
 
 
 async def read_ordered(
@@ -95,7 +229,7 @@ async def read_durable(
                     pending_msgs_limit=q.max_items,
                 )
             await q.room(stopped)  # fetch no more than the poll side has room for
-            msgs = await psub.fetch(min(FETCH_BATCH, q.max_items), timeout=FETCH_WAIT_S)
+            msgs = await psub.fetch(_fetch_size(q), timeout=FETCH_WAIT_S)
         except (NatsTimeout, asyncio.TimeoutError):
             continue
         except asyncio.CancelledError:

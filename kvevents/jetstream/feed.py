@@ -16,12 +16,12 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import Any, Callable, Mapping, Sequence
 
 from kvevents.feed import Delivery, FeedLoop, Reset, SourceStatus
 from kvevents.jetstream.backlog import BACKLOG_BYTES, BACKLOG_ITEMS, Backlog
-from kvevents.jetstream.consuming import read_durable, read_ordered
+from kvevents.jetstream.consuming import read_durable, read_stream
 from kvevents.jetstream.gate import Gate, pick_snapshots
 from kvevents.jetstream.link import (
     ROOT,
@@ -130,6 +130,7 @@ class JetStreamFeed:
         self._error: BaseException | None = None
         self._started_at = clock()
         self._counters_extra: dict[str, int] = {"messages": 0, "bad_messages": 0}
+        self._reads: Counter[str] = Counter()  # the NATS side's: catch-up messages and new consumers
         self._js: Any = None  # the NATS side's JetStream context (refills use it)
         self._last_sseq = 0  # the highest stream seq handled on the poll side
         self._refills_out = 0  # Refills asked of the NATS side and not back yet
@@ -225,6 +226,7 @@ class JetStreamFeed:
     def counters(self) -> dict[str, int]:
         out = dict(self._counters_extra)
         out.update(self.order.counters)
+        out.update(self._reads)
         q = self._q
         out.update(backlog_waits=q.waits, backlog_peak_messages=q.peak_items, backlog_peak_bytes=q.peak_bytes)
         return out
@@ -384,7 +386,9 @@ class JetStreamFeed:
                 when = dt.datetime.fromtimestamp(self.start_time, dt.timezone.utc)
                 self._q.put(Snapshots({}, last, last == 0))
                 cfg = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=when)
-                return await read_ordered(js, self.stream, cfg, self._q, self._stop.is_set, self._synced.is_set)
+                return await read_stream(
+                    js, self.stream, cfg, self._q, self._stop.is_set, self._synced.is_set, self._reads
+                )
             bad: list[str] = []
             refused: list[tuple[str, str]] = []
             if not resumed and any(s.endswith(".snap") for s in subjects):
@@ -402,7 +406,7 @@ class JetStreamFeed:
             self._q.put(Snapshots(chosen, last, last < start or resumed, tuple(bad), tuple(refused)))
             if self.durable is not None:
                 return await read_durable(js, self.stream, cfg, self.durable, self._q, self._stop.is_set)
-            await read_ordered(js, self.stream, cfg, self._q, self._stop.is_set, self._synced.is_set)
+            await read_stream(js, self.stream, cfg, self._q, self._stop.is_set, self._synced.is_set, self._reads)
         except asyncio.CancelledError:
             pass
         except Exception as exc:  # noqa: BLE001 - reported through .error

