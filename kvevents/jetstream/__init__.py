@@ -5,7 +5,7 @@
 | `link.py` | what bridge and feed share: subjects, headers, connection options, the stream |
 | `bridge.py` | the bridge: Subscriber deliveries (gap-repaired) into JetStream, snapshots stored in the stream |
 | `feed.py` | `JetStreamFeed`: a consumer's `EventFeed` over a kvevents JetStream stream |
-| `consuming.py` | the feed's readers into its backlog: an ordered push consumer, or a durable pull one |
+| `consuming.py` | the feed's readers into its backlog: what is stored by pull, then the tail by push; or a durable pull consumer |
 | `messages.py` | the feed's queue items, and a stored message's subject and headers parsed with a guard |
 | `backlog.py` | the feed's queue from its NATS side to `poll()`, bounded: past it the server is held back |
 | `pacing.py` | the cold start's picked snapshots handed to the ordering a few per `poll()`, not all decoded at once |
