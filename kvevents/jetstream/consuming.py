@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
+import threading
+import time
 from collections import Counter
 from typing import Any, Callable
 
@@ -24,16 +27,27 @@ from kvevents.jetstream.backlog import Backlog
 from kvevents.jetstream.link import stream_filter
 from kvevents.jetstream.messages import CaughtUp, QueueItem, StoredMsg
 
-__all__ = ["catch_up", "read_durable", "read_ordered", "read_stream"]
+__all__ = ["catch_up", "read_durable", "read_ordered", "read_stream", "wait_for_event"]
 
 log = logging.getLogger("kvevents.jetstream")
 
 FETCH_BATCH = 512  # messages one pull asks for (fewer when the backlog holds fewer items)
 FETCH_WAIT_S = 0.5
+REQUEST_GRACE_S = 5.0  # a pull request unanswered this long past its expiry: the server is gone
 CATCH_UP_WAIT_S = 0.2  # a catch-up fetch that gets nothing this long: all stored is handed over
 ACK_WAIT_S = 30.0  # the server redelivers what is not acknowledged in this long
 INACTIVE_S = 10.0  # the server drops a catch-up consumer left behind this long (a reader gone)
 CAUGHT_UP_EVERY_S = 0.2  # how often an ordered reader not synced yet asks whether it is caught up
+
+
+async def wait_for_event(event: threading.Event, timeout_s: float) -> bool:
+    """Wait on the loop, without blocking it, until another thread sets `event` (False: timed out)."""
+    deadline = time.monotonic() + timeout_s
+    while not event.is_set():
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
 
 
 def _fetch_size(q: Backlog[QueueItem]) -> int:
@@ -46,6 +60,7 @@ def _stored(msg: Any, ack: Any = None) -> StoredMsg:
 
 
 async def read_stream(
+    nc: Any,
     js: Any,
     stream: str,
     cfg: Any,
@@ -57,7 +72,7 @@ async def read_stream(
     """Everything from `cfg`'s start: what is stored by `catch_up`, then the tail by `read_ordered`
     (`counts` hears catch_up's counts and `catch_ups_done`)."""
     counts = Counter() if counts is None else counts
-    rest = await catch_up(js, stream, cfg, q, stopped, counts)
+    rest = await catch_up(nc, js, stream, cfg, q, stopped, counts)
     if rest is not None:
         counts["catch_ups_done"] += 1
         if not synced():
@@ -66,6 +81,7 @@ async def read_stream(
 
 
 async def catch_up(
+    nc: Any,
     js: Any,
     stream: str,
     cfg: Any,
@@ -73,68 +89,123 @@ async def catch_up(
     stopped: Callable[[], bool],
     counts: Counter[str] | None = None,
 ) -> Any:
-    """Fetch from `cfg`'s start on an ephemeral pull consumer (no acks) until nothing is pending; the
+    """Pull from `cfg`'s start on an ephemeral pull consumer (no acks) until nothing is pending; the
     config the tail goes on from (`cfg` itself if nothing was stored, else the next stream seq), or
-    None when stopped first. A consumer seq that skips (a message nats-py dropped) or a failing fetch
-    (the server restarting) starts a new consumer after the last message handed over. `counts`
-    hears `catch_up_messages` and `catch_up_consumers` (each consumer made)."""
-    counts = Counter() if counts is None else counts
-    from nats.errors import TimeoutError as NatsTimeout
+    None when stopped first. A consumer seq that skips (a message dropped on the way), a request
+    left unanswered or refused (the server restarting) starts a new consumer after the last
+    message handed over. `counts` hears `catch_up_messages` and `catch_up_consumers`."""
     from nats.js.api import AckPolicy, DeliverPolicy
 
-    pulled = dataclasses.replace(cfg, ack_policy=AckPolicy.NONE, inactive_threshold=INACTIVE_S)
-    after: int | None = None  # the next stream seq once a message was handed over
-    psub, consumer_seq = None, 0
+    counts = Counter() if counts is None else counts
+    pulled = dataclasses.replace(
+        cfg, ack_policy=AckPolicy.NONE, inactive_threshold=INACTIVE_S, filter_subject=stream_filter(stream)
+    )
+    puller = _Puller(nc, q, counts)
     try:
         while not stopped():
             try:
-                if psub is None:
+                if puller.consumer is None:
                     at = pulled
-                    if after is not None:
+                    if puller.after is not None:
                         at = dataclasses.replace(
                             pulled,
                             deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-                            opt_start_seq=after,
+                            opt_start_seq=puller.after,
                             opt_start_time=None,
                         )
                     counts["catch_up_consumers"] += 1
-                    psub = await js.pull_subscribe(
-                        stream_filter(stream),
-                        stream=stream,
-                        config=at,
-                        pending_bytes_limit=1 << 30,
-                        pending_msgs_limit=1 << 22,
-                    )
-                    consumer_seq = 0
+                    info = await js.add_consumer(stream, config=at)
+                    await puller.bind(stream, str(info.name))
                 await q.room(stopped)
-                msgs = await psub.fetch(_fetch_size(q), timeout=CATCH_UP_WAIT_S)
-            except (NatsTimeout, asyncio.TimeoutError):
-                if psub is not None and await _nothing_pending(psub):
-                    return _from(cfg, after)  # all stored is handed over
-                continue
+                got = await puller.pull(_fetch_size(q), CATCH_UP_WAIT_S)
+                if puller.broken:
+                    raise RuntimeError(f"catch-up request ended by {puller.broken}")
+                if got and puller.pending == 0:
+                    return _from(cfg, puller.after)  # all stored when it was read is handed over
+                if not got and await _nothing_pending(js, stream, puller.consumer):
+                    return _from(cfg, puller.after)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - NATS restarting: a new consumer after the last handed over
-                log.debug("catch-up fetch: %s", exc)
-                await _drop(psub)
-                psub = None
+                log.debug("catch-up: %s", exc)
+                await puller.close()
                 await asyncio.sleep(FETCH_WAIT_S)
-                continue
-            for msg in msgs:
-                md = msg.metadata
-                if md.sequence.consumer != consumer_seq + 1:
-                    await _drop(psub)
-                    psub = None
-                    break
-                consumer_seq, after = md.sequence.consumer, md.sequence.stream + 1
-                counts["catch_up_messages"] += 1
-                q.put(_stored(msg), len(msg.data))
-            else:
-                if msgs and msgs[-1].metadata.num_pending == 0:
-                    return _from(cfg, after)
         return None
     finally:
-        await _drop(psub)
+        await puller.close()
+
+
+class _Puller:
+    """Pull requests for one ephemeral consumer, answered into an inbox whose callback puts each
+    message in the backlog as it arrives (nats-py's fetch waits on each message in turn)."""
+
+    def __init__(self, nc: Any, q: Backlog[QueueItem], counts: Counter[str]) -> None:
+        self.nc, self.q, self.counts = nc, q, counts
+        self.consumer: str | None = None
+        self.after: int | None = None  # the next stream seq once a message was handed over
+        self.pending: int | None = None  # what the server had left after the last message
+        self.broken = ""  # why the current consumer is not to be used again
+        self._sub: Any = None
+        self._next = ""
+        self._inbox = ""
+        self._seq = 0  # the consumer seq of the last message handed over
+        self._want = self._got = 0
+        self._done = asyncio.Event()
+
+    async def bind(self, stream: str, consumer: str) -> None:
+        await self.close()
+        self._inbox = self.nc.new_inbox()
+        self._sub = await self.nc.subscribe(
+            self._inbox, cb=self._on_msg, pending_msgs_limit=1 << 22, pending_bytes_limit=1 << 30
+        )
+        self.consumer, self._next, self._seq, self.broken = (
+            consumer,
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{consumer}",
+            0,
+            "",
+        )
+
+    async def pull(self, n: int, wait_s: float) -> int:
+        """Ask for up to `n` messages, waiting at most `wait_s` for them; how many were handed over."""
+        self._want, self._got = n, 0
+        self._done.clear()
+        body = json.dumps({"batch": n, "expires": int(wait_s * 1e9)}).encode()
+        await self.nc.publish(self._next, body, reply=self._inbox)
+        try:  # the server ends a request by its batch, or by a status (408 at expiry)
+            await asyncio.wait_for(self._done.wait(), wait_s + REQUEST_GRACE_S)
+        except asyncio.TimeoutError:
+            self.broken = self.broken or "no answer"
+        return self._got
+
+    async def _on_msg(self, msg: Any) -> None:
+        status = msg.headers.get("Status") if msg.headers else None
+        if status is not None:
+            if status not in ("100", "404", "408"):  # 409: the consumer deleted, a leader change, ...
+                self.broken = f"status {status} {msg.headers.get('Description', '')}".strip()
+            if status != "100":
+                self._done.set()
+            return
+        if self.broken:
+            return
+        md = msg.metadata
+        if md.sequence.consumer != self._seq + 1:
+            self.broken = "a skipped consumer seq"
+            self._done.set()
+            return
+        self._seq, self.after, self.pending = md.sequence.consumer, md.sequence.stream + 1, md.num_pending
+        self.counts["catch_up_messages"] += 1
+        self.q.put(_stored(msg), len(msg.data))
+        self._got += 1
+        if self._got >= self._want:
+            self._done.set()
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            try:
+                await self._sub.unsubscribe()
+            except Exception:  # noqa: BLE001 - closing anyway
+                pass
+        self._sub, self.consumer = None, None
 
 
 def _from(cfg: Any, after: int | None) -> Any:
@@ -146,22 +217,14 @@ def _from(cfg: Any, after: int | None) -> Any:
     return ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after)
 
 
-async def _nothing_pending(psub: Any) -> bool:
-    """Whether the server holds nothing more for this consumer (a fetch that timed out may only
+async def _nothing_pending(js: Any, stream: str, consumer: str | None) -> bool:
+    """Whether the server holds nothing more for this consumer (a request that got nothing may only
     have been slow); False when it cannot say."""
     try:
-        info = await psub.consumer_info()
-    except Exception:  # noqa: BLE001 - asked again after the next fetch
+        info = await js.consumer_info(stream, consumer)
+    except Exception:  # noqa: BLE001 - asked again after the next request
         return False
-    return int(info.num_pending or 0) == 0 and int(info.num_ack_pending or 0) == 0
-
-
-async def _drop(psub: Any) -> None:
-    if psub is not None:
-        try:
-            await psub.unsubscribe()
-        except Exception:  # noqa: BLE001 - closing anyway
-            pass
+    return int(info.num_pending or 0) == 0
 
 
 async def read_ordered(

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from kvevents.feed import Delivery, FeedLoop, Reset, SourceStatus
 from kvevents.jetstream.backlog import BACKLOG_BYTES, BACKLOG_ITEMS, Backlog
-from kvevents.jetstream.consuming import read_durable, read_stream
+from kvevents.jetstream.consuming import read_durable, read_stream, wait_for_event
 from kvevents.jetstream.gate import Gate, pick_snapshots
 from kvevents.jetstream.link import (
     ROOT,
@@ -46,6 +46,7 @@ __all__ = ["JetStreamFeed", "JetStreamSource", "pick_snapshots", "positions_from
 
 log = logging.getLogger("kvevents.jetstream")
 
+RELEASE_WAIT_S = 5.0  # how long a stopping durable feed's connection waits for its acks and naks
 _LOG_BAD_EVERY = 100  # bad messages are logged the first time and once per this many after
 
 
@@ -124,6 +125,7 @@ class JetStreamFeed:
         self._lt: LoopThread | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._released = threading.Event()  # set by stop() once its acks are out (durable mode)
         self._synced = threading.Event()
         self._sync_target: int | None = None
         self._connected = threading.Event()
@@ -155,16 +157,23 @@ class JetStreamFeed:
         return self
 
     def stop(self, timeout: float = 3.0) -> None:
-        """Stop the delivery thread and the NATS connection (durable mode: consumed messages acked first)."""
+        """Stop the delivery thread and the NATS connection. Durable mode: consumed messages are
+        acked (none if the thread is still inside a callback after `timeout`), and the rest, read but
+        not consumed, are nak'ed, so the next run gets them at once, in order, not after ack_wait."""
         self._stop.set()
         self._q.put(Stop())
+        consumed = True
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
-        if self._lt is not None and self._handled:
+            consumed = not self._thread.is_alive()
+        if self._lt is not None and self.durable is not None:
             try:
-                self._ack_consumed(wait=True)
-            except Exception:  # noqa: BLE001 - unacknowledged: redelivered and dropped as duplicates
-                pass
+                if consumed:
+                    self._ack_consumed(wait=True)
+                self._give_back()
+            except Exception as exc:  # noqa: BLE001 - unacknowledged: redelivered after ack_wait, dropped as duplicates
+                log.warning("jetstream durable %s: acks at stop failed: %r", self.durable, exc)
+        self._released.set()  # the NATS side may close its connection now
         if self._lt is not None:
             self._lt.stop(timeout)
             self._lt = None
@@ -343,6 +352,21 @@ class JetStreamFeed:
             for f in futs:
                 f.result(2.0)
 
+    def _give_back(self) -> None:
+        """Durable mode, at stop: nak every message read and not acked (handled, or still queued)."""
+        assert self._lt is not None
+        msgs = [m for _, m in self._handled]
+        self._handled.clear()
+        while True:
+            try:
+                item = self._q.get(0)
+            except queue.Empty:
+                break
+            if isinstance(item, StoredMsg) and item.ack is not None:
+                msgs.append(item.ack)
+        for f in [self._lt.submit(m.nak()) for m in msgs]:
+            f.result(2.0)
+
     def _mark_synced(self) -> None:
         if not self._synced.is_set():
             self.cold_start_s = self.clock() - self._started_at
@@ -387,7 +411,7 @@ class JetStreamFeed:
                 self._q.put(Snapshots({}, last, last == 0))
                 cfg = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=when)
                 return await read_stream(
-                    js, self.stream, cfg, self._q, self._stop.is_set, self._synced.is_set, self._reads
+                    nc, js, self.stream, cfg, self._q, self._stop.is_set, self._synced.is_set, self._reads
                 )
             bad: list[str] = []
             refused: list[tuple[str, str]] = []
@@ -406,7 +430,7 @@ class JetStreamFeed:
             self._q.put(Snapshots(chosen, last, last < start or resumed, tuple(bad), tuple(refused)))
             if self.durable is not None:
                 return await read_durable(js, self.stream, cfg, self.durable, self._q, self._stop.is_set)
-            await read_stream(js, self.stream, cfg, self._q, self._stop.is_set, self._synced.is_set, self._reads)
+            await read_stream(nc, js, self.stream, cfg, self._q, self._stop.is_set, self._synced.is_set, self._reads)
         except asyncio.CancelledError:
             pass
         except Exception as exc:  # noqa: BLE001 - reported through .error
@@ -414,6 +438,8 @@ class JetStreamFeed:
             (log.debug if isinstance(exc, NatsUnavailable) else log.warning)("jetstream source stopped: %s", exc)
         finally:
             if nc is not None:
+                if self.durable is not None:  # the stopping side acks and naks on this connection first
+                    await wait_for_event(self._released, RELEASE_WAIT_S)
                 await close(nc)
 
     async def _read_snapshots(
