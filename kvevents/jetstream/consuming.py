@@ -3,13 +3,13 @@ ephemeral pull consumer, then the live tail on an ordered push consumer (the def
 pull consumer throughout (`durable=`, acknowledged once deliveries are consumed).
 
 All hold back when the backlog is full (`Backlog.room`), so a slow `poll()` side slows the server,
-never loses a message: the push callback answers flow control late, the pull loops fetch no more
-than there is room for. The catch-up pulls because a push consumer's server sends ahead of flow
-control into nats-py's own queue: at a cold start of millions of copies that read-ahead, made
-among the index's long-lived objects, left the process's arenas fragmented (benchmarks/README.md,
-the JetStream cold starts). A pull never holds more than one fetch beyond the backlog; once caught
-up (nothing left pending), the live tail goes on from the next stream seq by push, whose latency
-a pull's linger would add to.
+never loses a message: the push callback answers flow control late, the pulls ask for no more than
+there is room for. The catch-up pulls because a push consumer's server sends ahead of flow control
+into nats-py's own queue: at a cold start of millions of copies that read-ahead, made among the
+index's long-lived objects, left the process's memory fragmented (benchmarks/README.md, the
+JetStream cold starts). Its requests are answered into an inbox whose callback puts each message
+in the backlog (nats-py's `fetch` awaits each message in turn: 1.4x slower). Once nothing is left
+pending, the live tail goes on from the next stream seq by push (a pull's linger would add latency).
 """
 
 from __future__ import annotations
