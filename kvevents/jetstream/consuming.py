@@ -27,7 +27,7 @@ from kvevents.jetstream.backlog import Backlog
 from kvevents.jetstream.link import stream_filter
 from kvevents.jetstream.messages import CaughtUp, QueueItem, StoredMsg
 
-__all__ = ["catch_up", "read_durable", "read_ordered", "read_stream", "wait_for_event"]
+__all__ = ["StreamReader", "read_durable", "read_ordered", "wait_for_event"]
 
 log = logging.getLogger("kvevents.jetstream")
 
@@ -59,80 +59,73 @@ def _stored(msg: Any, ack: Any = None) -> StoredMsg:
     return StoredMsg(msg.subject, dict(msg.headers or {}), msg.data, msg.metadata.sequence.stream, ack)
 
 
-async def read_stream(
-    nc: Any,
-    js: Any,
-    stream: str,
-    cfg: Any,
-    q: Backlog[QueueItem],
-    stopped: Callable[[], bool],
-    synced: Callable[[], bool],
-    counts: Counter[str] | None = None,
-) -> None:
-    """Everything from `cfg`'s start: what is stored by `catch_up`, then the tail by `read_ordered`
-    (`counts` hears catch_up's counts and `catch_ups_done`)."""
-    counts = Counter() if counts is None else counts
-    rest = await catch_up(nc, js, stream, cfg, q, stopped, counts)
-    if rest is not None:
-        counts["catch_ups_done"] += 1
-        if not synced():
-            q.put(CaughtUp())
-        await read_ordered(js, stream, rest, q, stopped, synced)
+@dataclasses.dataclass(frozen=True)
+class StreamReader:
+    """One feed's reading of `stream` into its backlog `q`, until `stopped()`; `counts` hears
+    `catch_up_messages`, `catch_up_consumers` (each consumer made) and `catch_ups_done`."""
 
+    nc: Any
+    js: Any
+    stream: str
+    q: Backlog[QueueItem]
+    stopped: Callable[[], bool]
+    counts: Counter[str] = dataclasses.field(default_factory=Counter)
 
-async def catch_up(
-    nc: Any,
-    js: Any,
-    stream: str,
-    cfg: Any,
-    q: Backlog[QueueItem],
-    stopped: Callable[[], bool],
-    counts: Counter[str] | None = None,
-) -> Any:
-    """Pull from `cfg`'s start on an ephemeral pull consumer (no acks) until nothing is pending; the
-    config the tail goes on from (`cfg` itself if nothing was stored, else the next stream seq), or
-    None when stopped first. A consumer seq that skips (a message dropped on the way), a request
-    left unanswered or refused (the server restarting) starts a new consumer after the last
-    message handed over. `counts` hears `catch_up_messages` and `catch_up_consumers`."""
-    from nats.js.api import AckPolicy, DeliverPolicy
+    async def read(self, cfg: Any, synced: Callable[[], bool]) -> None:
+        """Everything from `cfg`'s start: what is stored by `catch_up`, then the tail by
+        `read_ordered` (a CaughtUp in between while `synced()` is False)."""
+        rest = await self.catch_up(cfg)
+        if rest is not None:
+            self.counts["catch_ups_done"] += 1
+            if not synced():
+                self.q.put(CaughtUp())
+            await read_ordered(self.js, self.stream, rest, self.q, self.stopped, synced)
 
-    counts = Counter() if counts is None else counts
-    pulled = dataclasses.replace(
-        cfg, ack_policy=AckPolicy.NONE, inactive_threshold=INACTIVE_S, filter_subject=stream_filter(stream)
-    )
-    puller = _Puller(nc, q, counts)
-    try:
-        while not stopped():
-            try:
-                if puller.consumer is None:
-                    at = pulled
-                    if puller.after is not None:
-                        at = dataclasses.replace(
-                            pulled,
-                            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-                            opt_start_seq=puller.after,
-                            opt_start_time=None,
-                        )
-                    counts["catch_up_consumers"] += 1
-                    info = await js.add_consumer(stream, config=at)
-                    await puller.bind(stream, str(info.name))
-                await q.room(stopped)
-                got = await puller.pull(_fetch_size(q), CATCH_UP_WAIT_S)
-                if puller.broken:
-                    raise RuntimeError(f"catch-up request ended by {puller.broken}")
-                if got and puller.pending == 0:
-                    return _from(cfg, puller.after)  # all stored when it was read is handed over
-                if not got and await _nothing_pending(js, stream, puller.consumer):
-                    return _from(cfg, puller.after)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - NATS restarting: a new consumer after the last handed over
-                log.debug("catch-up: %s", exc)
-                await puller.close()
-                await asyncio.sleep(FETCH_WAIT_S)
-        return None
-    finally:
-        await puller.close()
+    async def catch_up(self, cfg: Any) -> Any:
+        """Pull from `cfg`'s start on an ephemeral pull consumer (no acks) until nothing is pending;
+        the config the tail goes on from (`cfg` itself if nothing was stored, else the next stream
+        seq), or None when stopped first. A consumer seq that skips (a message dropped on the way),
+        a request left unanswered or refused (the server restarting) starts a new consumer after
+        the last message handed over."""
+        from nats.js.api import AckPolicy, DeliverPolicy
+
+        js, stream, q, stopped, counts = self.js, self.stream, self.q, self.stopped, self.counts
+        pulled = dataclasses.replace(
+            cfg, ack_policy=AckPolicy.NONE, inactive_threshold=INACTIVE_S, filter_subject=stream_filter(stream)
+        )
+        puller = _Puller(self.nc, q, counts)
+        try:
+            while not stopped():
+                try:
+                    if puller.consumer is None:
+                        at = pulled
+                        if puller.after is not None:
+                            at = dataclasses.replace(
+                                pulled,
+                                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                                opt_start_seq=puller.after,
+                                opt_start_time=None,
+                            )
+                        counts["catch_up_consumers"] += 1
+                        info = await js.add_consumer(stream, config=at)
+                        await puller.bind(stream, str(info.name))
+                    await q.room(stopped)
+                    got = await puller.pull(_fetch_size(q), CATCH_UP_WAIT_S)
+                    if puller.broken:
+                        raise RuntimeError(f"catch-up request ended by {puller.broken}")
+                    if got and puller.pending == 0:
+                        return _from(cfg, puller.after)  # all stored when it was read is handed over
+                    if not got and await _nothing_pending(js, stream, puller.consumer):
+                        return _from(cfg, puller.after)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - NATS restarting: a new consumer after the last handed over
+                    log.debug("catch-up: %s", exc)
+                    await puller.close()
+                    await asyncio.sleep(FETCH_WAIT_S)
+            return None
+        finally:
+            await puller.close()
 
 
 class _Puller:

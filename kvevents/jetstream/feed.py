@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from kvevents.feed import Delivery, FeedLoop, Reset, SourceStatus
 from kvevents.jetstream.backlog import BACKLOG_BYTES, BACKLOG_ITEMS, Backlog
-from kvevents.jetstream.consuming import read_durable, read_stream, wait_for_event
+from kvevents.jetstream.consuming import StreamReader, read_durable, wait_for_event
 from kvevents.jetstream.gate import Gate, pick_snapshots
 from kvevents.jetstream.link import (
     ROOT,
@@ -410,9 +410,7 @@ class JetStreamFeed:
                 when = dt.datetime.fromtimestamp(self.start_time, dt.timezone.utc)
                 self._q.put(Snapshots({}, last, last == 0))
                 cfg = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=when)
-                return await read_stream(
-                    nc, js, self.stream, cfg, self._q, self._stop.is_set, self._synced.is_set, self._reads
-                )
+                return await self._reader(nc, js).read(cfg, self._synced.is_set)
             bad: list[str] = []
             refused: list[tuple[str, str]] = []
             if not resumed and any(s.endswith(".snap") for s in subjects):
@@ -430,7 +428,7 @@ class JetStreamFeed:
             self._q.put(Snapshots(chosen, last, last < start or resumed, tuple(bad), tuple(refused)))
             if self.durable is not None:
                 return await read_durable(js, self.stream, cfg, self.durable, self._q, self._stop.is_set)
-            await read_stream(nc, js, self.stream, cfg, self._q, self._stop.is_set, self._synced.is_set, self._reads)
+            await self._reader(nc, js).read(cfg, self._synced.is_set)
         except asyncio.CancelledError:
             pass
         except Exception as exc:  # noqa: BLE001 - reported through .error
@@ -441,6 +439,9 @@ class JetStreamFeed:
                 if self.durable is not None:  # the stopping side acks and naks on this connection first
                     await wait_for_event(self._released, RELEASE_WAIT_S)
                 await close(nc)
+
+    def _reader(self, nc: Any, js: Any) -> StreamReader:
+        return StreamReader(nc, js, self.stream, self._q, self._stop.is_set, self._reads)
 
     async def _read_snapshots(
         self, js: Any, on_bad: Callable[[str], object], on_refused: Callable[[str, str], object]
