@@ -49,12 +49,12 @@ class Engine:
 class JSRouter:
     """A JetStreamFeed driving a BlockIndex (what RouterService does, without HTTP)."""
 
-    def __init__(self, url: str, stream: str = "KV", **options: object) -> None:
+    def __init__(self, url: str, stream: str = "KV", reorder_wait_s: float = 0.3, **options: object) -> None:
         self.index = BlockIndex()
         self.applied: dict[str, int] = {}
         self.resets: list[Reset] = []
         self.kinds: Counter = Counter()
-        self.src = JetStreamFeed(NatsOptions(url), stream, reorder_wait_s=0.3, **options)  # type: ignore[arg-type]
+        self.src = JetStreamFeed(NatsOptions(url), stream, reorder_wait_s=reorder_wait_s, **options)  # type: ignore[arg-type]
 
     def pump(self, timeout: float = 0.05) -> None:
         for it in self.src.poll(timeout):
