@@ -66,10 +66,16 @@ class Backlog(Generic[T]):
         with self._lock:
             return self._items, self._bytes
 
-    async def room(self, stopped: Callable[[], bool]) -> None:
-        """Wait (on the NATS side's loop) until the stored messages are below both bounds, or `stopped()`."""
-        if not self.full():
+    def has_room(self, items: int = 1) -> bool:
+        """Whether `items` more stored messages fit under the item bound (at most all of it) and the
+        bytes are below theirs."""
+        return self._items + min(items, self.max_items) <= self.max_items and self._bytes < self.max_bytes
+
+    async def room(self, stopped: Callable[[], bool], items: int = 1) -> None:
+        """Wait (on the NATS side's loop) until `items` more stored messages fit (`has_room`), or
+        `stopped()`. A pull waits for room for a whole request, not for one message at a time."""
+        if self.has_room(items):
             return
         self.waits += 1
-        while self.full() and not stopped():
+        while not self.has_room(items) and not stopped():
             await asyncio.sleep(self._poll_s)

@@ -3,8 +3,9 @@ ephemeral pull consumer, then the live tail on an ordered push consumer (the def
 pull consumer throughout (`durable=`, acknowledged once deliveries are consumed).
 
 All hold back when the backlog is full (`Backlog.room`), so a slow `poll()` side slows the server,
-never loses a message: the push callback answers flow control late, the pulls ask for no more than
-there is room for. The catch-up pulls because a push consumer's server sends ahead of flow control
+never loses a message: the push callback answers flow control late, a pull asks for no more than
+there is room for (the catch-up waits for room for a whole request: asked for a message or two as
+room came, it was 1.3x slower). The catch-up pulls because a push consumer's server sends ahead of flow control
 into nats-py's own queue: at a cold start of millions of copies that read-ahead, made among the
 index's long-lived objects, left the process's memory fragmented (benchmarks/README.md, the
 JetStream cold starts). Its requests are answered into an inbox whose callback puts each message
@@ -109,7 +110,7 @@ class StreamReader:
                         counts["catch_up_consumers"] += 1
                         info = await js.add_consumer(stream, config=at)
                         await puller.bind(stream, str(info.name))
-                    await q.room(stopped)
+                    await q.room(stopped, FETCH_BATCH)  # requests of a whole batch, not of a message or two
                     got = await puller.pull(_fetch_size(q), CATCH_UP_WAIT_S)
                     if puller.broken:
                         raise RuntimeError(f"catch-up request ended by {puller.broken}")

@@ -53,6 +53,26 @@ def test_room_waits_until_the_poll_side_takes_enough_or_the_feed_stops():
     assert q.waits == 2
 
 
+def test_room_for_a_whole_request_waits_until_that_many_fit():
+    q: Backlog[int] = Backlog(max_items=10, max_bytes=1 << 20, poll_s=0.001)
+    for i in range(6):
+        q.put(i, 1)
+    assert q.has_room(4) and not q.has_room(5) and q.has_room(1)
+    took = threading.Timer(0.05, lambda: q.get(0))  # one taken: 5 held, room for 5
+
+    async def wait() -> None:
+        await q.room(lambda: False, 5)
+
+    took.start()
+    asyncio.run(asyncio.wait_for(wait(), 5))
+    took.join()
+    assert q.waits == 1 and q.held()[0] == 5
+    big: Backlog[int] = Backlog(max_items=4)
+    assert big.has_room(512)  # more than the whole bound: room once it is empty
+    big.put(0, 1)
+    assert not big.has_room(512)
+
+
 def test_bad_bounds_are_refused():
     with pytest.raises(ValueError, match="backlog bounds"):
         Backlog(max_items=0)
