@@ -274,6 +274,8 @@ class _DemoRun:
         args = (self.cfg, service, self.live, self.pubs, self.names)
         self.probe = probe_vllm_prefix(*args, self.rng) if "vllm" in self.engines else None
         self.settled, self.settle_s, self.mismatched = wait_settled(*args)
+        # the last sample is the settled state: a fault late in a short run may be repaired after the traffic
+        self.timeline.tick(self.run_s + self.settle_s, force=True)
         self.sub = dict(service.feed.counters())
         self.svc = service.stats()
         self.key_modes = {name: service.keyer.mode(name) for name in self.names}
