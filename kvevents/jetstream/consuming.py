@@ -3,14 +3,15 @@ ephemeral pull consumer, then the live tail on an ordered push consumer (the def
 pull consumer throughout (`durable=`, acknowledged once deliveries are consumed).
 
 All hold back when the backlog is full (`Backlog.room`), so a slow `poll()` side slows the server,
-never loses a message: the push callback answers flow control late, a pull asks for no more than
-there is room for (the catch-up waits for room for a whole request: asked for a message or two as
-room came, it was 1.3x slower). The catch-up pulls because a push consumer's server sends ahead of flow control
-into nats-py's own queue: at a cold start of millions of copies that read-ahead, made among the
-index's long-lived objects, left the process's memory fragmented (benchmarks/README.md, the
-JetStream cold starts). Its requests are answered into an inbox whose callback puts each message
-in the backlog (nats-py's `fetch` awaits each message in turn: 1.4x slower). Once nothing is left
-pending, the live tail goes on from the next stream seq by push (a pull's linger would add latency).
+never loses a message: the push callback answers flow control late, and a pull waits until a whole
+request fits (`request_size`; asked for whatever room there was, most requests were a message or
+two and the catch-up was 1.3x slower). The catch-up pulls because a push consumer's server sends
+ahead of flow control into nats-py's own queue: at a cold start of millions of copies that
+read-ahead, made among the index's long-lived objects, left the process's memory fragmented
+(benchmarks/README.md, the JetStream cold starts). Its requests are answered into an inbox whose
+callback puts each message in the backlog (nats-py's `fetch` awaits each message in turn: 1.4x
+slower). Once nothing is left pending, the live tail goes on from the next stream seq by push (a
+pull's linger would add latency).
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ from kvevents.jetstream.backlog import Backlog
 from kvevents.jetstream.link import stream_filter
 from kvevents.jetstream.messages import CaughtUp, QueueItem, StoredMsg
 
-__all__ = ["StreamReader", "read_durable", "read_ordered", "wait_for_event"]
+__all__ = ["StreamReader", "read_durable", "read_ordered", "request_size", "wait_for_event"]
 
 log = logging.getLogger("kvevents.jetstream")
 
-FETCH_BATCH = 512  # messages one pull asks for (fewer when the backlog holds fewer items)
+FETCH_BATCH = 512  # messages one pull asks for (fewer when the backlog's bound is smaller)
 FETCH_WAIT_S = 0.5
 REQUEST_GRACE_S = 5.0  # a pull request unanswered this long past its expiry: the server is gone
 CATCH_UP_WAIT_S = 0.2  # a catch-up fetch that gets nothing this long: all stored is handed over
@@ -51,8 +52,10 @@ async def wait_for_event(event: threading.Event, timeout_s: float) -> bool:
     return True
 
 
-def _fetch_size(q: Backlog[QueueItem]) -> int:
-    """What one fetch asks for: what the backlog has room for (at least 1), at most FETCH_BATCH."""
+async def request_size(q: Backlog[QueueItem], stopped: Callable[[], bool]) -> int:
+    """Wait until a whole request fits in the backlog (FETCH_BATCH, or all of a smaller bound), then
+    what one pull asks for: the room there is, at least 1, at most FETCH_BATCH."""
+    await q.room(stopped, FETCH_BATCH)
     return max(1, min(FETCH_BATCH, q.max_items - q.held()[0]))
 
 
@@ -110,8 +113,7 @@ class StreamReader:
                         counts["catch_up_consumers"] += 1
                         info = await js.add_consumer(stream, config=at)
                         await puller.bind(stream, str(info.name))
-                    await q.room(stopped, FETCH_BATCH)  # requests of a whole batch, not of a message or two
-                    got = await puller.pull(_fetch_size(q), CATCH_UP_WAIT_S)
+                    got = await puller.pull(await request_size(q, stopped), CATCH_UP_WAIT_S)
                     if puller.broken:
                         raise RuntimeError(f"catch-up request ended by {puller.broken}")
                     if got and puller.pending == 0:
@@ -285,8 +287,7 @@ async def read_durable(
                     pending_bytes_limit=q.max_bytes,
                     pending_msgs_limit=q.max_items,
                 )
-            await q.room(stopped)  # fetch no more than the poll side has room for
-            msgs = await psub.fetch(_fetch_size(q), timeout=FETCH_WAIT_S)
+            msgs = await psub.fetch(await request_size(q, stopped), timeout=FETCH_WAIT_S)
         except (NatsTimeout, asyncio.TimeoutError):
             continue
         except asyncio.CancelledError:

@@ -2,8 +2,9 @@
 
 Cold start: the newest complete, matching and (with a sign key) authentic snapshot of every
 (source, dp_rank), then the stream from the earliest position their batches after S can sit at
-(what is stored by pull, the tail by push: `consuming`), ordered by engine seq (`StreamOrder`). Every message passes `gate.Gate` first: with `sign_key`,
-unsigned or badly signed messages are counted per reason and dropped. Runs
+(what is stored by pull, the tail by push: `consuming`), ordered by engine seq (`StreamOrder`).
+Every message passes `gate.Gate` first: with `sign_key`, unsigned or badly signed messages are
+counted per reason and dropped. Runs
 nats-py on its own loop thread; `poll()` (or the `start()` thread with callbacks) hands out
 Delivery and Reset objects like `kvevents.zeromq.subscriber.Subscriber`, so RouterService and the
 recorder take either.

@@ -5,12 +5,12 @@ the wheel's venv (tests/packaging/test_wheel.py).
 Most tests of the suite wait on sockets and timers, not the CPU, while such a set-up holds its
 worker for its whole length. A module names its set-up `AHEAD` (an object with `name` and
 `outcome(tmp, started)`); under xdist the first worker to claim the run's leader file (whichever
-worker, by an exclusive create) starts every selected module's set-up at the end of collection (before any test is scheduled), one after another on a thread, while both workers
-go on with other tests. Each outcome ({"report": ...}, {"skip": why} or {"fail": why}) goes to a
-file beside the workers' temp dirs, and the module's fixture, on either worker, takes it from
-there, waiting if it is not written yet (failing at once if the leader's process is gone);
-tests/conftest.py moves those modules to the end of the
-run so their set-ups have finished by then. Without xdist the fixture runs the set-up itself.
+worker, by an exclusive create) starts every selected module's set-up at the end of collection
+(before any test is scheduled), one after another on a thread, while both workers go on with
+other tests. Each outcome ({"report": ...}, {"skip": why} or {"fail": why}) goes to a file beside
+the workers' temp dirs, and the module's fixture, on either worker, takes it from there, waiting if
+it is not written yet (failing at once if the leader's process is gone); tests/conftest.py moves
+those modules to the end of the run so their set-ups have finished by then. Without xdist the fixture runs the set-up itself.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ proxy_request says what is read from the body), then sent, body unchanged, to th
 worker that has a URL (kvevents.consumers.service.proxy_targets) by one pooled httpx.AsyncClient on
 the server's event loop. A ranking by prefix alone (no `cost` in its entries) gives ties to the
 worker with fewer blocks in flight; in a cost ranking a worker the index has not listed yet (a
---worker-url heard of before its publisher) goes where its own cost puts it. A connection that fails before the answer's head arrives is
-retried on the next worker (up to `attempts` workers); once a head arrived, never. The answer goes
+--worker-url heard of before its publisher) goes where its own cost puts it. A connection that
+fails before the answer's head arrives is retried on the next worker (up to `attempts` workers); once a head arrived, never. The answer goes
 back as it comes: an event stream chunk by chunk, anything else whole, with `x-kvevents-worker` and
 `x-kvevents-dp-rank`. While a request is in flight its blocks count as its worker's load
 (kvevents.consumers.service.proxy_stats), which the service reads through `set_inflight_source`.
@@ -267,7 +267,12 @@ class Proxy:
         for pos, (w, key) in enumerate(zip(workers, keys)):
             url = self.targets.url_for(key)
             if url is not None:
-                rows.append(_Row(pos, float(w.get("score", 0.0)), key, url, int(w.get("matched_pages", 0)), float(w.get("cost", 0.0))))  # fmt: skip
+                score, matched, cost = (
+                    float(w.get("score", 0.0)),
+                    int(w.get("matched_pages", 0)),
+                    float(w.get("cost", 0.0)),
+                )
+                rows.append(_Row(pos, score, key, url, matched, cost))
         listed, unlisted = set(keys), list[_Row]()
         for key in self.targets.all_keys():  # workers the index does not know yet
             url = self.targets.url_for(key)
