@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any, Callable
 
 from kvevents.events import AllBlocksCleared, BlockRemoved, BlockStored
 from kvevents.hashing import Namespace, event_hashes, storage_hashes, to_int64
@@ -66,3 +67,17 @@ def write_log(
                 recv_time=t0 + i * dt,
             )
     return out
+
+
+def heartbeat_when_short(pub: Any, rec: Any, want: int, ticks: list[int]) -> Callable[[int], None]:
+    """A LiveRecording.wait on_tick standing in for the idle heartbeats a test's publisher has
+    turned off: a PUB socket drops what it sends before the subscription reaches it, and only a
+    later sequence number shows the subscriber the gap (which it then replays). Every 0.5 s that
+    the recorder `rec` is short of `want` batches, one empty batch goes out."""
+
+    def tick(batches: int) -> None:
+        ticks.append(batches)
+        if batches < want and len(ticks) % 5 == 0:
+            pub.publish([])
+
+    return tick

@@ -12,6 +12,7 @@ from kvevents.recordlog.live import LiveRecording
 from kvevents.testing.zeromq import EPH, chain_events
 from kvevents.zeromq.publisher import Publisher
 from kvevents.zeromq.subscriber import Source, Subscriber
+from tests.helpers.recordlog import heartbeat_when_short
 
 
 def _session(pub: Publisher, out: Path, count: int, duration: float = 10.0) -> LiveRecording:
@@ -33,7 +34,7 @@ def test_the_summary_counts_what_the_log_holds(tmp_path: Path) -> None:
             session.open()
             for events in chain_events(100, 4):
                 pub.publish(events)
-            session.wait()
+            session.wait(on_tick=heartbeat_when_short(pub, session.recorder, 4, []))
         finally:
             session.close()
     finally:

@@ -15,6 +15,7 @@ from kvevents.recordlog.republish import Republisher, count_by_source, first_rec
 from kvevents.testing.zeromq import EPH, chain_events, collect
 from kvevents.zeromq.publisher import Publisher
 from kvevents.zeromq.subscriber import Source, Subscriber
+from tests.helpers.recordlog import heartbeat_when_short
 
 _enc = BatchEncoder()
 
@@ -30,7 +31,10 @@ def _log(path: Path, payloads: list[bytes], source: str = "w0", topic: str = "kv
     return path
 
 
-def test_a_live_recording_writes_the_snapshot_then_counted_batches(tmp_path: Path) -> None:
+@pytest.mark.parametrize("lost", [0, 3], ids=["all-live", "all-lost-live"])
+def test_a_live_recording_writes_the_snapshot_then_counted_batches(tmp_path: Path, lost: int) -> None:
+    """The three batches reach the log live, or (none of them sent live, as when the PUB socket had
+    not yet seen the subscription) through the replay the next heartbeat's sequence number asks for."""
     pub = Publisher(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0.0)
     out = tmp_path / "rec.kvlog"
     try:
@@ -45,9 +49,10 @@ def test_a_live_recording_writes_the_snapshot_then_counted_batches(tmp_path: Pat
         try:
             session.open()
             assert rec.snapshots_taken == 1  # held, written before the first batch after it
+            pub.drop_live(lost)
             for events in chain_events(10, 3):
                 pub.publish(events)
-            session.wait(on_tick=ticks.append)
+            session.wait(on_tick=heartbeat_when_short(pub, rec, 3, ticks))
         finally:
             session.close()
         assert rec.error is None and rec.batches == 3 and rec.snapshot_batches >= 1 and not session.nothing_received()
@@ -78,7 +83,7 @@ def test_a_source_without_snapshots_is_told_and_recorded_from_its_oldest_batch(t
         try:
             session.open()
             pub.publish(chain_events(1, 1)[0])
-            session.wait()
+            session.wait(on_tick=heartbeat_when_short(pub, rec, 1, []))
         finally:
             session.close()
         assert missing == ["w0"] and rec.snapshots_taken == 0 and rec.batches == 1
