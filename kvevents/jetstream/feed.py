@@ -59,7 +59,8 @@ class JetStreamFeed:
     out of order is waited for before it counts as a gap; `resync_timeout_s` how long a source
     waits for a snapshot before starting clean (a counted loss). `durable` names a pull consumer
     acknowledged once deliveries are consumed (a restart goes on after the last ack; `resume`
-    positions, e.g. from `positions_from_records`, drop what a log already holds); `start_time`
+    positions, e.g. from `positions_from_records`, drop what a log already holds), made only once
+    the cold start's snapshots were consumed (a run stopped before that leaves none); `start_time`
     reads the live batches stored since then instead of a snapshot and its tail. `sign_key`: the
     bus's key (None reads unsigned messages: anyone who may publish can forge); `max_sources`
     sources and `max_ranks` dp ranks per source are tracked, messages of further ones counted
@@ -127,6 +128,9 @@ class JetStreamFeed:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._released = threading.Event()  # set by stop() once its acks are out (durable mode)
+        self._snapshots_in = False  # the cold start's pick (Snapshots) reached the poll side
+        # durable mode: the poll after the one that handed the last snapshot out began (they were consumed)
+        self._snapshots_out = threading.Event()
         self._synced = threading.Event()
         self._sync_target: int | None = None
         self._connected = threading.Event()
@@ -191,6 +195,8 @@ class JetStreamFeed:
             raise ValueError("JetStreamFeed.poll: the source is stopped")
         self._open()
         self._ack_consumed()
+        if self._snapshots_in and not self._pacer.pending:
+            self._snapshots_out.set()
         deadline = time.monotonic() + timeout_s
         got = 0
         while not self._pacer.pending:  # stored messages wait until the snapshots before them are out
@@ -272,6 +278,7 @@ class JetStreamFeed:
         for counter, why in item.refused:
             self._bad(counter, why)
         self._pacer.add(s for s in item.chosen.values() if self.only is None or s.source in self.only)
+        self._snapshots_in = True
         self._sync_target = item.last_seq
         self._sync_when_paced = item.last_seq == 0 or item.synced
         if self._sync_when_paced and not self._pacer.pending:
@@ -428,6 +435,8 @@ class JetStreamFeed:
                 cfg = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
             self._q.put(Snapshots(chosen, last, last < start or resumed, tuple(bad), tuple(refused)))
             if self.durable is not None:
+                if chosen and not await self._snapshots_consumed():
+                    return
                 return await read_durable(js, self.stream, cfg, self.durable, self._q, self._stop.is_set)
             await self._reader(nc, js).read(cfg, self._synced.is_set)
         except asyncio.CancelledError:
@@ -440,6 +449,16 @@ class JetStreamFeed:
                 if self.durable is not None:  # the stopping side acks and naks on this connection first
                     await wait_for_event(self._released, RELEASE_WAIT_S)
                 await close(nc)
+
+    async def _snapshots_consumed(self) -> bool:
+        """Durable mode: the consumer (our position) is made only once the cold start's snapshots
+        were consumed, so a run stopped or killed before that leaves none behind and the next run
+        takes the snapshots again instead of going on without them. False: stopped first."""
+        while not self._snapshots_out.is_set():
+            if self._stop.is_set():
+                return False
+            await wait_for_event(self._snapshots_out, 0.1)
+        return True
 
     def _reader(self, nc: Any, js: Any) -> StreamReader:
         return StreamReader(nc, js, self.stream, self._q, self._stop.is_set, self._reads)

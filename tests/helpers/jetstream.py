@@ -122,6 +122,23 @@ def stored_seqs(url: str, subject: str, stream: str = "KV") -> list[int]:
     return asyncio.run(main())
 
 
+def consumer_names(url: str, stream: str = "KV") -> list[str]:
+    """The names of the stream's durable consumers, as the server lists them."""
+    import asyncio
+
+    from kvevents.jetstream.link import close, connect
+
+    async def main() -> list[str]:
+        nc = await connect(NatsOptions(url), give_up_after_s=5.0)
+        try:
+            infos = await nc.jetstream().consumers_info(stream)
+            return sorted(i.name for i in infos if i.config.durable_name)
+        finally:
+            await close(nc)
+
+    return asyncio.run(main())
+
+
 @contextmanager
 def bridged_engine(url: str, seed: int, batches: int, name: str = "w0") -> Iterator[tuple[Engine, Any]]:
     """An engine that published `batches` steps through a started Bridge into stream KV, every

@@ -88,6 +88,9 @@ def test_a_slow_poll_side_holds_the_server_back_and_loses_nothing(nats_server, d
         try:
             src.start()
             assert src.wait_connected(10)
+            # the cold start's snapshot consumed (the poll after it): a durable consumer is made only then
+            wait_until("the snapshot", lambda: router.kinds["snapshot"] > 0, lambda: router.pump(0.05), timeout=10)
+            router.pump(0)
             wait_until("the NATS side waits for room", lambda: src.counters()["backlog_waits"] > 0, timeout=10)
             wait_until("caught up", caught_up([router], [e]), lambda: router.pump(0.01), timeout=30)
             c = src.counters()
