@@ -10,7 +10,8 @@
 /* ------------------------------------------------------------------ the pages */
 
 /* Prefetch the home buckets of pages [from, to) in every view, keys and rows words at once: a bucket's
- * 8 rows words are one line (the arrays are page-aligned), so the rows line need not wait for the probe. */
+ * 8 rows words are one line in a big table (its arrays start on huge pages, paged.py), so the rows line
+ * need not wait for the probe (in a small table they may span two: the probe's prefetch takes the rest). */
 static HOT_INLINE void prefetch_keys(const Walk *W, Py_ssize_t from, Py_ssize_t to) {
     const Py_ssize_t n = W->n, nv = W->nv;
     const int64_t *q = W->q;
