@@ -86,6 +86,9 @@ class EngineRun:
             self.relay_resets[reason] = self.relay_resets.get(reason, 0) + n
         self.relay.stop()
         self.relay = self.new_relay()
+        # as the consumers get after a restart: a batch the engine sends before the new relay's SUB
+        # has joined is lost to it, and (engines send no heartbeats) shows only at the next batch
+        time.sleep(0.3)
 
     def check_relayed(self, n: int, truth: Counter[int]) -> None:
         """The relay's consumer equals the engine's cache (its seqs are the relay's, so wait for equality)."""
