@@ -12,7 +12,9 @@ What downstream consumers may rely on (schemas/README.md, "Transport in one page
   skipped: the subscriber's `Reset` for that rank is republished as `AllBlocksCleared` before the
   batches that follow, so no consumer keeps blocks the engine no longer has;
 - a relay restart is a new epoch: consumers resync from the new relay's snapshot, which the relay
-  rebuilds by replaying the engine's ring from its oldest kept batch.
+  rebuilds by replaying the engine's ring from its oldest kept batch. Engines send no heartbeats,
+  so the relay learns of the stream at the engine's next batch; until it has relayed one it sends
+  no heartbeats either, and consumers keep what the previous relay gave them (stale, not emptied).
 
 Threads: the subscriber's thread calls `_on_delivery` / `_on_reset`; `Publisher.publish` is
 thread-safe, and `stats()` reads counters under the relay's lock.
@@ -83,6 +85,9 @@ class Relay:
         self._lock = threading.Lock()
         self._stats = RelayStats()
         self._publishers: list[Publisher] = []
+        # no heartbeat before the first batch relayed: until the engine's next batch the relay does not
+        # know its state, and a new epoch announced now would have consumers resync to an empty snapshot
+        config = config.model_copy(update={"heartbeat_before_first": False})
         try:
             for r in range(ranks):
                 cfg = config.model_copy(update={"dp_rank": r}) if r else config

@@ -160,6 +160,7 @@ class Publisher:
             next_seq=self._next_seq,
             heartbeat=self._heartbeat,
             heartbeat_s=self.config.heartbeat_interval_s,
+            heartbeat_before_first=self.config.heartbeat_before_first,
             server=self._service,
             router=self._sockets.router,
             stop=self._stop,

@@ -36,6 +36,9 @@ class PublisherConfig(BaseModel):
     hwm: int = Field(100000, ge=0)
     max_queue_size: int = Field(100000, ge=1)
     heartbeat_interval_s: float = Field(1.0, ge=0)
+    # False: no heartbeat before the first batch, so a publisher that does not know its state yet (a
+    # relay before its engine's first batch) does not announce a stream whose snapshot would be empty
+    heartbeat_before_first: bool = True
     dp_rank: int = Field(0, ge=0)
     event_encoding: Literal["map", "array"] = "map"
     metrics_port: int | None = Field(None, ge=0, le=65535)  # 0: a free port (Publisher.metrics_port)

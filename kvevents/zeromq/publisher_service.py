@@ -1,5 +1,5 @@
 """The publisher's service thread: an empty heartbeat batch once no seq was consumed for
-`heartbeat_interval_s`, and the replay ROUTER polled, its requests answered in slices
+`heartbeat_interval_s` (with `heartbeat_before_first` off, only once a batch was published), and the replay ROUTER polled, its requests answered in slices
 (replay_server.ReplayServer), a persistent socket error logged once per 100 and backed off.
 """
 
@@ -30,6 +30,7 @@ class ServiceLoop:
         next_seq: Callable[[], int],
         heartbeat: Callable[[], object],
         heartbeat_s: float,
+        heartbeat_before_first: bool = True,
         server: ReplayServer | None,
         router: zmq.Socket | None,
         stop: threading.Event,
@@ -38,6 +39,7 @@ class ServiceLoop:
         self._next_seq = next_seq
         self._heartbeat = heartbeat
         self._hb = heartbeat_s
+        self._hb_first = heartbeat_before_first  # False: the first heartbeat waits for a published batch
         self._server = server
         self._router = router
         self._stop = stop
@@ -49,7 +51,7 @@ class ServiceLoop:
         errors = 0
         while not stop.is_set():
             wait = 0.05
-            if hb > 0:
+            if hb > 0 and (self._hb_first or self._next_seq() > 0):
                 now = self._clock()
                 seq = self._next_seq()
                 if seq != seen_seq:  # idle = no seq consumed (cheaper than a clock read per publish)

@@ -192,6 +192,55 @@ def test_a_relay_restart_is_a_new_epoch_and_consumers_resync_by_snapshot(tmp_pat
         engine.close()
 
 
+def test_a_relay_restarted_while_its_engine_is_idle_never_empties_its_consumers(tmp_path: Path) -> None:
+    """Until the engine's next batch the new relay cannot know the engine's state: it sends nothing
+    (no heartbeat of its new epoch), so a consumer keeps the blocks the previous relay gave it
+    instead of resyncing to an empty snapshot; the next batch brings the new epoch and the state."""
+    engine = _engine()
+    rl, rr = f"ipc://{tmp_path}/relay", f"ipc://{tmp_path}/relay-replay"
+    relay = _relay(engine, rl, rr)
+    sub = _downstream(relay)
+    got: list = []
+    try:
+        for events in chain_events(1, 4):
+            engine.publish(events)
+        _pump(engine, relay, 5)
+        got += collect(sub, lambda items: len(_payloads(items)) >= 4)
+        relay.stop()
+        relay = _relay(engine, rl, rr)
+        deadline = time.monotonic() + 1.0  # five of the new relay's heartbeat intervals, the engine idle
+        while time.monotonic() < deadline:
+            got += sub.poll(0.05)
+        assert relay.publishers[0].stats()["heartbeats"] == 0
+        assert not any(getattr(i, "reason", "") == "restart" for i in got) and _state(got) == _engine_state(engine)
+        engine.publish(chain_events(20, 1)[0])
+        want = _engine_state(engine)
+        got += collect(
+            sub, lambda items: any(getattr(i, "reason", "") == "restart" for i in items) and _state(got + items) == want
+        )
+        assert _state(got) == want
+        time.sleep(0.5)  # now it knows the stream: its heartbeats go on
+        assert relay.publishers[0].stats()["heartbeats"] > 0
+    finally:
+        sub.stop()
+        relay.stop()
+        engine.close()
+
+
+def test_a_publisher_can_hold_its_heartbeats_until_its_first_batch() -> None:
+    pub = Publisher(endpoint=EPH, heartbeat_interval_s=0.05, heartbeat_before_first=False)
+    try:
+        time.sleep(0.3)
+        assert pub.stats()["heartbeats"] == 0
+        pub.publish(chain_events(1, 1)[0])
+        deadline = time.monotonic() + 5
+        while pub.stats()["heartbeats"] == 0:
+            assert time.monotonic() < deadline, "no heartbeat after the first batch"
+            time.sleep(0.02)
+    finally:
+        pub.close()
+
+
 def test_curve_on_the_relays_side_only(tmp_path: Path) -> None:
     server, server_secret = generate_keypair(tmp_path / "server", "server")
     client, client_secret = generate_keypair(tmp_path / "client", "client")
