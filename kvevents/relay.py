@@ -12,9 +12,10 @@ What downstream consumers may rely on (schemas/README.md, "Transport in one page
   skipped: the subscriber's `Reset` for that rank is republished as `AllBlocksCleared` before the
   batches that follow, so no consumer keeps blocks the engine no longer has;
 - a relay restart is a new epoch: consumers resync from the new relay's snapshot, which the relay
-  rebuilds by replaying the engine's ring from its oldest kept batch. Engines send no heartbeats,
-  so the relay learns of the stream at the engine's next batch; until it has relayed one it sends
-  no heartbeats either, and consumers keep what the previous relay gave them (stale, not emptied).
+  rebuilds from the engine's replay ring, read at start (its warm start: engines send no
+  heartbeats, so the relay would otherwise learn of the stream only at the engine's next batch).
+  Until it has relayed a batch (an engine that did not answer, an empty ring) it sends no
+  heartbeats either, and consumers keep what the previous relay gave them (stale, not emptied).
 
 Threads: the subscriber's thread calls `_on_delivery` / `_on_reset`; `Publisher.publish` is
 thread-safe, and `stats()` reads counters under the relay's lock.
@@ -24,22 +25,27 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvevents.events import AllBlocksCleared
 from kvevents.feed import Delivery, Reset
+from kvevents.zeromq.engine_requests import EngineRequestError, replay
 from kvevents.zeromq.publisher import Publisher
 from kvevents.zeromq.publisher_config import PublisherConfig
+from kvevents.zeromq.security import client_context
 from kvevents.zeromq.source import Source
 from kvevents.zeromq.subscriber import Subscriber
-from kvevents.zeromq.wire import offset_endpoint
+from kvevents.zeromq.wire import offset_endpoint, pack_seq
 
 __all__ = ["Relay", "RelayStats", "MAX_RANKS"]
 
 log = logging.getLogger("kvevents.relay")
 
 MAX_RANKS = 64  # the subscriber's own per-source rank bound: one relay, at most this many engine ranks
+WARM_START_S = 2.0  # how long start() may spend reading the engine's replay rings, all ranks together
+WARM_REPLY_S = 1.0  # the longest wait for one reply of a rank's ring
 
 
 @dataclass(slots=True)
@@ -50,9 +56,11 @@ class RelayStats:
     relayed: dict[str, int] = field(default_factory=lambda: {"live": 0, "replay": 0, "snapshot": 0})
     resets: dict[str, int] = field(default_factory=dict)  # reason -> count
     failed: int = 0
+    warm: int = 0  # batches read from the engine's replay rings at start (relayed among "live")
 
     def as_dict(self) -> dict[str, Any]:
-        return {"relayed": dict(self.relayed), "resets": dict(self.resets), "failed": self.failed}
+        out = {"relayed": dict(self.relayed), "resets": dict(self.resets), "failed": self.failed}
+        return {**out, "warm_start_batches": self.warm}
 
 
 class Relay:
@@ -61,7 +69,8 @@ class Relay:
     `engine`: the engine's rank-0 live endpoint, replay endpoint and name (rank r: ports + r);
     `config`: the relay's own publisher settings for rank 0 (its `dp_rank` must be 0; rank r gets
     ports + r); `ranks`: how many dp ranks the engine runs. `subscriber_options` go to the
-    `Subscriber` (request timeouts, stale_after_s, a clock for tests).
+    `Subscriber` (request timeouts, stale_after_s, a clock for tests). `warm_start_s`: how long
+    `start()` may spend reading the engine's replay rings (0: no warm start).
     """
 
     def __init__(
@@ -72,6 +81,7 @@ class Relay:
         ranks: int = 1,
         topic: str = "",
         subscriber_options: dict[str, Any] | None = None,
+        warm_start_s: float = WARM_START_S,
     ) -> None:
         if not 1 <= ranks <= MAX_RANKS:
             raise ValueError(f"relay: ranks must be in 1..{MAX_RANKS}, got {ranks}")
@@ -80,6 +90,7 @@ class Relay:
                 f"relay: the publisher config is rank 0's (rank r gets ports + r), got dp_rank {config.dp_rank}"
             )
         self.engine_name = str(engine.name)
+        self.warm_start_s = warm_start_s
         self._sources = [self._rank_source(engine, r, ranks) for r in range(ranks)]
         self._rank_of = {str(s.name): r for r, s in enumerate(self._sources)}
         self._lock = threading.Lock()
@@ -131,7 +142,9 @@ class Relay:
         return list(self._sources)
 
     def start(self) -> Relay:
-        """Start following the engine on the subscriber's thread; returns self."""
+        """The warm start, then follow the engine on the subscriber's thread; returns self."""
+        if self.warm_start_s > 0:
+            self._warm_start()
         self._subscriber.start()
         return self
 
@@ -154,6 +167,33 @@ class Relay:
         out["publishers"] = [pub.stats() for pub in self._publishers]
         out["subscriber"] = dict(self._subscriber.counters())
         return out
+
+    def _warm_start(self) -> None:
+        """Each rank's replay ring, read now and offered to the subscriber as the stream so far, so the
+        relay has the engine's state before the engine's next batch; a rank that does not answer in
+        the time left is followed from that batch (the subscriber then repairs from the ring)."""
+        deadline = time.monotonic() + self.warm_start_s
+        for src in self._sources:
+            left = deadline - time.monotonic()
+            if not src.replay_endpoint or left <= 0:
+                continue
+            try:
+                ring = list(
+                    replay(
+                        src.replay_endpoint,
+                        0,
+                        timeout=min(left, WARM_REPLY_S),
+                        within=left,
+                        context=client_context(src.curve),
+                    )
+                )
+            except EngineRequestError as exc:
+                log.info("relay: %s: no warm start from its replay ring (%s); following its next batch", src.name, exc)
+                continue
+            for topic, seq, payload in ring:
+                self._subscriber.offer(str(src.name), [topic, pack_seq(seq), payload])
+            with self._lock:
+                self._stats.warm += len(ring)
 
     # ------------------------------------------------------------------ subscriber callbacks
     def _publisher_for(self, source: str) -> Publisher | None:

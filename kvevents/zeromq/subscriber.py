@@ -191,6 +191,17 @@ class Subscriber:
             raise ValueError("Subscriber.poll: start() runs the poll loop on its own thread; use on_delivery")
         return self._poll(timeout_s)
 
+    def offer(self, name: str, frames: list[bytes], received_at: float | None = None) -> None:
+        """Sequence one (topic, 8-byte seq, payload) message of source `name` as if its SUB had
+        received it: a relay's warm start hands over the batches it read from the engine's replay
+        ring before its SUB joined. Before start() only (the sequencer is then the caller's); what
+        it makes deliverable comes out of the next poll."""
+        if name not in self._sources:
+            raise ValueError(f"Subscriber.offer: no source named {name!r}")
+        if self._thread is not None or self._closed:
+            raise ValueError("Subscriber.offer: only before start()")
+        self.sequencer.on_live(name, frames, received_at)
+
     def status(self) -> dict[str, SourceStatus]:
         """Per source: where its first rank stands, when it was last heard (wall clock), staleness,
         what it publishes (page size, hash chain) and a likely misconfiguration its sockets saw."""

@@ -86,9 +86,27 @@ class EngineRun:
             self.relay_resets[reason] = self.relay_resets.get(reason, 0) + n
         self.relay.stop()
         self.relay = self.new_relay()
+        want, warm = self.published[-1], self.relay.stats()["warm_start_batches"]
+        self.report.check("relay_warm_start_read_the_engine_ring", warm == want, f"{warm} of {want} batches")
+        self.check_resynced(self.side.truth(self.engine))
         # as the consumers get after a restart: a batch the engine sends before the new relay's SUB
         # has joined is lost to it, and (engines send no heartbeats) shows only at the next batch
         time.sleep(0.3)
+
+    def check_resynced(self, truth: Counter[int]) -> None:
+        """Before the engine's next batch, the relay's consumer has seen the new relay's epoch and
+        holds the engine's cache again (the relay rebuilt it from the engine's ring at start)."""
+        deadline = time.monotonic() + 6.0
+        restarts = lambda: sum(1 for x in self.relayed.resets if x.reason == "restart")  # noqa: E731
+        before = restarts()
+        d = "no restart seen"
+        while time.monotonic() < deadline:
+            self.relayed.pump(0.02)
+            if restarts() > before:
+                d = diff_counts(truth, self.relayed.index.copies(self.side.source))
+                if not d:
+                    break
+        self.report.check("relay_restart_resynced_while_the_engine_is_idle", not d, f"{d}")
 
     def check_relayed(self, n: int, truth: Counter[int]) -> None:
         """The relay's consumer equals the engine's cache (its seqs are the relay's, so wait for equality)."""

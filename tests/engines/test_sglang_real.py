@@ -33,6 +33,8 @@ ENGINE_PUBLISHER = {
     "relay_index_equals_engine_cache_every_step",
     "relay_republished_the_engine_restart",
     "relay_restart_seen_downstream",
+    "relay_warm_start_read_the_engine_ring",
+    "relay_restart_resynced_while_the_engine_is_idle",
 }
 PLUGIN = {
     "entry_point_declared",
@@ -162,4 +164,6 @@ def test_relay_beside_the_engine(report: dict) -> None:
         "relay_index_equals_engine_cache_every_step",
         "relay_republished_the_engine_restart",
         "relay_restart_seen_downstream",
+        "relay_warm_start_read_the_engine_ring",
+        "relay_restart_resynced_while_the_engine_is_idle",
     )

@@ -18,6 +18,8 @@ ASSERTED = {
     "relay_index_equals_engine_cache_every_step",
     "relay_republished_the_engine_restart",
     "relay_restart_seen_downstream",
+    "relay_warm_start_read_the_engine_ring",
+    "relay_restart_resynced_while_the_engine_is_idle",
     "gap_index_equals_engine_cache_every_step",
     "late_index_equals_engine_cache_every_step",
     "gap_every_batch_once_in_order",
@@ -79,4 +81,6 @@ def test_relay_beside_the_engine(report: dict) -> None:
         "relay_index_equals_engine_cache_every_step",
         "relay_republished_the_engine_restart",
         "relay_restart_seen_downstream",
+        "relay_warm_start_read_the_engine_ring",
+        "relay_restart_resynced_while_the_engine_is_idle",
     )

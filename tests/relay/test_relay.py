@@ -33,10 +33,12 @@ def _engine(endpoint: str = EPH, replay: str = EPH, rank: int = 0) -> Publisher:
     return Publisher(endpoint=endpoint, replay_endpoint=replay, snapshots=False, heartbeat_interval_s=0, dp_rank=rank)
 
 
-def _relay(engine: Publisher, endpoint: str = EPH, replay: str = EPH, **cfg: object) -> Relay:
+def _relay(
+    engine: Publisher, endpoint: str = EPH, replay: str = EPH, *, warm_start_s: float = 2.0, **cfg: object
+) -> Relay:
     src = Source(engine.endpoint, engine.replay_endpoint, "eng")
     conf = PublisherConfig(endpoint=endpoint, replay_endpoint=replay, heartbeat_interval_s=0.2, **cfg)
-    return Relay(src, conf, subscriber_options=FAST).start()
+    return Relay(src, conf, subscriber_options=FAST, warm_start_s=warm_start_s).start()
 
 
 def _pump(engine: Publisher, relay: Relay, until: int, timeout: float = 5.0) -> None:
@@ -192,32 +194,54 @@ def test_a_relay_restart_is_a_new_epoch_and_consumers_resync_by_snapshot(tmp_pat
         engine.close()
 
 
-def test_a_relay_restarted_while_its_engine_is_idle_never_empties_its_consumers(tmp_path: Path) -> None:
-    """Until the engine's next batch the new relay cannot know the engine's state: it sends nothing
-    (no heartbeat of its new epoch), so a consumer keeps the blocks the previous relay gave it
-    instead of resyncing to an empty snapshot; the next batch brings the new epoch and the state."""
+def _restarted_idle(tmp_path: Path, warm_start_s: float) -> tuple[Publisher, Relay, Subscriber, list]:
+    """An engine that published 4 batches, a consumer of the relay holding them, then the relay
+    restarted (a new epoch) while the engine stays idle: (engine, new relay, consumer, what it got)."""
     engine = _engine()
     rl, rr = f"ipc://{tmp_path}/relay", f"ipc://{tmp_path}/relay-replay"
     relay = _relay(engine, rl, rr)
     sub = _downstream(relay)
-    got: list = []
+    for events in chain_events(1, 4):
+        engine.publish(events)
+    _pump(engine, relay, 5)
+    got = collect(sub, lambda items: len(_payloads(items)) >= 4)
+    relay.stop()
+    return engine, _relay(engine, rl, rr, warm_start_s=warm_start_s), sub, got
+
+
+def _restarted(items: list) -> bool:
+    return any(getattr(i, "reason", "") == "restart" for i in items)
+
+
+def test_a_relay_restarted_while_its_engine_is_idle_rebuilds_from_the_engines_ring(tmp_path: Path) -> None:
+    """Engines send no heartbeats: the new relay reads the engine's replay ring at start, so its
+    consumers resync to the engine's blocks without waiting for the engine's next batch."""
+    engine, relay, sub, got = _restarted_idle(tmp_path, 2.0)
     try:
-        for events in chain_events(1, 4):
-            engine.publish(events)
-        _pump(engine, relay, 5)
-        got += collect(sub, lambda items: len(_payloads(items)) >= 4)
+        want = _engine_state(engine)
+        got += collect(sub, lambda items: _restarted(items) and _state(got + items) == want)
+        assert _state(got) == want and relay.stats()["warm_start_batches"] == len(engine.ring_items())  # the whole ring
+    finally:
+        sub.stop()
         relay.stop()
-        relay = _relay(engine, rl, rr)
-        deadline = time.monotonic() + 1.0  # five of the new relay's heartbeat intervals, the engine idle
+        engine.close()
+
+
+def test_a_relay_without_its_engines_state_never_empties_its_consumers(tmp_path: Path) -> None:
+    """Without the warm start (or an engine that does not answer it) the relay cannot know the
+    engine's state until the engine's next batch: it sends nothing (no heartbeat of its new epoch),
+    so a consumer keeps the blocks the previous relay gave it instead of resyncing to an empty
+    snapshot; the next batch brings the new epoch and the state."""
+    engine, relay, sub, got = _restarted_idle(tmp_path, 0.0)
+    try:
+        deadline = time.monotonic() + 1.0  # five of the new relay's heartbeat intervals
         while time.monotonic() < deadline:
             got += sub.poll(0.05)
         assert relay.publishers[0].stats()["heartbeats"] == 0
-        assert not any(getattr(i, "reason", "") == "restart" for i in got) and _state(got) == _engine_state(engine)
+        assert not _restarted(got) and _state(got) == _engine_state(engine)
         engine.publish(chain_events(20, 1)[0])
         want = _engine_state(engine)
-        got += collect(
-            sub, lambda items: any(getattr(i, "reason", "") == "restart" for i in items) and _state(got + items) == want
-        )
+        got += collect(sub, lambda items: _restarted(items) and _state(got + items) == want)
         assert _state(got) == want
         time.sleep(0.5)  # now it knows the stream: its heartbeats go on
         assert relay.publishers[0].stats()["heartbeats"] > 0
