@@ -91,6 +91,7 @@ class Relay:
             )
         self.engine_name = str(engine.name)
         self.warm_start_s = warm_start_s
+        self._started = False
         self._sources = [self._rank_source(engine, r, ranks) for r in range(ranks)]
         self._rank_of = {str(s.name): r for r, s in enumerate(self._sources)}
         self._lock = threading.Lock()
@@ -143,8 +144,9 @@ class Relay:
 
     def start(self) -> Relay:
         """The warm start, then follow the engine on the subscriber's thread; returns self."""
-        if self.warm_start_s > 0:
+        if self.warm_start_s > 0 and not self._started:
             self._warm_start()
+        self._started = True
         self._subscriber.start()
         return self
 
