@@ -163,7 +163,12 @@ def _stop(r: Any) -> None:
     r.stop()
     kinds = ", ".join(f"{k} {v}" for k, v in s["relayed"].items())
     resets = ", ".join(f"{k} {v}" for k, v in s["resets"].items()) or "none"
-    out_line(f"{_TAG} relayed {kinds}; resets {resets}; not republished {s['failed']}")
+    warm = (
+        f" (live includes {s['warm_start_batches']} read from the engine's ring at start)"
+        if s["warm_start_batches"]
+        else ""
+    )
+    out_line(f"{_TAG} relayed {kinds}{warm}; resets {resets}; not republished {s['failed']}")
 
 
 def _run(r: Any, duration: Optional[float]) -> bool:

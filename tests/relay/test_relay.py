@@ -358,6 +358,8 @@ def test_relay_cli_bad_input_is_one_line_and_exit_2(args: list[str], says: str) 
 @pytest.mark.subprocess
 def test_relay_cli_runs_beside_an_engine_and_exits_130_on_ctrl_c() -> None:
     engine = _engine()
+    for events in chain_events(1, 2):  # before the relay: its warm start reads them from the ring
+        engine.publish(events)
     proc = subprocess.Popen(
         [sys.executable, "-m", "kvevents", "relay", "--from", f"eng={engine.endpoint},{engine.replay_endpoint}",
          "--endpoint", "tcp://127.0.0.1:0", "--replay-endpoint", "tcp://127.0.0.1:0"],
@@ -368,7 +370,7 @@ def test_relay_cli_runs_beside_an_engine_and_exits_130_on_ctrl_c() -> None:
         assert banner.startswith("kvevents relay: rank 0 from"), banner
         words = banner.split()
         live, rep = words[words.index("live") + 1], words[words.index("replay", words.index("live")) + 1]
-        for events in chain_events(1, 6):
+        for events in chain_events(10, 4):
             engine.publish(events)
         sub = Subscriber([Source(live, rep, "relay")], **FAST)  # type: ignore[arg-type]
         try:
@@ -384,6 +386,8 @@ def test_relay_cli_runs_beside_an_engine_and_exits_130_on_ctrl_c() -> None:
         out, err = proc.communicate(timeout=20)
         assert proc.returncode == 130, err
         assert "kvevents relay: relayed" in out and "Traceback" not in err
+        warm = out.split("(live includes ")[1].split()[0] if "(live includes " in out else "0"
+        assert int(warm) >= 2 and "read from the engine's ring at start)" in out, out  # more if it started late
     finally:
         if proc.poll() is None:
             proc.kill()
