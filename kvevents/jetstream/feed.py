@@ -223,13 +223,14 @@ class JetStreamFeed:
     def status(self) -> dict[str, SourceStatus]:
         now = self.clock()
         out: dict[str, SourceStatus] = {}
+        where = f"{self.nats.redacted()} {ROOT}.{self.stream}."  # once: a fleet has thousands of sources
         for (source, rank), st in list(self.order.streams.items()):
             s = out.get(source)
             if s is None:
                 heard = st.last_heard
                 s = out[source] = SourceStatus(
                     name=source,
-                    endpoint=f"{self.nats.redacted()} {ROOT}.{self.stream}.{source}",
+                    endpoint=where + source,
                     next_seq=st.next_seq,
                     epoch=st.epoch,
                     last_heard=heard,
