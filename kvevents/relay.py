@@ -172,30 +172,26 @@ class Relay:
 
     def _warm_start(self) -> None:
         """Each rank's replay ring, read now and offered to the subscriber as the stream so far, so the
-        relay has the engine's state before the engine's next batch; a rank that does not answer in
-        the time left is followed from that batch (the subscriber then repairs from the ring)."""
+        relay has the engine's state before the engine's next batch. A ring cut short (no answer in
+        the time left, a bad reply) is offered as far as it came; the engine's next batch then shows
+        the subscriber the rest as a gap, which it replays."""
         deadline = time.monotonic() + self.warm_start_s
         for src in self._sources:
             left = deadline - time.monotonic()
             if not src.replay_endpoint or left <= 0:
                 continue
+            ctx = client_context(src.curve)
+            n = 0
             try:
-                ring = list(
-                    replay(
-                        src.replay_endpoint,
-                        0,
-                        timeout=min(left, WARM_REPLY_S),
-                        within=left,
-                        context=client_context(src.curve),
-                    )
-                )
+                for topic, seq, payload in replay(
+                    src.replay_endpoint, 0, timeout=min(left, WARM_REPLY_S), within=left, context=ctx
+                ):
+                    self._subscriber.offer(str(src.name), [topic, pack_seq(seq), payload])
+                    n += 1
             except EngineRequestError as exc:
-                log.info("relay: %s: no warm start from its replay ring (%s); following its next batch", src.name, exc)
-                continue
-            for topic, seq, payload in ring:
-                self._subscriber.offer(str(src.name), [topic, pack_seq(seq), payload])
+                log.info("relay: %s: warm start cut short after %d batches (%s)", src.name, n, exc)
             with self._lock:
-                self._stats.warm += len(ring)
+                self._stats.warm += n
 
     # ------------------------------------------------------------------ subscriber callbacks
     def _publisher_for(self, source: str) -> Publisher | None:

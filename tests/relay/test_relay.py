@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -249,6 +250,51 @@ def test_a_relay_without_its_engines_state_never_empties_its_consumers(tmp_path:
         sub.stop()
         relay.stop()
         engine.close()
+
+
+def test_a_warm_start_cut_short_is_relayed_as_far_as_it_came() -> None:
+    """An engine whose replay ROUTER sends two batches of its ring and then nothing: the relay's warm
+    start gives up within its time and relays those two (the rest would come as a gap, replayed)."""
+    import zmq
+
+    from kvevents.events import BatchEncoder
+    from kvevents.zeromq.wire import pack_seq
+
+    ctx = zmq.Context.instance()
+    live, router = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
+    for sock in (live, router):
+        sock.setsockopt(zmq.LINGER, 0)
+    live.bind("tcp://127.0.0.1:0")
+    router.bind("tcp://127.0.0.1:0")
+    ring = [BatchEncoder().encode(1.0, events, 0, None) for events in chain_events(1, 2)]
+    answered = threading.Event()
+
+    def engine() -> None:  # answers the first replay request with the ring's first two batches only
+        if router.poll(5000):
+            who = router.recv_multipart()[0]
+            for seq, payload in enumerate(ring):
+                router.send_multipart([who, b"", b"", pack_seq(seq), payload])
+            answered.set()
+
+    t = threading.Thread(target=engine)
+    t.start()
+    src = Source(live.getsockopt_string(zmq.LAST_ENDPOINT), router.getsockopt_string(zmq.LAST_ENDPOINT), "eng")
+    conf = PublisherConfig(endpoint=EPH, replay_endpoint=EPH, heartbeat_interval_s=0.2)
+    t0 = time.monotonic()
+    relay = Relay(src, conf, subscriber_options=FAST, warm_start_s=0.5).start()
+    try:
+        assert answered.is_set() and time.monotonic() - t0 < 2.0
+        assert relay.stats()["warm_start_batches"] == 2
+        deadline = time.monotonic() + 5
+        while relay.stats()["relayed"]["live"] < 2:
+            assert time.monotonic() < deadline, relay.stats()
+            time.sleep(0.02)
+        assert [p for _, _, p in relay.publishers[0].ring_items()] == ring  # the engine's bytes
+    finally:
+        relay.stop()
+        t.join(5)
+        live.close(0)
+        router.close(0)
 
 
 def test_a_publisher_can_hold_its_heartbeats_until_its_first_batch() -> None:
