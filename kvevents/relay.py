@@ -31,13 +31,13 @@ from typing import Any
 
 from kvevents.events import AllBlocksCleared
 from kvevents.feed import Delivery, Reset
-from kvevents.zeromq.engine_requests import EngineRequestError, replay
+from kvevents.zeromq.engine_requests import EngineRequestError, replay_replies
 from kvevents.zeromq.publisher import Publisher
 from kvevents.zeromq.publisher_config import PublisherConfig
 from kvevents.zeromq.security import client_context
 from kvevents.zeromq.source import Source
 from kvevents.zeromq.subscriber import Subscriber
-from kvevents.zeromq.wire import offset_endpoint, pack_seq
+from kvevents.zeromq.wire import offset_endpoint
 
 __all__ = ["Relay", "RelayStats", "MAX_RANKS"]
 
@@ -183,11 +183,11 @@ class Relay:
             ctx = client_context(src.curve)
             n = 0
             try:
-                for topic, seq, payload in replay(
+                for reply in replay_replies(
                     src.replay_endpoint, 0, timeout=min(left, WARM_REPLY_S), within=left, context=ctx
                 ):
-                    self._subscriber.offer(str(src.name), [topic, pack_seq(seq), payload])
-                    n += 1
+                    self._subscriber.offer(str(src.name), reply)
+                    n += not reply.is_end
             except EngineRequestError as exc:
                 log.info("relay: %s: warm start cut short after %d batches (%s)", src.name, n, exc)
             with self._lock:

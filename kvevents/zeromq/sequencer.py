@@ -370,6 +370,20 @@ class Sequencer:
         self._requests.pump(s)
 
     # ------------------------------------------------------------------ replies
+    def on_offered(self, name: str, reply: Reply) -> None:
+        """A reply to a replay made apart from this sequencer's own requests (a relay's warm start
+        reading the engine's ring): its framing is the source's, its batch is sequenced as a live
+        one (the end marker only tells the framing)."""
+        s = self._srcs[name]
+        self._note_framing(s, reply.framing)
+        if not reply.is_end:
+            self.on_live(name, [s.topic if reply.topic is None else reply.topic, reply.seq, reply.payload])
+
+    def _note_framing(self, s: SourceState, framing: str) -> None:
+        if s.framing != framing:
+            log.info("source %s: replay replies in the %s", s.name, framing_label(framing))
+            s.framing = framing
+
     def on_reply(self, name: str, frames: list[bytes]) -> None:  # noqa: C901 - the reply protocol's cases in order
         """One message on the DEALER of `name`: a DESCRIBE map, or a replayed batch, snapshot batch or
         end marker in either replay framing. Anything else fails the request in flight at once."""
@@ -381,9 +395,7 @@ class Sequencer:
         reply = parse_reply(frames)
         if reply is None:
             return self._unusable(s, req, reply_problem(frames) or "")
-        if s.framing != reply.framing:
-            log.info("source %s: replay replies in the %s", s.name, framing_label(reply.framing))
-            s.framing = reply.framing
+        self._note_framing(s, reply.framing)
         if req is None:
             return self.bad(f"source {s.name}: replay reply with no request in flight", "", "bad_replies")
         if req.phase is Phase.DESCRIBING:  # an engine without KVE/DESCRIBE reads it as a start past its newest seq

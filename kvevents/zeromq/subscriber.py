@@ -34,6 +34,7 @@ from kvevents.feed import (
     SourceStatus,
 )
 from kvevents.published import PublishedWatch
+from kvevents.zeromq.framing import Reply
 from kvevents.zeromq.handshake import LIVE, MONITOR_EVENTS, REPLAY, HandshakeWatch
 from kvevents.zeromq.security import apply_client
 from kvevents.zeromq.sequencer import DropDealer, Send, Sequencer
@@ -191,16 +192,16 @@ class Subscriber:
             raise ValueError("Subscriber.poll: start() runs the poll loop on its own thread; use on_delivery")
         return self._poll(timeout_s)
 
-    def offer(self, name: str, frames: list[bytes], received_at: float | None = None) -> None:
-        """Sequence one (topic, 8-byte seq, payload) message of source `name` as if its SUB had
-        received it: a relay's warm start hands over the batches it read from the engine's replay
-        ring before its SUB joined. Before start() only (the sequencer is then the caller's); what
-        it makes deliverable comes out of the next poll."""
+    def offer(self, name: str, reply: Reply) -> None:
+        """One reply to a replay of source `name` made apart from this subscriber (a relay's warm
+        start reads the engine's ring before its SUB joins): its batch is sequenced as a live one
+        and its framing is the source's. Before start() only (the sequencer is then the caller's);
+        what it makes deliverable comes out of the next poll."""
         if name not in self._sources:
             raise ValueError(f"Subscriber.offer: no source named {name!r}")
         if self._thread is not None or self._closed:
             raise ValueError("Subscriber.offer: only before start()")
-        self.sequencer.on_live(name, frames, received_at)
+        self.sequencer.on_offered(name, reply)
 
     def status(self) -> dict[str, SourceStatus]:
         """Per source: where its first rank stands, when it was last heard (wall clock), staleness,

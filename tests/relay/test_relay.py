@@ -285,6 +285,7 @@ def test_a_warm_start_cut_short_is_relayed_as_far_as_it_came() -> None:
     try:
         assert answered.is_set() and time.monotonic() - t0 < 2.0
         assert relay.stats()["warm_start_batches"] == 2
+        assert relay.subscriber.status()["eng"].replay_framing == "4-frame"  # learned from the warm start
         deadline = time.monotonic() + 5
         while relay.stats()["relayed"]["live"] < 2:
             assert time.monotonic() < deadline, relay.stats()
