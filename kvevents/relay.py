@@ -59,8 +59,12 @@ class RelayStats:
     warm: int = 0  # batches read from the engine's replay rings at start (relayed among "live")
 
     def as_dict(self) -> dict[str, Any]:
-        out = {"relayed": dict(self.relayed), "resets": dict(self.resets), "failed": self.failed}
-        return {**out, "warm_start_batches": self.warm}
+        return {
+            "relayed": dict(self.relayed),
+            "resets": dict(self.resets),
+            "failed": self.failed,
+            "warm_start_batches": self.warm,
+        }
 
 
 class Relay:
@@ -97,8 +101,9 @@ class Relay:
         self._lock = threading.Lock()
         self._stats = RelayStats()
         self._publishers: list[Publisher] = []
-        # no heartbeat before the first batch relayed: until the engine's next batch the relay does not
-        # know its state, and a new epoch announced now would have consumers resync to an empty snapshot
+        # no heartbeat before the first batch relayed (warm start or the engine's next): until then the
+        # relay does not know the engine's state, and a new epoch announced now would have consumers
+        # resync to an empty snapshot
         config = config.model_copy(update={"heartbeat_before_first": False})
         try:
             for r in range(ranks):

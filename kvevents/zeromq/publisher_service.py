@@ -1,6 +1,7 @@
 """The publisher's service thread: an empty heartbeat batch once no seq was consumed for
-`heartbeat_interval_s` (with `heartbeat_before_first` off, only once a batch was published), and the replay ROUTER polled, its requests answered in slices
-(replay_server.ReplayServer), a persistent socket error logged once per 100 and backed off.
+`heartbeat_interval_s` (with `heartbeat_before_first` off, only once a batch was published), and
+the replay ROUTER polled, its requests answered in slices (replay_server.ReplayServer), a
+persistent socket error logged once per 100 and backed off.
 """
 
 from __future__ import annotations
@@ -51,9 +52,9 @@ class ServiceLoop:
         errors = 0
         while not stop.is_set():
             wait = 0.05
-            if hb > 0 and (self._hb_first or self._next_seq() > 0):
+            seq = self._next_seq()
+            if hb > 0 and (self._hb_first or seq > 0):
                 now = self._clock()
-                seq = self._next_seq()
                 if seq != seen_seq:  # idle = no seq consumed (cheaper than a clock read per publish)
                     seen_seq, quiet_since = seq, now
                 elif now - quiet_since >= hb:
